@@ -1,0 +1,278 @@
+//! The command line: raw clap arguments, validated once into config structs. Nothing downstream
+//! parses strings again.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::names::{
+    AppDomain, DEFAULT_DOMAIN_SUFFIX, DomainSuffix, GitRef, NameError, PrNumber, Recipe,
+    RunAppPattern, RunId,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ccci-run",
+    version,
+    about = "Daemonless run supervisor for recipe CI on a Co-op Cloud host",
+    long_about = "Daemonless run supervisor for recipe CI on a Co-op Cloud host.\n\n\
+        A run can never outlive its CI step or its hard deadline, gets its own ABRA_DIR, \
+        serialises with other runs of the same app domain through a kernel flock, and leaves \
+        nothing behind that a later janitor sweep would not reap.",
+    after_help = "Exit codes: the command's own status (128+N when signal N killed it); \
+        2 invalid input; 75 lock not acquired in time; 125 ccci-run failed; \
+        126/127 command not executable / not found; 129/130/143 SIGHUP/SIGINT/SIGTERM \
+        after teardown; 142 hard deadline after teardown."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DockerMode {
+    /// Use Docker when the daemon answers; warn once and leave Docker apps alone when it does not.
+    Auto,
+    /// Fail when the daemon does not answer.
+    Required,
+    /// Never touch Docker.
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Directory of the app-domain lock files and named-lock files.
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        env = "CCCI_APP_LOCK_DIR",
+        default_value = "/run/lock"
+    )]
+    pub lock_dir: PathBuf,
+    /// The canonical abra directory (servers/, catalogue/, recipes/) [default: $HOME/.abra].
+    #[arg(long, global = true, value_name = "DIR", env = "CCCI_ABRA_HOME")]
+    pub abra_home: Option<PathBuf>,
+    /// Directory of the per-run directories and run records.
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        env = "CCCI_RUNS_DIR",
+        default_value = "/var/lib/cc-ci-runs"
+    )]
+    pub runs_dir: PathBuf,
+    /// Directory of the run-scoped state files.
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        env = "CCCI_STATE_DIR",
+        default_value = "/tmp"
+    )]
+    pub state_dir: PathBuf,
+    /// Run-app domains end in `.SUFFIX`.
+    #[arg(long, global = true, value_name = "SUFFIX", env = "CCCI_DOMAIN_SUFFIX", default_value = DEFAULT_DOMAIN_SUFFIX)]
+    pub domain_suffix: String,
+    /// Whether to touch Docker; DOCKER_HOST is honoured.
+    #[arg(
+        long,
+        global = true,
+        value_name = "MODE",
+        env = "CCCI_DOCKER",
+        default_value = "auto"
+    )]
+    pub docker: DockerMode,
+    /// Diagnostics format (status lines are always plain text).
+    #[arg(
+        long,
+        global = true,
+        value_name = "F",
+        env = "CCCI_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// More diagnostics (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Fewer diagnostics (errors only).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "verbose")]
+    pub quiet: u8,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Supervise one CI run of a recipe: guards, ABRA_DIR, COMMAND, teardown.
+    Run(RunArgs),
+    /// Print the app domain of a recipe run, and its stack name on a second line.
+    AppDomain(IdentityArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct IdentityArgs {
+    /// Recipe name.
+    #[arg(long, value_name = "R")]
+    pub recipe: String,
+    /// Pull request number.
+    #[arg(long, value_name = "N")]
+    pub pr: Option<String>,
+    /// Branch, tag or commit.
+    #[arg(long = "ref", value_name = "REF")]
+    pub git_ref: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub identity: IdentityArgs,
+    /// Run id [default: $DRONE_BUILD_NUMBER, else manual-<pid>].
+    #[arg(long, value_name = "ID")]
+    pub run_id: Option<String>,
+    /// Hard deadline for the whole run, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u32).range(1..))]
+    pub deadline: u32,
+    /// Seconds between SIGTERM and SIGKILL of the command's process group (fractions allowed).
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds)]
+    pub kill_grace: Duration,
+    /// Refuse to run unless our parent process is PID (pass the step shell's $$).
+    #[arg(long, value_name = "PID")]
+    pub expect_parent: Option<i32>,
+    /// Shell command run (sh -c, with the run's environment) during teardown.
+    #[arg(long, value_name = "CMD")]
+    pub on_teardown: Option<String>,
+    /// Keep the app (its .env and Docker resources) and skip --on-teardown; processes are still
+    /// stopped, and the next janitor sweep reaps the app once this run is over.
+    #[arg(long)]
+    pub no_teardown: bool,
+    /// Leave $ABRA_DIR/recipes empty instead of fetching the recipe.
+    #[arg(long)]
+    pub no_fetch: bool,
+    /// The command to supervise.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+fn parse_seconds(value: &str) -> Result<Duration, String> {
+    let secs: f64 = value
+        .parse()
+        .map_err(|_| format!("{value:?} is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{value:?} is not a usable duration"))
+}
+
+/// Settings every subcommand shares, validated.
+#[derive(Debug, Clone)]
+pub struct Global {
+    pub lock_dir: PathBuf,
+    pub abra_home: PathBuf,
+    pub runs_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub suffix: DomainSuffix,
+    pub pattern: RunAppPattern,
+    pub docker: DockerMode,
+}
+
+impl GlobalArgs {
+    pub fn validate(&self) -> Result<Global, NameError> {
+        let suffix = DomainSuffix::parse(&self.domain_suffix)?;
+        let abra_home = self.abra_home.clone().unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/root"))
+                .join(".abra")
+        });
+        Ok(Global {
+            lock_dir: self.lock_dir.clone(),
+            abra_home,
+            runs_dir: self.runs_dir.clone(),
+            state_dir: self.state_dir.clone(),
+            pattern: RunAppPattern::new(&suffix),
+            suffix,
+            docker: self.docker,
+        })
+    }
+}
+
+/// A run's identity, validated: what the app domain is derived from.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub recipe: Recipe,
+    pub pr: Option<PrNumber>,
+    pub git_ref: Option<GitRef>,
+    pub domain: AppDomain,
+}
+
+impl IdentityArgs {
+    pub fn validate(&self, suffix: &DomainSuffix) -> Result<Identity, NameError> {
+        let recipe = Recipe::parse(&self.recipe)?;
+        let pr = self.pr.as_deref().map(PrNumber::parse).transpose()?;
+        let git_ref = self.git_ref.as_deref().map(GitRef::parse).transpose()?;
+        let domain = AppDomain::derive(recipe.as_str(), pr.as_ref(), git_ref.as_ref(), suffix);
+        Ok(Identity {
+            recipe,
+            pr,
+            git_ref,
+            domain,
+        })
+    }
+}
+
+/// Everything `run` needs, validated.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub identity: Identity,
+    pub run_id: RunId,
+    pub deadline: Duration,
+    pub kill_grace: Duration,
+    pub expect_parent: Option<i32>,
+    pub on_teardown: Option<String>,
+    pub no_teardown: bool,
+    pub no_fetch: bool,
+    pub command: Vec<OsString>,
+}
+
+impl RunArgs {
+    pub fn validate(&self, global: &Global) -> Result<RunConfig, NameError> {
+        let identity = self.identity.validate(&global.suffix)?;
+        let drone_build = std::env::var("DRONE_BUILD_NUMBER").ok();
+        let run_id = RunId::resolve(self.run_id.as_deref(), drone_build.as_deref())?;
+        Ok(RunConfig {
+            identity,
+            run_id,
+            deadline: Duration::from_secs(self.deadline.into()),
+            kill_grace: self.kill_grace,
+            expect_parent: self.expect_parent,
+            on_teardown: self.on_teardown.clone(),
+            no_teardown: self.no_teardown,
+            no_fetch: self.no_fetch,
+            command: self.command.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn verify_cli() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn kill_grace_takes_fractions_and_refuses_garbage() {
+        assert_eq!(parse_seconds("0.25").unwrap(), Duration::from_millis(250));
+        assert!(parse_seconds("-1").is_err());
+        assert!(parse_seconds("soon").is_err());
+    }
+}

@@ -1,0 +1,24 @@
+//! Exit codes: every status `ccci-run` itself can end with, in one place.
+//!
+//! Apart from these, `run` passes the command's own status through (128+N when a signal N
+//! killed it). Operators and Drone steps branch on these numbers; the README documents them.
+
+/// Usage error or invalid input (also what clap uses for a bad command line).
+pub const USAGE: u8 = 2;
+/// A lock (the app lock or a named lock) was not acquired within its budget.
+pub const LOCK_TIMEOUT: u8 = 75;
+/// ccci-run itself failed: setup, unsafe lock file, Docker required but unreachable, orphaned start.
+pub const INTERNAL: u8 = 125;
+/// The command was found but could not be executed.
+pub const NOT_EXECUTABLE: u8 = 126;
+/// The command was not found.
+pub const NOT_FOUND: u8 = 127;
+/// Offset added to a signal number: the shell's convention for "killed by signal N".
+pub const SIGNAL_BASE: u8 = 128;
+/// The run's hard deadline fired (128 + SIGALRM).
+pub const DEADLINE: u8 = 142;
+
+/// `128 + signal`, the code a run ends with after tearing down on that signal.
+pub fn for_signal(signal: nix::sys::signal::Signal) -> u8 {
+    SIGNAL_BASE.saturating_add(signal as u8)
+}

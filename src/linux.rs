@@ -1,0 +1,210 @@
+//! Linux-only primitives: prctl, signal dispositions, the command's pre-exec set-up and the
+//! `/proc` walk that finds descendants. Nothing else in the crate calls these syscalls directly.
+//!
+//! Invariant: everything in [`prepare_child`] is async-signal-safe, because it runs between
+//! `fork` and `exec` of a multi-threaded-capable process.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+
+use nix::errno::Errno;
+use nix::libc;
+use nix::sys::prctl;
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::unistd::Pid;
+
+/// Ask the kernel to send `signal` to this process when the thread that forked it exits.
+pub fn set_parent_death_signal(signal: Signal) -> nix::Result<()> {
+    prctl::set_pdeathsig(signal)
+}
+
+/// Become a child subreaper: orphaned descendants (daemons that `setsid` and fork) are
+/// re-parented to us instead of init, so teardown can still find and kill them.
+pub fn become_subreaper() -> nix::Result<()> {
+    prctl::set_child_subreaper(true)
+}
+
+/// Clear `SA_RESTART` on an installed handler, keeping everything else about it.
+///
+/// With `SA_RESTART` a blocking `flock` or `waitpid` silently resumes after our handler ran, so
+/// a SIGTERM would not end a parked wait. Without it those calls return `EINTR`.
+pub fn clear_sa_restart(signal: Signal) -> io::Result<()> {
+    // SAFETY: a null `act` only reads the current action; writing back the same action with one
+    // flag cleared keeps the handler signal-hook installed.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signal as libc::c_int, std::ptr::null(), &mut current) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        current.sa_flags &= !libc::SA_RESTART;
+        if libc::sigaction(signal as libc::c_int, &current, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Arm (or re-arm) the process's single `SIGALRM` timer.
+pub fn arm_alarm(secs: u32) {
+    nix::unistd::alarm::set(secs);
+}
+
+/// Set-up done in the forked child before `exec`: the command must die with us, start with a
+/// clean signal state, and inherit no descriptor but stdin, stdout and stderr.
+///
+/// Runs between fork and exec: async-signal-safe calls only, no allocation.
+pub fn prepare_child(supervisor: Pid) -> io::Result<()> {
+    // SIGKILL rather than SIGTERM: when the supervisor is gone nobody is left to escalate.
+    prctl::set_pdeathsig(Signal::SIGKILL)?;
+    // The supervisor may have died between fork and prctl; then no signal will ever come.
+    if nix::unistd::getppid() != supervisor {
+        return Err(io::Error::other(
+            "supervisor exited before the command started",
+        ));
+    }
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+    for signal in Signal::iterator() {
+        if matches!(signal, Signal::SIGKILL | Signal::SIGSTOP) {
+            continue;
+        }
+        // SAFETY: resetting a disposition to its default is always sound; handlers we installed
+        // would be reset by exec anyway, but ignored signals (a background shell ignores SIGINT
+        // and SIGQUIT for its jobs) would otherwise stay ignored in the command.
+        unsafe { nix::sys::signal::signal(signal, SigHandler::SigDfl) }?;
+    }
+    mark_inherited_fds_cloexec()
+}
+
+/// Mark every descriptor from 3 up close-on-exec, including ones our own parent leaked to us.
+fn mark_inherited_fds_cloexec() -> io::Result<()> {
+    // SAFETY: close_range only changes descriptor flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    // Kernels before 5.11: walk the descriptor table up to the soft limit instead.
+    // SAFETY: plain syscalls on integers.
+    let limit = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) }.clamp(256, 65_536) as libc::c_int;
+    for fd in 3..limit {
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags >= 0 {
+            unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
+        }
+    }
+    Ok(())
+}
+
+/// One process as `/proc/<pid>/stat` describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    pub pid: Pid,
+    pub ppid: Pid,
+    pub zombie: bool,
+}
+
+/// Parse `/proc/<pid>/stat`. The command name may hold spaces and parentheses, so the fields
+/// are read after the last `)`.
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let (head, tail) = text.rsplit_once(')')?;
+    let pid = head.split_once(" (")?.0.trim().parse().ok()?;
+    let mut fields = tail.split_ascii_whitespace();
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some(ProcStat {
+        pid: Pid::from_raw(pid),
+        ppid: Pid::from_raw(ppid),
+        zombie: state == "Z" || state == "X",
+    })
+}
+
+/// Every living (non-zombie) descendant of `root`, found by walking `/proc`.
+///
+/// Processes that appear or vanish during the walk are expected: callers loop until this is
+/// empty.
+pub fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
+    let mut children: HashMap<Pid, Vec<ProcStat>> = HashMap::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        // A process that exited since read_dir listed it is simply gone.
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some(stat) = parse_stat(&text) {
+            children.entry(stat.ppid).or_default().push(stat);
+        }
+    }
+    let mut found = Vec::new();
+    let mut seen = HashSet::from([root]);
+    let mut queue = vec![root];
+    while let Some(parent) = queue.pop() {
+        for child in children.get(&parent).into_iter().flatten() {
+            if seen.insert(child.pid) {
+                queue.push(child.pid);
+                if !child.zombie {
+                    found.push(child.pid);
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Send `signal` to one process; a process that is already gone is not an error.
+pub fn signal_process(pid: Pid, signal: Signal) -> nix::Result<()> {
+    match nix::sys::signal::kill(pid, signal) {
+        Err(Errno::ESRCH) => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("42 (sleep) S 7 42 42 0", 42, 7, false)]
+    #[case("43 (a) b) (c) Z 1 43 43 0", 43, 1, true)]
+    #[case("44 (with space) R 9 1 1", 44, 9, false)]
+    fn stat_lines_parse_after_the_last_paren(
+        #[case] line: &str,
+        #[case] pid: i32,
+        #[case] ppid: i32,
+        #[case] zombie: bool,
+    ) {
+        let stat = parse_stat(line).unwrap();
+        assert_eq!(stat.pid, Pid::from_raw(pid));
+        assert_eq!(stat.ppid, Pid::from_raw(ppid));
+        assert_eq!(stat.zombie, zombie);
+    }
+
+    #[rstest]
+    #[case("")]
+    #[case("garbage")]
+    #[case("1 (x)")]
+    #[case("x (y) S z")]
+    fn garbage_stat_lines_are_rejected(#[case] line: &str) {
+        assert_eq!(parse_stat(line), None);
+    }
+
+    #[test]
+    fn own_process_has_no_descendants_of_pid_zero_children_loop() {
+        // The walk terminates and never reports the root itself.
+        let me = nix::unistd::getpid();
+        assert!(!living_descendants(me).unwrap().contains(&me));
+    }
+}

@@ -1,0 +1,433 @@
+//! Names: every string that comes from outside is validated here, and every name derived from
+//! them (app domain, stack name, lock file name) is computed here and nowhere else.
+//!
+//! Invariant: a domain [`AppDomain::derive`] produces for a valid recipe always matches the
+//! [`RunAppPattern`] of the same suffix, so the janitor can see every run's leftovers; and a stack
+//! name maps back to exactly the domain it came from.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use sha1::{Digest, Sha1};
+
+/// Docker refuses stack names past this length once the service suffix is appended.
+pub const MAX_STACK_NAME_LEN: usize = 45;
+
+/// The suffix of every run-app domain unless configured otherwise.
+pub const DEFAULT_DOMAIN_SUFFIX: &str = "ci.commoninternet.net";
+
+/// A value that broke one of the contract's rules.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid {what} {value:?}: {rule}")]
+pub struct NameError {
+    /// What the value was meant to be ("recipe name", "run id", ...).
+    pub what: &'static str,
+    /// The offending value, as given.
+    pub value: String,
+    /// The rule it broke, in words an operator can act on.
+    pub rule: String,
+}
+
+struct Rule {
+    what: &'static str,
+    pattern: &'static str,
+    re: LazyLock<Regex>,
+}
+
+macro_rules! rule {
+    ($what:literal, $pattern:literal) => {
+        Rule {
+            what: $what,
+            pattern: $pattern,
+            re: LazyLock::new(|| Regex::new($pattern).expect("rule patterns are valid")),
+        }
+    };
+}
+
+static RECIPE: Rule = rule!("recipe name", r"^[a-z0-9][a-z0-9_-]{0,63}$");
+static PR: Rule = rule!("pull request number", r"^[0-9]{1,10}$");
+// The contract's ref rule plus `+`: recipe release tags look like `1.0.0+1.2.3`.
+static GIT_REF: Rule = rule!("ref", r"^[A-Za-z0-9._/+-]{1,255}$");
+static RUN_ID: Rule = rule!("run id", r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$");
+static LOCK_NAME: Rule = rule!("lock name", r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$");
+static SUFFIX: Rule = rule!(
+    "domain suffix",
+    r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$"
+);
+
+impl Rule {
+    fn check(&self, value: &str) -> Result<(), NameError> {
+        if self.re.is_match(value) {
+            Ok(())
+        } else {
+            Err(self.broken(value, format!("must match {}", self.pattern)))
+        }
+    }
+
+    fn broken(&self, value: &str, rule: String) -> NameError {
+        NameError {
+            what: self.what,
+            value: value.to_owned(),
+            rule,
+        }
+    }
+}
+
+macro_rules! validated_string {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The validated value.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+validated_string!(
+    /// A recipe name: `^[a-z0-9][a-z0-9_-]{0,63}$`, so it is also a safe path component.
+    Recipe
+);
+validated_string!(
+    /// A pull-request number, kept as the digits given (they feed the domain hash).
+    PrNumber
+);
+validated_string!(
+    /// A git ref: branch, tag (`1.0.0+1.2.3` style recipe tags included) or commit.
+    GitRef
+);
+validated_string!(
+    /// A run id: a safe path component naming the run's directory and state files.
+    RunId
+);
+validated_string!(
+    /// The name of a `ccci-run lock` lock.
+    LockName
+);
+validated_string!(
+    /// A DNS suffix short enough that every stack name built on it fits Docker's limit.
+    DomainSuffix
+);
+
+impl Recipe {
+    pub fn parse(value: &str) -> Result<Self, NameError> {
+        RECIPE.check(value).map(|()| Self(value.to_owned()))
+    }
+}
+
+impl PrNumber {
+    pub fn parse(value: &str) -> Result<Self, NameError> {
+        PR.check(value).map(|()| Self(value.to_owned()))
+    }
+}
+
+impl GitRef {
+    pub fn parse(value: &str) -> Result<Self, NameError> {
+        GIT_REF.check(value)?;
+        if value.contains("..") {
+            return Err(GIT_REF.broken(value, "must not contain \"..\"".to_owned()));
+        }
+        if value.starts_with('-') {
+            return Err(GIT_REF.broken(value, "must not start with \"-\"".to_owned()));
+        }
+        Ok(Self(value.to_owned()))
+    }
+}
+
+impl RunId {
+    pub fn parse(value: &str) -> Result<Self, NameError> {
+        RUN_ID.check(value).map(|()| Self(value.to_owned()))
+    }
+
+    /// The contract's order: `--run-id`, else `DRONE_BUILD_NUMBER`, else `manual-<pid>`.
+    pub fn resolve(flag: Option<&str>, drone_build: Option<&str>) -> Result<Self, NameError> {
+        match flag.or(drone_build) {
+            Some(value) => Self::parse(value),
+            None => Self::parse(&format!("manual-{}", std::process::id())),
+        }
+    }
+}
+
+impl LockName {
+    pub fn parse(value: &str) -> Result<Self, NameError> {
+        LOCK_NAME.check(value).map(|()| Self(value.to_owned()))
+    }
+}
+
+impl DomainSuffix {
+    pub fn parse(value: &str) -> Result<Self, NameError> {
+        SUFFIX.check(value)?;
+        // The longest domain is `pppp-hhhhhh.<suffix>`: 12 characters before the suffix.
+        let longest_stack = 12 + value.len();
+        if longest_stack > MAX_STACK_NAME_LEN {
+            return Err(SUFFIX.broken(
+                value,
+                format!(
+                    "stack names on it would be {longest_stack} characters, more than Docker's \
+                     {MAX_STACK_NAME_LEN} (use a suffix of at most {} characters)",
+                    MAX_STACK_NAME_LEN - 12
+                ),
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+}
+
+/// The app domain of one run: `<prefix>-<hash6>.<suffix>`, unique per (recipe, pr, ref).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AppDomain(String);
+
+impl AppDomain {
+    /// Derive the domain from the run's identity.
+    ///
+    /// The prefix is the first four characters of the recipe name, lower-cased, after dropping
+    /// everything outside `[a-z0-9]` (so `ab-c` gives `abc`, never `ab-c`, which would not match
+    /// the run-app pattern); `app` when nothing is left.
+    pub fn derive(
+        recipe: &str,
+        pr: Option<&PrNumber>,
+        git_ref: Option<&GitRef>,
+        suffix: &DomainSuffix,
+    ) -> Self {
+        let prefix: String = recipe
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+            .take(4)
+            .collect();
+        let prefix = if prefix.is_empty() {
+            "app".to_owned()
+        } else {
+            prefix
+        };
+        let key = format!(
+            "{recipe}|{}|{}",
+            pr.map_or("", PrNumber::as_str),
+            git_ref.map_or("", GitRef::as_str)
+        );
+        let hash = hex::encode(Sha1::digest(key.as_bytes()));
+        Self(format!("{prefix}-{}.{suffix}", &hash[..6]))
+    }
+
+    /// Accept an existing domain string (from a file name or a Docker resource) if it is a
+    /// run-app domain of `pattern`'s suffix.
+    pub fn recognise(value: &str, pattern: &RunAppPattern) -> Option<Self> {
+        pattern.matches(value).then(|| Self(value.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// abra's stack name: the domain with every `.` replaced by `_`.
+    pub fn stack_name(&self) -> String {
+        self.0.replace('.', "_")
+    }
+
+    /// The file name of this domain's app lock inside the lock directory.
+    pub fn lock_file_name(&self) -> String {
+        format!("{LOCK_FILE_PREFIX}{}{LOCK_FILE_SUFFIX}", self.0)
+    }
+}
+
+impl fmt::Display for AppDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// App lock files are `cc-ci-app-<domain>.lock`.
+pub const LOCK_FILE_PREFIX: &str = "cc-ci-app-";
+pub const LOCK_FILE_SUFFIX: &str = ".lock";
+
+/// `RUN_APP_RE` for one suffix: the only domains the janitor may ever probe or reap.
+#[derive(Debug, Clone)]
+pub struct RunAppPattern {
+    re: Regex,
+    suffix: DomainSuffix,
+}
+
+impl RunAppPattern {
+    pub fn new(suffix: &DomainSuffix) -> Self {
+        let source = format!(
+            r"^[a-z0-9]{{1,4}}-[0-9a-f]{{6}}\.{}$",
+            regex::escape(suffix.as_str())
+        );
+        Self {
+            re: Regex::new(&source).expect("an escaped suffix always forms a valid pattern"),
+            suffix: suffix.clone(),
+        }
+    }
+
+    pub fn matches(&self, domain: &str) -> bool {
+        self.re.is_match(domain)
+    }
+
+    /// The pattern as text, for messages.
+    pub fn as_str(&self) -> &str {
+        self.re.as_str()
+    }
+
+    /// Map a stack name back to its run-app domain, if it is one.
+    ///
+    /// Stack names replace dots with underscores; run-app prefixes and hashes contain neither,
+    /// so the first `_` separates `<prefix>-<hash>` from the suffix, whose own dots are known.
+    pub fn domain_of_stack(&self, stack: &str) -> Option<AppDomain> {
+        let (head, tail) = stack.split_once('_')?;
+        if tail != self.suffix.as_str().replace('.', "_") {
+            return None;
+        }
+        AppDomain::recognise(&format!("{head}.{}", self.suffix), self)
+    }
+
+    /// The domain a lock file name belongs to, if it is a run-app lock.
+    pub fn domain_of_lock_file(&self, file_name: &str) -> Option<AppDomain> {
+        let domain = file_name
+            .strip_prefix(LOCK_FILE_PREFIX)?
+            .strip_suffix(LOCK_FILE_SUFFIX)?;
+        AppDomain::recognise(domain, self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rstest::rstest;
+
+    fn suffix() -> DomainSuffix {
+        DomainSuffix::parse(DEFAULT_DOMAIN_SUFFIX).unwrap()
+    }
+
+    #[test]
+    fn domain_is_prefix_and_sha1_of_recipe_pr_ref() {
+        // sha1("custom-html|12|") = 4a4b5e...; pinned so the derivation cannot drift silently.
+        let pr = PrNumber::parse("12").unwrap();
+        let d = AppDomain::derive("custom-html", Some(&pr), None, &suffix());
+        let expected = hex::encode(Sha1::digest(b"custom-html|12|"));
+        assert_eq!(
+            d.as_str(),
+            format!("cust-{}.ci.commoninternet.net", &expected[..6])
+        );
+        assert_eq!(
+            d.stack_name(),
+            format!("cust-{}_ci_commoninternet_net", &expected[..6])
+        );
+    }
+
+    #[test]
+    fn short_recipe_with_separator_drops_it_from_the_prefix() {
+        // A naive recipe[..4] would give "ab-c", which RUN_APP_RE rejects: leftovers never reaped.
+        let d = AppDomain::derive("ab-c", None, None, &suffix());
+        assert!(d.as_str().starts_with("abc-"), "{d}");
+        assert!(RunAppPattern::new(&suffix()).matches(d.as_str()));
+    }
+
+    #[test]
+    fn empty_prefix_falls_back_to_app() {
+        let d = AppDomain::derive("__--", None, None, &suffix());
+        assert!(d.as_str().starts_with("app-"), "{d}");
+    }
+
+    #[rstest]
+    #[case::warm_app("warm-keycloak.ci.commoninternet.net")]
+    #[case::other_suffix("abcd-0a1b2c.example.org")]
+    #[case::uppercase_hash("abcd-0A1B2C.ci.commoninternet.net")]
+    #[case::long_prefix("abcde-0a1b2c.ci.commoninternet.net")]
+    #[case::short_hash("abcd-0a1b2.ci.commoninternet.net")]
+    #[case::unescaped_dot("abcd-0a1b2cXci.commoninternet.net")]
+    #[case::trailing("abcd-0a1b2c.ci.commoninternet.net.evil")]
+    fn run_app_pattern_rejects(#[case] domain: &str) {
+        assert!(!RunAppPattern::new(&suffix()).matches(domain));
+    }
+
+    #[rstest]
+    #[case::uppercase("Custom", "recipe name")]
+    #[case::leading_dash("-x", "recipe name")]
+    #[case::traversal("../etc", "recipe name")]
+    #[case::slash("a/b", "recipe name")]
+    #[case::empty("", "recipe name")]
+    #[case::too_long(&"a".repeat(65), "recipe name")]
+    fn bad_recipe_names_are_refused(#[case] value: &str, #[case] what: &str) {
+        let err = Recipe::parse(value).unwrap_err();
+        assert_eq!(err.what, what);
+        assert!(err.to_string().contains(&format!("{value:?}")), "{err}");
+        assert!(err.to_string().contains("must match"), "{err}");
+    }
+
+    #[rstest]
+    #[case("1.0.0+1.2.3")]
+    #[case("main")]
+    #[case("refs/heads/feature/x")]
+    #[case("0123456789abcdef0123456789abcdef01234567")]
+    fn good_refs(#[case] value: &str) {
+        // Recipe release tags carry a '+': they must be accepted.
+        GitRef::parse(value).unwrap();
+    }
+
+    #[rstest]
+    #[case("a..b", "must not contain")]
+    #[case("-x", "must not start")]
+    #[case("a b", "must match")]
+    #[case("", "must match")]
+    fn bad_refs(#[case] value: &str, #[case] rule: &str) {
+        assert!(GitRef::parse(value).unwrap_err().rule.contains(rule));
+    }
+
+    #[test]
+    fn long_suffix_is_a_configuration_error() {
+        let err = DomainSuffix::parse(&format!("{}.example.org", "a".repeat(30))).unwrap_err();
+        assert!(err.rule.contains("45"), "{err}");
+        DomainSuffix::parse(&format!("{}.org", "a".repeat(29))).unwrap();
+    }
+
+    #[test]
+    fn run_id_falls_back_to_manual_pid() {
+        let id = RunId::resolve(None, None).unwrap();
+        assert_eq!(id.as_str(), format!("manual-{}", std::process::id()));
+        assert_eq!(RunId::resolve(Some("7"), Some("9")).unwrap().as_str(), "7");
+        assert_eq!(RunId::resolve(None, Some("9")).unwrap().as_str(), "9");
+    }
+
+    proptest! {
+        #[test]
+        fn every_valid_recipe_yields_a_run_app_domain(
+            recipe in "[a-z0-9][a-z0-9_-]{0,63}",
+            pr in proptest::option::of("[0-9]{1,10}"),
+            git_ref in proptest::option::of("[A-Za-z0-9._/-]{1,40}"),
+        ) {
+            let recipe = Recipe::parse(&recipe).unwrap();
+            let pr = pr.map(|p| PrNumber::parse(&p).unwrap());
+            let git_ref = git_ref.and_then(|r| GitRef::parse(&r).ok());
+            let suffix = suffix();
+            let pattern = RunAppPattern::new(&suffix);
+            let domain = AppDomain::derive(recipe.as_str(), pr.as_ref(), git_ref.as_ref(), &suffix);
+            prop_assert!(pattern.matches(domain.as_str()), "{domain} does not match {}", pattern.as_str());
+            prop_assert!(domain.stack_name().len() <= MAX_STACK_NAME_LEN);
+            prop_assert_eq!(pattern.domain_of_stack(&domain.stack_name()), Some(domain.clone()));
+            prop_assert_eq!(pattern.domain_of_lock_file(&domain.lock_file_name()), Some(domain));
+        }
+
+        #[test]
+        fn any_string_validates_without_panicking(value in "\\PC{0,80}") {
+            let _ = Recipe::parse(&value);
+            let _ = GitRef::parse(&value);
+            let _ = RunId::parse(&value);
+            let _ = DomainSuffix::parse(&value);
+            let pattern = RunAppPattern::new(&suffix());
+            let _ = pattern.domain_of_stack(&value);
+            let _ = pattern.domain_of_lock_file(&value);
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The run record `<runs-dir>/<run-id>/run.json`: who ran what, each phase with its time, why
+//! it ended and with which code.
+//!
+//! Invariant: readers only ever see a complete record. Each write goes to a temporary file in
+//! the same directory, is fsynced, and renamed over the old one.
+
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+pub const FILE_NAME: &str = "run.json";
+
+/// An RFC 3339 UTC timestamp with milliseconds.
+pub fn timestamp(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Phase {
+    pub name: String,
+    pub at: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub recipe: String,
+    pub pr: Option<String>,
+    #[serde(rename = "ref")]
+    pub git_ref: Option<String>,
+    pub domain: String,
+    pub stack: String,
+    pub pid: u32,
+    pub host: String,
+    pub abra_dir: String,
+    pub command: Vec<String>,
+    pub phases: Vec<Phase>,
+    /// `command-ended`, `SIGTERM`, `SIGINT`, `SIGHUP` or `deadline`.
+    pub shutdown_reason: Option<String>,
+    /// How the command itself ended, when it was reaped.
+    pub command_status: Option<serde_json::Value>,
+    /// True when the group ignored SIGTERM past the kill grace and was SIGKILLed.
+    pub killed_after_grace: bool,
+    pub exit_code: Option<u8>,
+    /// Teardown steps that failed; they never change the exit code.
+    pub teardown_errors: Vec<String>,
+    /// Set by a later janitor that reaped this run's leftovers.
+    pub reaped: Option<String>,
+    /// Why the run failed before its command could run, if it did.
+    pub error: Option<String>,
+}
+
+impl RunRecord {
+    /// Note that the run entered `phase` now.
+    pub fn enter(&mut self, phase: &str) {
+        self.phases.push(Phase {
+            name: phase.to_owned(),
+            at: timestamp(SystemTime::now()),
+        });
+    }
+
+    pub fn read(path: &Path) -> io::Result<Self> {
+        let text = std::fs::read(path)?;
+        serde_json::from_slice(&text).map_err(io::Error::other)
+    }
+
+    /// Write atomically to `path`: temp file, fsync, rename, fsync of the directory.
+    pub fn write(&self, path: &Path) -> io::Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        write_atomically(path, &json)
+    }
+}
+
+/// Replace `path` with `bytes` so that readers see the old or the new contents, never a mix.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp: PathBuf = dir.join(format!(
+        ".{}.tmp-{}",
+        name.as_deref().unwrap_or("record"),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.write_all(b"\n")?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let mut record = RunRecord {
+            run_id: "5".into(),
+            git_ref: Some("main".into()),
+            ..Default::default()
+        };
+        record.enter("guards");
+        record.write(&path).unwrap();
+        record.exit_code = Some(0);
+        record.write(&path).unwrap();
+        assert_eq!(RunRecord::read(&path).unwrap(), record);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"ref\": \"main\""), "{text}");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(FILE_NAME)]);
+    }
+}

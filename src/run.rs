@@ -1,0 +1,403 @@
+//! `ccci-run run`: supervise one CI run from lifetime guards to teardown.
+//!
+//! The order is the contract's: guards, per-run `ABRA_DIR`, recipe, COMMAND in its own process
+//! group, one teardown, the run record at every phase change.
+//!
+//! Invariant: every way out — the command ending, SIGTERM/SIGINT/SIGHUP, the parent dying (the
+//! parent-death signal is SIGTERM), the hard deadline — goes through [`Run::teardown`] exactly
+//! once, and nothing this run started (its process group, daemonised descendants, state files)
+//! outlives it.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+use crate::app;
+use crate::cli::{Global, RunConfig};
+use crate::linux;
+use crate::process::{self, ChildStatus, CommandSpec, ProcessGroup};
+use crate::record::{self, RunRecord};
+use crate::report;
+use crate::rundir::{RunDir, RunDirError};
+use crate::shutdown::{Action, Escalation, Event, ShutdownReason};
+use crate::signals::{Arrived, InstallError, SignalFunnel};
+use crate::state::{StateError, StateFiles};
+
+/// How many kill-and-reap passes teardown makes over leftover descendants before giving up.
+const DESCENDANT_KILL_ROUNDS: usize = 100;
+
+/// Ways a run fails before or around its command; all of them are exit 125.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("failed to set the parent-death signal: {0}")]
+    ParentDeathSignal(nix::Error),
+    #[error("failed to become a child subreaper: {0}")]
+    Subreaper(nix::Error),
+    #[error(transparent)]
+    Signals(#[from] InstallError),
+    #[error("refusing to run: {0}")]
+    Orphaned(String),
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("failed to write run record {path}: {source}")]
+    Record {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "fetching recipe {0} is not available in this build; pass --no-fetch and stage the recipe yourself"
+    )]
+    FetchUnavailable(String),
+}
+
+/// Install the lifetime guards: the parent-death signal, the signal funnel, the orphan check,
+/// subreaping and the hard deadline. Nothing else may happen before this.
+fn install_guards(start_ppid: Pid, cfg: &RunConfig) -> Result<SignalFunnel, RunError> {
+    // Handlers first: a SIGTERM from a parent dying right now is then caught and funnelled
+    // instead of killing us before we could tear anything down.
+    let funnel = SignalFunnel::install()?;
+    linux::set_parent_death_signal(Signal::SIGTERM).map_err(RunError::ParentDeathSignal)?;
+    // The parent may have died before the prctl armed; then no signal will ever come.
+    let now = nix::unistd::getppid();
+    if now != start_ppid {
+        return Err(RunError::Orphaned(format!(
+            "parent process is gone (parent pid was {start_ppid} at start, is {now} now)"
+        )));
+    }
+    if now.as_raw() == 1 {
+        return Err(RunError::Orphaned(
+            "parent process is gone (re-parented to pid 1)".to_owned(),
+        ));
+    }
+    if let Some(expected) = cfg.expect_parent.filter(|p| *p != now.as_raw()) {
+        return Err(RunError::Orphaned(format!(
+            "parent pid is {now}, not the expected {expected} (--expect-parent)"
+        )));
+    }
+    linux::become_subreaper().map_err(RunError::Subreaper)?;
+    linux::arm_alarm(cfg.deadline.as_secs().try_into().unwrap_or(u32::MAX));
+    Ok(funnel)
+}
+
+/// Run the `run` subcommand; returns the exit code.
+pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
+    let funnel = install_guards(start_ppid, cfg)?;
+    let pid = std::process::id();
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let started_at = record::timestamp(SystemTime::now());
+    let holder = serde_json::json!({
+        "run_id": cfg.run_id.as_str(),
+        "pid": pid,
+        "started_at": started_at,
+        "host": host,
+    })
+    .to_string();
+    let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder)?;
+    let identity = &cfg.identity;
+    let mut record = RunRecord {
+        run_id: cfg.run_id.to_string(),
+        recipe: identity.recipe.to_string(),
+        pr: identity.pr.as_ref().map(ToString::to_string),
+        git_ref: identity.git_ref.as_ref().map(ToString::to_string),
+        domain: identity.domain.to_string(),
+        stack: identity.domain.stack_name(),
+        pid,
+        host,
+        command: cfg
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        ..RunRecord::default()
+    };
+    record.enter("guards");
+    let mut run = Run {
+        funnel,
+        global,
+        cfg,
+        record_path: run_dir.record_path(),
+        record,
+        state: StateFiles::default(),
+        env: Vec::new(),
+    };
+    let result = run.execute(&run_dir, pid);
+    if let Err(err) = &result {
+        run.record.error = Some(err.to_string());
+        run.record.enter("failed");
+        run.save();
+    }
+    result
+}
+
+struct Run<'a> {
+    funnel: SignalFunnel,
+    global: &'a Global,
+    cfg: &'a RunConfig,
+    record_path: PathBuf,
+    record: RunRecord,
+    state: StateFiles,
+    env: Vec<(String, OsString)>,
+}
+
+impl Run<'_> {
+    fn execute(&mut self, run_dir: &RunDir, pid: u32) -> Result<u8, RunError> {
+        self.record
+            .write(&self.record_path)
+            .map_err(|source| RunError::Record {
+                path: self.record_path.clone(),
+                source,
+            })?;
+        let abra_dir = run_dir.prepare_abra_dir(&self.global.abra_home)?;
+        self.record.abra_dir = abra_dir.display().to_string();
+        self.record.enter("abra-dir");
+        self.save();
+
+        let identity = &self.cfg.identity;
+        if !self.cfg.no_fetch {
+            return Err(RunError::FetchUnavailable(identity.recipe.to_string()));
+        }
+        self.record.enter("fetch-skipped");
+        report::line(&format!(
+            "== run {}: {} (stack {}), ABRA_DIR={} ==",
+            self.cfg.run_id,
+            identity.domain,
+            identity.domain.stack_name(),
+            abra_dir.display()
+        ));
+
+        self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
+        let recipe_dir = abra_dir.join("recipes").join(identity.recipe.as_str());
+        self.env = [
+            ("ABRA_DIR", abra_dir.into_os_string()),
+            ("CCCI_RUN_ID", self.cfg.run_id.as_str().into()),
+            ("CCCI_RECIPE", identity.recipe.as_str().into()),
+            ("CCCI_RECIPE_DIR", recipe_dir.into_os_string()),
+            ("CCCI_APP_DOMAIN", identity.domain.as_str().into()),
+            ("CCCI_STACK_NAME", identity.domain.stack_name().into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .chain(self.state.env().map(|(k, p)| (k.to_owned(), p.into())))
+        .collect();
+
+        Ok(self.supervise_and_tear_down())
+    }
+
+    /// Start the command (unless a signal already arrived), wait for a way out, tear down.
+    fn supervise_and_tear_down(&mut self) -> u8 {
+        let mut early: VecDeque<Event> = shutdown_events(&self.funnel.pending()).collect();
+        let mut leader = None;
+        if early.is_empty() {
+            let (program, args) = self
+                .cfg
+                .command
+                .split_first()
+                .expect("clap requires a command");
+            let spec = CommandSpec {
+                program: program.clone(),
+                args: args.to_vec(),
+                env: self.env.clone(),
+                cwd: None,
+            };
+            match process::spawn_group(&spec) {
+                Ok(started) => {
+                    tracing::info!(pid = started.0.as_raw(), "command started");
+                    leader = Some(started);
+                }
+                Err(err) => {
+                    report::line(&format!("ccci-run: {err}"));
+                    early.push_back(Event::CommandEnded(err.status()));
+                }
+            }
+        }
+        self.record.enter("command");
+        self.save();
+
+        let escalation = self.stop_group(leader, early);
+        let reason = escalation
+            .reason()
+            .expect("the group only stops after teardown began");
+        self.record.killed_after_grace = escalation.escalated();
+        self.teardown();
+        let code = reason.exit_code();
+        self.record.exit_code = Some(code);
+        self.record.enter("finished");
+        self.save();
+        code
+    }
+
+    /// The supervision loop: feed what happens to the escalation until the group is gone.
+    fn stop_group(
+        &mut self,
+        leader: Option<(Pid, ProcessGroup)>,
+        mut events: VecDeque<Event>,
+    ) -> Escalation {
+        let mut escalation = Escalation::new();
+        let mut grace_until: Option<Instant> = None;
+        loop {
+            while let Some(event) = events.pop_front() {
+                if let Event::CommandEnded(status) = event {
+                    self.record.command_status = serde_json::to_value(status).ok();
+                }
+                match escalation.handle(event) {
+                    Action::BeginTeardown(reason) => {
+                        self.begin_teardown(reason, leader.map(|l| l.1));
+                        grace_until = Some(Instant::now() + self.cfg.kill_grace);
+                    }
+                    Action::Ignore(event) => report_ignored(event),
+                    Action::KillGroup => {
+                        report::line(&format!(
+                            "== process group still alive after {} grace — sending SIGKILL ==",
+                            humantime::format_duration(self.cfg.kill_grace)
+                        ));
+                        if let Some((_, group)) = leader {
+                            if let Err(err) = group.signal(Signal::SIGKILL) {
+                                self.teardown_error(format!("failed to kill process group: {err}"));
+                            }
+                        }
+                    }
+                    Action::GroupStopped | Action::None => {}
+                }
+            }
+            if escalation.stopped() {
+                return escalation;
+            }
+            if escalation.tearing_down() && leader.is_none_or(|(_, group)| group.is_empty()) {
+                events.push_back(Event::GroupEmpty);
+                continue;
+            }
+            let timeout = grace_until.map(|t| t.saturating_duration_since(Instant::now()));
+            events.extend(shutdown_events(&self.funnel.wait(timeout)));
+            for (pid, status) in process::reap_ready() {
+                if leader.is_some_and(|(leader, _)| leader == pid) {
+                    events.push_back(Event::CommandEnded(status));
+                }
+            }
+            if grace_until.is_some_and(|t| Instant::now() >= t) {
+                grace_until = None;
+                events.push_back(Event::GraceElapsed);
+            }
+        }
+    }
+
+    fn begin_teardown(&mut self, reason: ShutdownReason, group: Option<ProcessGroup>) {
+        match reason.teardown_line(self.cfg.deadline) {
+            Some(line) => report::line(&line),
+            None => tracing::info!(code = reason.exit_code(), "command ended; tearing down"),
+        }
+        self.record.shutdown_reason = Some(reason.name());
+        self.record.enter("teardown");
+        self.save();
+        if let Some(group) = group {
+            if let Err(err) = group.terminate() {
+                self.teardown_error(format!("failed to signal process group: {err}"));
+            }
+        }
+    }
+
+    /// Everything after the command's group is gone. Signals are reported and ignored here.
+    fn teardown(&mut self) {
+        self.kill_leftover_descendants();
+        if self.cfg.no_teardown {
+            report::line("== --no-teardown: keeping the app; the next janitor sweep reaps it ==");
+        } else {
+            if let Some(hook) = self.cfg.on_teardown.clone() {
+                self.run_hook(&hook);
+                self.kill_leftover_descendants();
+            }
+            match app::remove(&self.global.abra_home, &self.cfg.identity.domain) {
+                Ok(removed) => {
+                    for path in removed.env_files {
+                        tracing::info!(path = %path.display(), "removed app env file");
+                    }
+                }
+                Err(err) => self.teardown_error(err.to_string()),
+            }
+        }
+        for err in self.state.remove() {
+            self.teardown_error(err);
+        }
+    }
+
+    fn run_hook(&mut self, hook: &str) {
+        let spec = CommandSpec {
+            program: "sh".into(),
+            args: vec!["-c".into(), hook.into()],
+            env: self.env.clone(),
+            cwd: None,
+        };
+        let pid = match process::spawn_group(&spec) {
+            Ok((pid, _)) => pid,
+            Err(err) => return self.teardown_error(format!("--on-teardown: {err}")),
+        };
+        let status = loop {
+            if let Some((_, status)) = process::reap_ready().into_iter().find(|(p, _)| *p == pid) {
+                break status;
+            }
+            for event in shutdown_events(&self.funnel.wait(None)) {
+                report_ignored(event);
+            }
+        };
+        if status != ChildStatus::Exited(0) {
+            self.teardown_error(format!(
+                "--on-teardown command failed with exit code {}",
+                status.exit_code()
+            ));
+        }
+    }
+
+    fn kill_leftover_descendants(&mut self) {
+        let funnel = &self.funnel;
+        let survivors = process::kill_descendants(DESCENDANT_KILL_ROUNDS, || {
+            for event in shutdown_events(&funnel.wait(Some(Duration::from_millis(20)))) {
+                report_ignored(event);
+            }
+        });
+        if !survivors.is_empty() {
+            self.teardown_error(format!(
+                "descendants survived SIGKILL (uninterruptible?): {survivors:?}"
+            ));
+        }
+    }
+
+    fn teardown_error(&mut self, message: String) {
+        report::line(&format!("!! teardown: {message}"));
+        self.record.teardown_errors.push(message);
+    }
+
+    /// Write the run record; a failure is reported but never stops a teardown.
+    fn save(&self) {
+        if let Err(err) = self.record.write(&self.record_path) {
+            tracing::warn!(path = %self.record_path.display(), "failed to write run record: {err}");
+        }
+    }
+}
+
+/// Turn caught signals into supervision events (SIGCHLD only wakes the loop up).
+fn shutdown_events(arrived: &Arrived) -> impl Iterator<Item = Event> + '_ {
+    arrived.iter().filter_map(|signal| match signal {
+        Signal::SIGALRM => Some(Event::Deadline),
+        Signal::SIGCHLD => None,
+        other => Some(Event::Signal(other)),
+    })
+}
+
+fn report_ignored(event: Event) {
+    match event {
+        Event::Signal(signal) => {
+            report::line(&format!(
+                "== {signal} received during teardown — ignored =="
+            ));
+        }
+        Event::Deadline => report::line("== hard deadline passed during teardown — ignored =="),
+        _ => {}
+    }
+}

@@ -1,0 +1,331 @@
+//! One way out. Every way a run can end — the command finishing, SIGTERM/SIGINT/SIGHUP (the
+//! parent dying arrives as SIGTERM through the parent-death signal), the hard deadline — becomes
+//! one [`ShutdownReason`], and the group's stop is driven by the small pure state machine
+//! [`Escalation`]: polite SIGTERM first, SIGKILL once the grace runs out.
+//!
+//! Invariant: the first reason wins. Signals and deadlines that arrive once teardown has begun
+//! are reported and ignored, so a second signal can never cut short the cleanup the first asked for.
+
+use std::fmt;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::exit;
+use crate::process::ChildStatus;
+
+/// Why the run is ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownReason {
+    /// The command ended (or could not start) by itself.
+    CommandEnded(ChildStatus),
+    /// SIGTERM, SIGINT or SIGHUP reached ccci-run.
+    Signal(Signal),
+    /// The hard deadline fired.
+    Deadline,
+}
+
+impl ShutdownReason {
+    /// The run's exit code: the command's own status, or the code of the signal or deadline.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Self::CommandEnded(status) => status.exit_code(),
+            Self::Signal(signal) => exit::for_signal(signal),
+            Self::Deadline => exit::DEADLINE,
+        }
+    }
+
+    /// The stable name recorded in `run.json`.
+    pub fn name(self) -> String {
+        match self {
+            Self::CommandEnded(_) => "command-ended".to_owned(),
+            Self::Signal(signal) => signal.as_str().to_owned(),
+            Self::Deadline => "deadline".to_owned(),
+        }
+    }
+
+    /// The operator-facing teardown line, if this reason has one.
+    pub fn teardown_line(self, deadline: Duration) -> Option<String> {
+        match self {
+            Self::CommandEnded(_) => None,
+            Self::Signal(signal) => Some(format!("== {signal} received — tearing down ==")),
+            Self::Deadline => Some(format!(
+                "== run exceeded {} hard deadline — tearing down ==",
+                humantime::format_duration(deadline)
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ShutdownReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// What the supervisor observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// SIGTERM, SIGINT or SIGHUP.
+    Signal(Signal),
+    /// SIGALRM: the hard deadline.
+    Deadline,
+    /// The command (the group leader) was reaped.
+    CommandEnded(ChildStatus),
+    /// The kill grace after SIGTERM ran out.
+    GraceElapsed,
+    /// No member of the command's process group is left.
+    GroupEmpty,
+}
+
+/// What the supervisor must do about an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing to do.
+    None,
+    /// Teardown starts: report the reason, SIGTERM the group, start the kill grace.
+    BeginTeardown(ShutdownReason),
+    /// Teardown is under way: report that this event was ignored.
+    Ignore(Event),
+    /// The grace ran out: SIGKILL the group.
+    KillGroup,
+    /// The group is gone: go on with the rest of the teardown.
+    GroupStopped,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Terminating,
+    Killing,
+    Stopped,
+}
+
+/// The escalation from "running" to "group gone".
+#[derive(Debug, Clone)]
+pub struct Escalation {
+    state: State,
+    reason: Option<ShutdownReason>,
+    killed: bool,
+}
+
+impl Default for Escalation {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Escalation {
+    pub fn new() -> Self {
+        Self {
+            state: State::Running,
+            reason: None,
+            killed: false,
+        }
+    }
+
+    /// The reason teardown began for, once it has.
+    pub fn reason(&self) -> Option<ShutdownReason> {
+        self.reason
+    }
+
+    /// True once teardown has begun.
+    pub fn tearing_down(&self) -> bool {
+        self.state != State::Running
+    }
+
+    /// True once the group has been stopped.
+    pub fn stopped(&self) -> bool {
+        self.state == State::Stopped
+    }
+
+    /// True when the group needed SIGKILL.
+    pub fn escalated(&self) -> bool {
+        self.killed
+    }
+
+    pub fn handle(&mut self, event: Event) -> Action {
+        match (self.state, event) {
+            (State::Running, Event::Signal(signal)) => self.begin(ShutdownReason::Signal(signal)),
+            (State::Running, Event::Deadline) => self.begin(ShutdownReason::Deadline),
+            (State::Running, Event::CommandEnded(status)) => {
+                self.begin(ShutdownReason::CommandEnded(status))
+            }
+            // Without a teardown under way there is no grace and nothing to conclude.
+            (State::Running, Event::GraceElapsed | Event::GroupEmpty) => Action::None,
+
+            (_, Event::Signal(_) | Event::Deadline) => Action::Ignore(event),
+            // Ending during teardown is what we asked for; the reason stays the first one.
+            (_, Event::CommandEnded(_)) => Action::None,
+            (State::Terminating, Event::GraceElapsed) => {
+                self.state = State::Killing;
+                self.killed = true;
+                Action::KillGroup
+            }
+            (State::Terminating | State::Killing, Event::GroupEmpty) => {
+                self.state = State::Stopped;
+                Action::GroupStopped
+            }
+            (State::Killing | State::Stopped, Event::GraceElapsed) => Action::None,
+            (State::Stopped, Event::GroupEmpty) => Action::None,
+        }
+    }
+
+    fn begin(&mut self, reason: ShutdownReason) -> Action {
+        self.state = State::Terminating;
+        self.reason = Some(reason);
+        Action::BeginTeardown(reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    const TERM: Event = Event::Signal(Signal::SIGTERM);
+    const INT: Event = Event::Signal(Signal::SIGINT);
+    const ENDED: Event = Event::CommandEnded(ChildStatus::Exited(3));
+
+    /// An escalation driven into `state` by the only path that reaches it.
+    fn in_state(state: State) -> Escalation {
+        let mut e = Escalation::new();
+        let path: &[Event] = match state {
+            State::Running => &[],
+            State::Terminating => &[TERM],
+            State::Killing => &[TERM, Event::GraceElapsed],
+            State::Stopped => &[TERM, Event::GroupEmpty],
+        };
+        for event in path {
+            e.handle(*event);
+        }
+        assert_eq!(e.state, state);
+        e
+    }
+
+    #[rstest]
+    #[case::run_term(
+        State::Running,
+        TERM,
+        Action::BeginTeardown(ShutdownReason::Signal(Signal::SIGTERM)),
+        State::Terminating
+    )]
+    #[case::run_int(
+        State::Running,
+        INT,
+        Action::BeginTeardown(ShutdownReason::Signal(Signal::SIGINT)),
+        State::Terminating
+    )]
+    #[case::run_deadline(
+        State::Running,
+        Event::Deadline,
+        Action::BeginTeardown(ShutdownReason::Deadline),
+        State::Terminating
+    )]
+    #[case::run_ended(
+        State::Running,
+        ENDED,
+        Action::BeginTeardown(ShutdownReason::CommandEnded(ChildStatus::Exited(3))),
+        State::Terminating
+    )]
+    #[case::run_grace(State::Running, Event::GraceElapsed, Action::None, State::Running)]
+    #[case::run_empty(State::Running, Event::GroupEmpty, Action::None, State::Running)]
+    #[case::term_term(State::Terminating, TERM, Action::Ignore(TERM), State::Terminating)]
+    #[case::term_int(State::Terminating, INT, Action::Ignore(INT), State::Terminating)]
+    #[case::term_deadline(
+        State::Terminating,
+        Event::Deadline,
+        Action::Ignore(Event::Deadline),
+        State::Terminating
+    )]
+    #[case::term_ended(State::Terminating, ENDED, Action::None, State::Terminating)]
+    #[case::term_grace(
+        State::Terminating,
+        Event::GraceElapsed,
+        Action::KillGroup,
+        State::Killing
+    )]
+    #[case::term_empty(
+        State::Terminating,
+        Event::GroupEmpty,
+        Action::GroupStopped,
+        State::Stopped
+    )]
+    #[case::kill_term(State::Killing, TERM, Action::Ignore(TERM), State::Killing)]
+    #[case::kill_deadline(
+        State::Killing,
+        Event::Deadline,
+        Action::Ignore(Event::Deadline),
+        State::Killing
+    )]
+    #[case::kill_ended(State::Killing, ENDED, Action::None, State::Killing)]
+    #[case::kill_grace(State::Killing, Event::GraceElapsed, Action::None, State::Killing)]
+    #[case::kill_empty(
+        State::Killing,
+        Event::GroupEmpty,
+        Action::GroupStopped,
+        State::Stopped
+    )]
+    #[case::stopped_term(State::Stopped, TERM, Action::Ignore(TERM), State::Stopped)]
+    #[case::stopped_deadline(
+        State::Stopped,
+        Event::Deadline,
+        Action::Ignore(Event::Deadline),
+        State::Stopped
+    )]
+    #[case::stopped_ended(State::Stopped, ENDED, Action::None, State::Stopped)]
+    #[case::stopped_grace(State::Stopped, Event::GraceElapsed, Action::None, State::Stopped)]
+    #[case::stopped_empty(State::Stopped, Event::GroupEmpty, Action::None, State::Stopped)]
+    fn every_state_and_event(
+        #[case] from: State,
+        #[case] event: Event,
+        #[case] action: Action,
+        #[case] to: State,
+    ) {
+        let mut e = in_state(from);
+        let before = e.reason();
+        assert_eq!(e.handle(event), action);
+        assert_eq!(e.state, to);
+        if from != State::Running {
+            assert_eq!(e.reason(), before, "the first reason must win");
+        }
+    }
+
+    #[test]
+    fn first_reason_decides_the_exit_code() {
+        let mut e = Escalation::new();
+        e.handle(Event::Deadline);
+        e.handle(TERM);
+        e.handle(ENDED);
+        assert_eq!(e.reason().unwrap().exit_code(), 142);
+        assert!(!e.escalated());
+        e.handle(Event::GraceElapsed);
+        assert!(e.escalated());
+    }
+
+    #[rstest]
+    #[case(ShutdownReason::Signal(Signal::SIGTERM), 143)]
+    #[case(ShutdownReason::Signal(Signal::SIGINT), 130)]
+    #[case(ShutdownReason::Signal(Signal::SIGHUP), 129)]
+    #[case(ShutdownReason::Deadline, 142)]
+    #[case(ShutdownReason::CommandEnded(ChildStatus::Signaled(9)), 137)]
+    #[case(ShutdownReason::CommandEnded(ChildStatus::NotStarted(127)), 127)]
+    fn exit_codes(#[case] reason: ShutdownReason, #[case] code: u8) {
+        assert_eq!(reason.exit_code(), code);
+    }
+
+    #[test]
+    fn teardown_lines_are_the_contract_s() {
+        let d = Duration::from_secs(3600);
+        assert_eq!(
+            ShutdownReason::Signal(Signal::SIGTERM)
+                .teardown_line(d)
+                .unwrap(),
+            "== SIGTERM received — tearing down =="
+        );
+        assert_eq!(
+            ShutdownReason::Deadline.teardown_line(d).unwrap(),
+            "== run exceeded 1h hard deadline — tearing down =="
+        );
+    }
+}
