@@ -174,8 +174,8 @@ impl DomainSuffix {
             return Err(SUFFIX.broken(
                 value,
                 format!(
-                    "stack names on it would be {longest_stack} characters, more than Docker's \
-                     {MAX_STACK_NAME_LEN} (use a suffix of at most {} characters)",
+                    "must be at most {} characters, so that stack names stay within Docker's \
+                     {MAX_STACK_NAME_LEN} (this one gives {longest_stack})",
                     MAX_STACK_NAME_LEN - 12
                 ),
             ));
@@ -388,7 +388,7 @@ mod tests {
     #[test]
     fn long_suffix_is_a_configuration_error() {
         let err = DomainSuffix::parse(&format!("{}.example.org", "a".repeat(30))).unwrap_err();
-        assert!(err.rule.contains("45"), "{err}");
+        assert!(err.rule.contains("at most 33"), "{err}");
         DomainSuffix::parse(&format!("{}.org", "a".repeat(29))).unwrap();
     }
 

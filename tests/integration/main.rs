@@ -1,1 +1,8 @@
+//! The integration suite: the real `ccci-run` binary against real processes, signals and flocks.
 
+mod cli;
+mod run_dirs;
+mod run_exit;
+mod run_guards;
+mod run_signals;
+mod util;

@@ -1,0 +1,126 @@
+//! The command line: validation of every outside value, and `app-domain`.
+
+use std::process::Command;
+
+use rstest::rstest;
+
+use crate::util::{Sandbox, run};
+
+fn sha1_hex(input: &str) -> String {
+    // Computed by coreutils, independently of the crate's own hashing.
+    let out = Command::new("sh")
+        .args(["-c", "printf '%s' \"$1\" | sha1sum", "sh", input])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()[..40].to_owned()
+}
+
+#[rstest]
+#[case::pr(&["--recipe", "custom-html", "--pr", "12"], "cust", "custom-html|12|")]
+#[case::git_ref(&["--recipe", "keycloak", "--ref", "1.0.0+1.2.3"], "keyc", "keycloak||1.0.0+1.2.3")]
+#[case::both(&["--recipe", "ab-c", "--pr", "7", "--ref", "main"], "abc", "ab-c|7|main")]
+#[case::neither(&["--recipe", "x"], "x", "x||")]
+fn app_domain_prints_domain_then_stack(
+    #[case] args: &[&str],
+    #[case] prefix: &str,
+    #[case] hashed: &str,
+) {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.arg("app-domain").args(args);
+    let done = run(cmd);
+    done.assert_code(0);
+    let hash = &sha1_hex(hashed)[..6];
+    assert_eq!(
+        done.out,
+        vec![
+            format!("{prefix}-{hash}.ci.commoninternet.net"),
+            format!("{prefix}-{hash}_ci_commoninternet_net"),
+        ]
+    );
+}
+
+#[test]
+fn app_domain_honours_the_suffix_from_the_environment() {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.env("CCCI_DOMAIN_SUFFIX", "ci.example.org")
+        .args(["app-domain", "--recipe", "x"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    assert!(
+        done.out[0].ends_with(".ci.example.org"),
+        "{}",
+        done.transcript()
+    );
+}
+
+/// Every validation rule with a bad value: exit 2, a message naming the value and the rule,
+/// and nothing left on disk.
+#[rstest]
+#[case::recipe_upper(&["--recipe", "Custom"], "invalid recipe name \"Custom\"")]
+#[case::recipe_traversal(&["--recipe", "../../etc"], "invalid recipe name \"../../etc\"")]
+#[case::recipe_long(&["--recipe", &"a".repeat(65)], "invalid recipe name")]
+#[case::pr_letters(&["--recipe", "x", "--pr", "12a"], "invalid pull request number \"12a\"")]
+#[case::ref_dotdot(&["--recipe", "x", "--ref", "main..evil"], "must not contain \"..\"")]
+#[case::ref_space(&["--recipe", "x", "--ref", "a b"], "invalid ref \"a b\"")]
+#[case::ref_dash(&["--recipe", "x", "--ref=-delete"], "must not start with \"-\"")]
+#[case::run_id(&["--recipe", "x", "--run-id", "../1"], "invalid run id \"../1\"")]
+#[case::run_id_long(&["--recipe", "x", "--run-id", &"1".repeat(65)], "invalid run id")]
+#[case::suffix(&["--recipe", "x", "--domain-suffix", "Bad_Suffix"], "invalid domain suffix \"Bad_Suffix\"")]
+#[case::suffix_long(&["--recipe", "x", "--domain-suffix", "a-very-long-ci-subdomain.example.org"], "must be at most 33 characters")]
+fn bad_input_is_refused_with_exit_2_and_leaves_nothing(
+    #[case] args: &[&str],
+    #[case] message: &str,
+) {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.arg("run").args(args).args(["--no-fetch", "--", "true"]);
+    let done = run(cmd);
+    done.assert_code(2);
+    done.assert_stderr_has(message);
+    assert!(
+        done.stderr().contains("must"),
+        "the message names the rule\n{}",
+        done.transcript()
+    );
+    assert!(!sandbox.runs().exists(), "runs dir created");
+    assert!(!sandbox.abra_home().exists(), "abra home created");
+    assert!(sandbox.state_files().is_empty(), "state files created");
+}
+
+#[test]
+fn drone_build_number_is_the_run_id_and_is_validated() {
+    let sandbox = Sandbox::new();
+    let run_with = |build: &str| {
+        let mut cmd = sandbox.ccci();
+        cmd.env("DRONE_BUILD_NUMBER", build).args([
+            "run",
+            "--recipe",
+            "x",
+            "--no-fetch",
+            "--",
+            "true",
+        ]);
+        run(cmd)
+    };
+    run_with("314").assert_code(0);
+    assert_eq!(sandbox.record("314")["run_id"], "314");
+    let done = run_with("bad/../id");
+    done.assert_code(2);
+    done.assert_stderr_has("invalid run id \"bad/../id\"");
+}
+
+#[test]
+fn help_lists_the_exit_codes() {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.arg("--help");
+    let done = run(cmd);
+    done.assert_code(0);
+    assert!(
+        done.out.join("\n").contains("142 hard deadline"),
+        "{}",
+        done.transcript()
+    );
+}

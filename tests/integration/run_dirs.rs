@@ -1,0 +1,199 @@
+//! The per-run ABRA_DIR, the same-run-id guard, run-scoped state files and descriptor hygiene.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+
+use crate::util::{Proc, Sandbox, Stream, list, run};
+
+#[test]
+fn abra_dir_links_the_canonical_servers_and_catalogue_and_has_empty_recipes() {
+    let sandbox = Sandbox::new();
+    let script = "echo \"abra=$ABRA_DIR\"; echo \"recipe_dir=$CCCI_RECIPE_DIR\"; \
+                  echo \"domain=$CCCI_APP_DOMAIN\"; echo \"stack=$CCCI_STACK_NAME\"; \
+                  echo \"recipe=$CCCI_RECIPE\"; echo \"run=$CCCI_RUN_ID\"; \
+                  ls -A \"$ABRA_DIR/recipes\" | wc -l | sed 's/^/recipes=/'";
+    let done = run(sandbox.run_sh("30", &[], script));
+    done.assert_code(0);
+    let abra = sandbox.runs().join("30").join("abra");
+    let expect = [
+        format!("abra={}", abra.display()),
+        format!("recipe_dir={}", abra.join("recipes/custom-html").display()),
+        "recipe=custom-html".to_owned(),
+        "run=30".to_owned(),
+        "recipes=0".to_owned(),
+    ];
+    for line in &expect {
+        assert!(
+            done.out.contains(line),
+            "missing {line}\n{}",
+            done.transcript()
+        );
+    }
+    for shared in ["servers", "catalogue"] {
+        let target = std::fs::read_link(abra.join(shared)).unwrap();
+        assert_eq!(target, sandbox.abra_home().join(shared));
+        assert!(
+            target.is_dir(),
+            "canonical {shared} must exist so the link never dangles"
+        );
+    }
+}
+
+#[test]
+fn second_live_run_with_the_same_id_is_refused_and_reuse_after_the_end_is_fresh() {
+    let sandbox = Sandbox::new();
+    let first_script = "touch \"$ABRA_DIR/recipes/marker\"; echo ready $$; read line || :";
+    let mut first = Proc::spawn(sandbox.run_sh("dup", &[], first_script));
+    first.wait_ready();
+    let marker = sandbox.runs().join("dup/abra/recipes/marker");
+
+    let second = run(sandbox.run_sh("dup", &[], "echo second-ran"));
+    second.assert_code(125);
+    second.assert_stderr_has("run dup is already live");
+    assert!(!second.out.iter().any(|l| l == "second-ran"));
+    assert!(marker.exists(), "the live run's tree was wiped");
+
+    first.close_stdin();
+    first.finish().assert_code(0);
+
+    let third = run(sandbox.run_sh("dup", &[], "ls -A \"$ABRA_DIR/recipes\"; echo third-ran"));
+    third.assert_code(0);
+    assert_eq!(
+        third.out,
+        vec!["third-ran"],
+        "a reused run dir starts fresh"
+    );
+}
+
+#[test]
+fn state_files_are_private_and_keyed_by_run_id_and_pid_not_domain() {
+    let sandbox = Sandbox::new();
+    let script = "for f in \"$CCCI_DEPLOYS_FILE\" \"$CCCI_OPSTATE_FILE\" \"$CCCI_DEPS_FILE\" \
+                  \"$CCCI_DEPSKIP_FILE\"; do echo \"state $(stat -c %a \"$f\") $f\"; done; \
+                  echo ready $PPID; read line || :";
+    // Two live runs of the same recipe and so the same domain.
+    let mut a = Proc::spawn(sandbox.run_sh("40", &[], script));
+    let mut b = Proc::spawn(sandbox.run_sh("41", &[], script));
+    let pid_a = a.wait_ready();
+    let pid_b = b.wait_ready();
+    let states = |p: &Proc| -> Vec<String> {
+        p.out
+            .iter()
+            .filter(|l| l.starts_with("state "))
+            .cloned()
+            .collect()
+    };
+    let state_dir = sandbox.state();
+    for (proc_, run_id, pid) in [(&a, "40", pid_a), (&b, "41", pid_b)] {
+        let lines = states(proc_);
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        for (line, kind) in lines.iter().zip(["deploys", "opstate", "deps", "depskip"]) {
+            let path = state_dir.join(format!("ccci-{kind}-{run_id}-{pid}"));
+            assert_eq!(line, &format!("state 600 {}", path.display()));
+        }
+    }
+    assert_eq!(list(&state_dir).len(), 8);
+    a.close_stdin();
+    b.close_stdin();
+    a.finish().assert_code(0);
+    b.finish().assert_code(0);
+    assert!(list(&state_dir).is_empty(), "{:?}", list(&state_dir));
+}
+
+/// The command gets stdin, stdout and stderr only: neither ccci-run's own descriptors (run
+/// guard lock, signal pipe) nor a descriptor ccci-run's parent leaked to it.
+#[test]
+fn command_inherits_no_descriptor_beyond_stdio() {
+    let sandbox = Sandbox::new();
+    let leak = std::fs::File::open("/dev/null").unwrap();
+    // `ls` lists the shell's table from outside; a command substitution would add its own pipe.
+    let script = "echo ready $$; echo fds-begin; ls /proc/$$/fd; echo fds-done; ls -l /proc/$$/fd";
+    let mut cmd = sandbox.run_sh("50", &[], script);
+    // Hand ccci-run an inheritable descriptor 7, as a sloppy parent might.
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&leak);
+    unsafe {
+        cmd.pre_exec(move || {
+            if nix::libc::dup2(raw, 7) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut proc_ = Proc::spawn(cmd);
+    proc_.wait_ready();
+    proc_.wait_for(Stream::Out, "fds-done");
+    let done = proc_.finish();
+    done.assert_code(0);
+    let begin = done.out.iter().position(|l| l == "fds-begin").unwrap();
+    let end = done.out.iter().position(|l| l == "fds-done").unwrap();
+    assert_eq!(
+        done.out[begin + 1..end],
+        ["0", "1", "2"],
+        "descriptors\n{}",
+        done.transcript()
+    );
+}
+
+#[test]
+fn run_record_is_complete_and_readable() {
+    let sandbox = Sandbox::new();
+    let done = run(sandbox.run_sh("60", &["--pr", "9"], "exit 0"));
+    done.assert_code(0);
+    let record = sandbox.record("60");
+    assert_eq!(record["run_id"], "60");
+    assert_eq!(record["recipe"], "custom-html");
+    assert_eq!(record["pr"], "9");
+    assert!(record["domain"].as_str().unwrap().starts_with("cust-"));
+    let phases: Vec<&str> = record["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            "guards",
+            "abra-dir",
+            "fetch-skipped",
+            "command",
+            "teardown",
+            "finished"
+        ]
+    );
+    let run_dir = sandbox.runs().join("60");
+    assert_eq!(
+        list(&run_dir),
+        ["abra", "run.json", "run.lock"],
+        "no temp files left"
+    );
+    let mode = std::fs::metadata(run_dir.join("run.lock"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn teardown_removes_the_app_env_files_but_no_other_app_s() {
+    let sandbox = Sandbox::new();
+    let domain = {
+        let mut cmd = sandbox.ccci();
+        cmd.args(["app-domain", "--recipe", "custom-html"]);
+        run(cmd).out[0].clone()
+    };
+    let server = sandbox.abra_home().join("servers/ci-host");
+    std::fs::create_dir_all(&server).unwrap();
+    let other = server.join("warm-keycloak.ci.commoninternet.net.env");
+    std::fs::write(&other, "KEEP=1\n").unwrap();
+    let script = "echo X=1 > \"$ABRA_DIR/servers/ci-host/$CCCI_APP_DOMAIN.env\"; echo created";
+    let done = run(sandbox.run_sh("70", &[], script));
+    done.assert_code(0);
+    assert!(!server.join(format!("{domain}.env")).exists());
+    assert!(other.exists());
+
+    // --no-teardown keeps the app for the next janitor sweep.
+    let done = run(sandbox.run_sh("71", &["--no-teardown"], script));
+    done.assert_code(0);
+    assert!(server.join(format!("{domain}.env")).exists());
+}

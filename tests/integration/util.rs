@@ -1,0 +1,325 @@
+//! Test helpers: a sandbox of directories for one test, and a spawned process whose stdout and
+//! stderr are read line by line so tests wait for readiness lines instead of sleeping.
+//!
+//! Every assertion failure prints the command line, its status and everything it printed.
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long any single wait in a test may take before it is a failure (never a synchronisation).
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ccci-run");
+
+/// One test's directories: runs, canonical abra home, locks and state files.
+pub struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("create sandbox"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn runs(&self) -> PathBuf {
+        self.path().join("runs")
+    }
+
+    pub fn abra_home(&self) -> PathBuf {
+        self.path().join("abra")
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.path().join("state")
+    }
+
+    pub fn locks(&self) -> PathBuf {
+        self.path().join("locks")
+    }
+
+    /// `ccci-run` with this sandbox's directories and a clean environment.
+    pub fn ccci(&self) -> Command {
+        std::fs::create_dir_all(self.state()).unwrap();
+        let mut cmd = Command::new(BIN);
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("CCCI_") || key == "DRONE_BUILD_NUMBER" || key == "RUST_LOG" {
+                cmd.env_remove(&*key);
+            }
+        }
+        cmd.arg("--runs-dir")
+            .arg(self.runs())
+            .arg("--abra-home")
+            .arg(self.abra_home())
+            .arg("--lock-dir")
+            .arg(self.locks())
+            .arg("--state-dir")
+            .arg(self.state())
+            .arg("--docker")
+            .arg("off");
+        cmd
+    }
+
+    /// `ccci-run run --recipe R --run-id ID --no-fetch [extra...] -- sh -c SCRIPT`.
+    pub fn run_sh(&self, run_id: &str, extra: &[&str], script: &str) -> Command {
+        let mut cmd = self.ccci();
+        cmd.args([
+            "run",
+            "--recipe",
+            "custom-html",
+            "--run-id",
+            run_id,
+            "--no-fetch",
+        ])
+        .args(extra)
+        .args(["--", "sh", "-c", script]);
+        cmd
+    }
+
+    pub fn record(&self, run_id: &str) -> Value {
+        let path = self.runs().join(run_id).join("run.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// Files left in the state directory.
+    pub fn state_files(&self) -> Vec<String> {
+        list(&self.state())
+    }
+}
+
+/// Names in a directory, sorted; empty when it does not exist.
+pub fn list(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Out,
+    Err,
+}
+
+/// A running process whose output is collected line by line.
+pub struct Proc {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<Option<(Stream, String)>>,
+    pub out: Vec<String>,
+    pub err: Vec<String>,
+    open_streams: usize,
+    cmdline: String,
+}
+
+/// What a finished process left.
+pub struct Finished {
+    pub status: ExitStatus,
+    pub out: Vec<String>,
+    pub err: Vec<String>,
+    cmdline: String,
+}
+
+impl Finished {
+    pub fn transcript(&self) -> String {
+        format!(
+            "status: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status,
+            self.out.join("\n"),
+            self.err.join("\n")
+        )
+    }
+
+    pub fn stderr(&self) -> String {
+        self.err.join("\n")
+    }
+
+    #[track_caller]
+    pub fn assert_code(&self, code: i32) {
+        assert_eq!(
+            self.status.code(),
+            Some(code),
+            "{}\n{}",
+            self.cmdline,
+            self.transcript()
+        );
+    }
+
+    #[track_caller]
+    pub fn assert_stderr_has(&self, needle: &str) {
+        assert!(
+            self.err.iter().any(|l| l.contains(needle)),
+            "stderr lacks {needle:?}\n{}\n{}",
+            self.cmdline,
+            self.transcript()
+        );
+    }
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command) -> Self {
+        let cmdline = format!("{cmd:?}");
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmdline}: {e}"));
+        let (tx, rx) = channel();
+        let out = child.stdout.take().unwrap();
+        let err = child.stderr.take().unwrap();
+        for (stream, reader) in [
+            (Stream::Out, Box::new(out) as Box<dyn std::io::Read + Send>),
+            (Stream::Err, Box::new(err)),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(reader).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = tx.send(Some((stream, line)));
+                }
+                let _ = tx.send(None);
+            });
+        }
+        Self {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+            out: Vec::new(),
+            err: Vec::new(),
+            open_streams: 2,
+            cmdline,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn transcript(&self) -> String {
+        format!(
+            "{}\n--- stdout\n{}\n--- stderr\n{}",
+            self.cmdline,
+            self.out.join("\n"),
+            self.err.join("\n")
+        )
+    }
+
+    /// Take the next line (from either stream); None once both streams are closed.
+    fn next_line(&mut self, deadline: Instant) -> Option<(Stream, String)> {
+        loop {
+            if self.open_streams == 0 {
+                return None;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(Some((stream, line))) => {
+                    match stream {
+                        Stream::Out => self.out.push(line.clone()),
+                        Stream::Err => self.err.push(line.clone()),
+                    }
+                    return Some((stream, line));
+                }
+                Ok(None) => self.open_streams -= 1,
+                Err(RecvTimeoutError::Timeout) => {
+                    let _ = self.child.kill();
+                    panic!("timed out waiting for output\n{}", self.transcript());
+                }
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    /// Wait for a line on `stream` containing `needle`; returns it.
+    #[track_caller]
+    pub fn wait_for(&mut self, stream: Stream, needle: &str) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        while let Some((s, line)) = self.next_line(deadline) {
+            if s == stream && line.contains(needle) {
+                return line;
+            }
+        }
+        panic!(
+            "output ended without a line containing {needle:?}\n{}",
+            self.transcript()
+        );
+    }
+
+    /// Wait for the command's readiness line `ready <pid>` and return the pid (also its pgid).
+    #[track_caller]
+    pub fn wait_ready(&mut self) -> i32 {
+        let line = self.wait_for(Stream::Out, "ready");
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("readiness line without a pid: {line:?}"))
+    }
+
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Read both streams to their end, then reap the process.
+    pub fn finish(mut self) -> Finished {
+        self.stdin = None;
+        let deadline = Instant::now() + PATIENCE;
+        while self.next_line(deadline).is_some() {}
+        let status = self.child.wait().unwrap();
+        Finished {
+            status,
+            out: self.out,
+            err: self.err,
+            cmdline: self.cmdline,
+        }
+    }
+}
+
+/// Run to completion and collect.
+pub fn run(cmd: Command) -> Finished {
+    Proc::spawn(cmd).finish()
+}
+
+/// True while any process is in process group `pgid` (zombies included).
+pub fn group_alive(pgid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(-pgid), None).is_ok()
+}
+
+/// True while process `pid` is running (a zombie waiting for its reaper is dead).
+pub fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, tail) = stat.rsplit_once(')')?;
+            tail.split_whitespace().next().map(|s| s != "Z" && s != "X")
+        })
+        .unwrap_or(false)
+}
+
+pub fn signal(pid: i32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+}
+
+pub fn sh_quote(path: impl AsRef<OsStr>) -> String {
+    format!(
+        "'{}'",
+        path.as_ref().to_string_lossy().replace('\'', r"'\''")
+    )
+}
