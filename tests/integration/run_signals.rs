@@ -3,7 +3,9 @@
 use nix::sys::signal::Signal;
 use rstest::rstest;
 
-use crate::util::{Proc, Sandbox, Stream, group_alive, process_alive, sh_quote, signal};
+use crate::util::{
+    Proc, Sandbox, Stream, group_alive, process_alive, sh_quote, signal, wait_exited,
+};
 
 /// A command that announces itself and then waits until it is killed.
 const WAIT_FOREVER: &str = "echo ready $$; exec sleep 1000";
@@ -140,8 +142,9 @@ fn command_dies_with_a_sigkilled_supervisor() {
     let done = run.finish();
     assert_eq!(done.status.code(), None);
     assert!(
-        !process_alive(command),
-        "command {command} outlived its supervisor"
+        wait_exited(command),
+        "command {command} outlived its supervisor: {:?}",
+        std::fs::read_to_string(format!("/proc/{command}/stat"))
     );
 }
 

@@ -302,6 +302,26 @@ pub fn group_alive(pgid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(-pgid), None).is_ok()
 }
 
+/// Wait until process `pid` has exited (zombie or reaped), through a pidfd: the kernel tells
+/// us, no polling. Returns false if it is still running after [`PATIENCE`].
+pub fn wait_exited(pid: i32) -> bool {
+    use nix::libc;
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    // SAFETY: the descriptor was just returned to us and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut fds = [nix::poll::PollFd::new(
+        fd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let timeout = nix::poll::PollTimeout::try_from(PATIENCE).unwrap();
+    matches!(nix::poll::poll(&mut fds, timeout), Ok(n) if n > 0)
+}
+
 /// True while process `pid` is running (a zombie waiting for its reaper is dead).
 pub fn process_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
