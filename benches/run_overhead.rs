@@ -1,1 +1,154 @@
-fn main() {}
+//! What supervision costs: `ccci-run run --no-fetch -- true` against `flock <file> true` and a
+//! plain `true`, timed in one run, interleaved so machine noise hits all three alike.
+//!
+//! Prints median and p90 wall time and peak RSS (from `wait4`) of each, and the differences.
+//! Targets: at most 5 ms median more than flock(1), under 10 MB peak RSS.
+//!
+//! `cargo bench --bench run_overhead [-- ITERATIONS]`
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::libc;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ccci-run");
+
+struct Sample {
+    wall: Duration,
+    max_rss_kib: i64,
+}
+
+/// Spawn, wait with `wait4`, and return wall time and the child's peak RSS.
+fn measure(cmd: &mut Command) -> Sample {
+    let start = Instant::now();
+    let child = cmd.spawn().expect("spawn");
+    let mut status = 0;
+    // SAFETY: rusage is plain old data, filled in by the kernel.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = start.elapsed();
+    assert_eq!(rc, pid, "wait4: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{cmd:?} failed: status {status:#x}"
+    );
+    Sample {
+        wall,
+        max_rss_kib: usage.ru_maxrss,
+    }
+}
+
+struct Series {
+    name: &'static str,
+    samples: Vec<Sample>,
+}
+
+impl Series {
+    fn median(&self) -> Duration {
+        self.quantile(0.5)
+    }
+
+    fn quantile(&self, q: f64) -> Duration {
+        let mut walls: Vec<Duration> = self.samples.iter().map(|s| s.wall).collect();
+        walls.sort();
+        walls[((walls.len() - 1) as f64 * q).round() as usize]
+    }
+
+    fn peak_rss_kib(&self) -> i64 {
+        self.samples
+            .iter()
+            .map(|s| s.max_rss_kib)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let iterations: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(200);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = dir.path().join("bench.lock");
+    let base = dir.path().to_owned();
+
+    let mut plain = Command::new("true");
+    let mut flock = Command::new("flock");
+    flock.arg(&lock).arg("true");
+    let mut ccci = Command::new(BIN);
+    ccci.arg("--runs-dir")
+        .arg(base.join("runs"))
+        .arg("--abra-home")
+        .arg(base.join("abra"))
+        .arg("--lock-dir")
+        .arg(base.join("locks"))
+        .arg("--state-dir")
+        .arg(&base)
+        .args([
+            "--docker", "off", "run", "--recipe", "bench", "--run-id", "bench",
+        ])
+        .args(["--no-fetch", "--", "true"])
+        .stderr(std::process::Stdio::null());
+
+    let mut series = [
+        (
+            Series {
+                name: "true",
+                samples: Vec::new(),
+            },
+            &mut plain,
+        ),
+        (
+            Series {
+                name: "flock(1) true",
+                samples: Vec::new(),
+            },
+            &mut flock,
+        ),
+        (
+            Series {
+                name: "ccci-run run -- true",
+                samples: Vec::new(),
+            },
+            &mut ccci,
+        ),
+    ];
+    // Warm the page cache and the binaries before measuring.
+    for (_, cmd) in series.iter_mut() {
+        measure(cmd);
+    }
+    for _ in 0..iterations {
+        for (s, cmd) in series.iter_mut() {
+            s.samples.push(measure(cmd));
+        }
+    }
+
+    println!("run_overhead: {iterations} iterations each, interleaved");
+    println!(
+        "{:<22} {:>10} {:>10} {:>14}",
+        "command", "median ms", "p90 ms", "peak RSS KiB"
+    );
+    for (s, _) in &series {
+        println!(
+            "{:<22} {:>10.3} {:>10.3} {:>14}",
+            s.name,
+            ms(s.median()),
+            ms(s.quantile(0.9)),
+            s.peak_rss_kib()
+        );
+    }
+    let [(plain, _), (flock, _), (ccci, _)] = &series;
+    let over_flock = ms(ccci.median()) - ms(flock.median());
+    let over_true = ms(ccci.median()) - ms(plain.median());
+    println!("ccci-run − flock(1): {over_flock:+.3} ms median (target ≤ 5 ms)");
+    println!("ccci-run − true:     {over_true:+.3} ms median");
+    println!(
+        "ccci-run peak RSS:   {:.1} MB (target < 10 MB)",
+        ccci.peak_rss_kib() as f64 / 1024.0
+    );
+}

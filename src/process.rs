@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
 
 use crate::exit;
@@ -155,6 +155,19 @@ pub fn reap_ready() -> Vec<(Pid, ChildStatus)> {
     reaped
 }
 
+/// True while this process has any child, living or a zombie: as subreaper every living
+/// descendant is below one of our children, so without children there is nothing to walk.
+pub fn has_children() -> bool {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    loop {
+        match waitid(Id::All, flags) {
+            Err(Errno::ECHILD) => return false,
+            Err(Errno::EINTR) => continue,
+            _ => return true,
+        }
+    }
+}
+
 /// SIGKILL every living descendant of this process and reap them, until none is left.
 ///
 /// Daemonised descendants (`setsid` + fork) have left the command's group but were re-parented
@@ -165,6 +178,9 @@ pub fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut()) -> Vec<P
     let mut survivors = Vec::new();
     for _ in 0..rounds {
         reap_ready();
+        if !has_children() {
+            return Vec::new();
+        }
         survivors = match linux::living_descendants(me) {
             Ok(found) => found,
             Err(err) => {
