@@ -19,7 +19,10 @@ struct Sample {
 }
 
 /// Spawn, wait with `wait4`, and return wall time and the child's peak RSS.
-#[expect(clippy::zombie_processes, reason = "reaped by wait4, which also reports its rusage")]
+#[expect(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which also reports its rusage"
+)]
 fn measure(cmd: &mut Command) -> Sample {
     let start = Instant::now();
     let child = cmd.spawn().expect("spawn");
