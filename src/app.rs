@@ -41,7 +41,8 @@ pub fn env_files(abra_home: &Path, domain: &AppDomain) -> Result<Vec<PathBuf>, R
         // Only real server directories: a symlinked server entry is not followed.
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             let candidate = entry.path().join(&file_name);
-            if std::fs::symlink_metadata(&candidate).is_ok() {
+            // A file or a link; a directory by that name is not an env file and is left alone.
+            if std::fs::symlink_metadata(&candidate).is_ok_and(|m| !m.is_dir()) {
                 found.push(candidate);
             }
         }

@@ -114,9 +114,42 @@ pub struct GlobalArgs {
 pub enum Command {
     /// Supervise one CI run of a recipe: guards, ABRA_DIR, COMMAND, teardown.
     Run(RunArgs),
+    /// Probe every run app's lock and reap the apps whose run is dead.
+    Janitor(JanitorArgs),
+    /// List every lock file in the lock dir: held or not, holders, age.
+    Locks(LocksArgs),
     /// Print the app domain of a recipe run, and its stack name on a second line.
     AppDomain(IdentityArgs),
 }
+
+#[derive(Debug, Args)]
+pub struct JanitorArgs {
+    /// Decide and report, but change nothing at all.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Flag (never steal) a lock held for longer than SECS.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS)]
+    pub long_held: u64,
+    /// Also write Prometheus metrics here (node_exporter textfile collector), atomically.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct LocksArgs {
+    /// Print the list as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Flag a lock held for longer than SECS.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS)]
+    pub long_held: u64,
+}
+
+/// Twice the default hard deadline: no healthy run holds its lock that long.
+pub const DEFAULT_LONG_HELD_SECS: u64 = 7200;
 
 #[derive(Debug, Args)]
 pub struct IdentityArgs {
@@ -141,6 +174,9 @@ pub struct RunArgs {
     /// Hard deadline for the whole run, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u32).range(1..))]
     pub deadline: u32,
+    /// Give up waiting for the app lock after SECS (exit 75) [default: until the deadline].
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub lock_wait: Option<Duration>,
     /// Seconds between SIGTERM and SIGKILL of the command's process group (fractions allowed).
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds)]
     pub kill_grace: Duration,
@@ -233,6 +269,7 @@ pub struct RunConfig {
     pub run_id: RunId,
     pub deadline: Duration,
     pub kill_grace: Duration,
+    pub lock_wait: Option<Duration>,
     pub expect_parent: Option<i32>,
     pub on_teardown: Option<String>,
     pub no_teardown: bool,
@@ -250,6 +287,7 @@ impl RunArgs {
             run_id,
             deadline: Duration::from_secs(self.deadline.into()),
             kill_grace: self.kill_grace,
+            lock_wait: self.lock_wait,
             expect_parent: self.expect_parent,
             on_teardown: self.on_teardown.clone(),
             no_teardown: self.no_teardown,

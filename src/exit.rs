@@ -3,6 +3,8 @@
 //! Apart from these, `run` passes the command's own status through (128+N when a signal N
 //! killed it). Operators and Drone steps branch on these numbers; the README documents them.
 
+/// The janitor's sweep did not complete, or a reap failed.
+pub const FAILURE: u8 = 1;
 /// Usage error or invalid input (also what clap uses for a bad command line).
 pub const USAGE: u8 = 2;
 /// A lock (the app lock or a named lock) was not acquired within its budget.

@@ -7,7 +7,9 @@
 pub mod app;
 pub mod cli;
 pub mod exit;
+pub mod janitor;
 pub mod lock;
+pub mod locks;
 pub mod names;
 pub mod process;
 pub mod record;
@@ -21,6 +23,8 @@ pub mod state;
 #[cfg(target_os = "linux")]
 pub mod linux;
 
+use std::time::Duration;
+
 use nix::unistd::Pid;
 use tracing_subscriber::EnvFilter;
 
@@ -33,6 +37,16 @@ pub enum Error {
     Invalid(#[from] names::NameError),
     #[error(transparent)]
     Run(#[from] run::RunError),
+    #[error("failed to write metrics file {path}: {source}")]
+    Metrics {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("failed to list lock dir {path}: {source}")]
+    LockDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -40,6 +54,7 @@ impl Error {
         match self {
             Self::Invalid(_) => exit::USAGE,
             Self::Run(_) => exit::INTERNAL,
+            Self::Metrics { .. } | Self::LockDir { .. } => exit::FAILURE,
         }
     }
 }
@@ -54,6 +69,52 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
             let identity = args.validate(&global.suffix)?;
             println!("{}", identity.domain);
             println!("{}", identity.domain.stack_name());
+            Ok(0)
+        }
+        Command::Janitor(args) => {
+            let opts = janitor::SweepOptions {
+                dry_run: args.dry_run,
+                long_held: Duration::from_secs(args.long_held),
+            };
+            let report = janitor::sweep(&global, &opts);
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("serialisable")
+                );
+            } else {
+                print!("{}", janitor::render_table(&report));
+            }
+            if let Some(path) = &args.metrics_file {
+                if !args.dry_run {
+                    janitor::write_metrics(path, &report).map_err(|source| Error::Metrics {
+                        path: path.clone(),
+                        source,
+                    })?;
+                }
+            }
+            Ok(if report.failed() { exit::FAILURE } else { 0 })
+        }
+        Command::Locks(args) => {
+            let long_held = Duration::from_secs(args.long_held);
+            let locks = match locks::list(&global.lock_dir, long_held) {
+                Ok(locks) => locks,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(source) => {
+                    return Err(Error::LockDir {
+                        path: global.lock_dir.clone(),
+                        source,
+                    });
+                }
+            };
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&locks).expect("serialisable")
+                );
+            } else {
+                print!("{}", locks::render_table(&locks));
+            }
             Ok(0)
         }
         Command::Run(args) => {

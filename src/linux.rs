@@ -28,20 +28,46 @@ pub fn become_subreaper() -> nix::Result<()> {
 ///
 /// With `SA_RESTART` a blocking `flock` or `waitpid` silently resumes after our handler ran, so
 /// a SIGTERM would not end a parked wait. Without it those calls return `EINTR`.
-pub fn clear_sa_restart(signal: Signal) -> io::Result<()> {
+pub fn clear_sa_restart(signal: libc::c_int) -> io::Result<()> {
     // SAFETY: a null `act` only reads the current action; writing back the same action with one
     // flag cleared keeps the handler signal-hook installed.
     unsafe {
         let mut current: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(signal as libc::c_int, std::ptr::null(), &mut current) != 0 {
+        if libc::sigaction(signal, std::ptr::null(), &mut current) != 0 {
             return Err(io::Error::last_os_error());
         }
         current.sa_flags &= !libc::SA_RESTART;
-        if libc::sigaction(signal as libc::c_int, &current, std::ptr::null_mut()) != 0 {
+        if libc::sigaction(signal, &current, std::ptr::null_mut()) != 0 {
             return Err(io::Error::last_os_error());
         }
     }
     Ok(())
+}
+
+/// The real-time signal used to interrupt a helper thread parked in a blocking call. Nothing
+/// outside this process sends it; its handler does nothing but make the call return `EINTR`.
+pub fn kick_signal() -> libc::c_int {
+    libc::SIGRTMIN()
+}
+
+/// In the calling thread, block every signal but [`kick_signal`]: process-directed signals then
+/// go to the main thread, and only a deliberate kick interrupts this one.
+pub fn block_all_signals_but_kick() {
+    // SAFETY: sigset manipulation on a local set, then a per-thread mask change.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::sigdelset(&mut set, kick_signal());
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Interrupt the thread `thread` with [`kick_signal`].
+pub fn kick_thread(thread: libc::pthread_t) {
+    // SAFETY: the caller keeps the thread joinable (not yet joined), so the id is valid.
+    unsafe {
+        libc::pthread_kill(thread, kick_signal());
+    }
 }
 
 /// Arm (or re-arm) the process's single `SIGALRM` timer.
@@ -163,6 +189,64 @@ pub fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
     Ok(found)
 }
 
+/// One line of `/proc/locks`: a flock held (or waited for) on an inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcLock {
+    pub pid: i32,
+    pub major: u32,
+    pub minor: u32,
+    pub inode: u64,
+    /// A process blocked waiting for the lock (`->` lines), not a holder.
+    pub waiting: bool,
+}
+
+/// Parse one `/proc/locks` line such as `3: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF`
+/// (device numbers in hex, the inode in decimal). Only flocks are returned.
+pub fn parse_proc_lock(line: &str) -> Option<ProcLock> {
+    let mut fields = line.split_ascii_whitespace();
+    fields.next()?.strip_suffix(':')?;
+    let mut kind = fields.next()?;
+    let waiting = kind == "->";
+    if waiting {
+        kind = fields.next()?;
+    }
+    if kind != "FLOCK" {
+        return None;
+    }
+    let _advisory = fields.next()?;
+    let _mode = fields.next()?;
+    let pid = fields.next()?.parse().ok()?;
+    let mut id = fields.next()?.split(':');
+    let major = u32::from_str_radix(id.next()?, 16).ok()?;
+    let minor = u32::from_str_radix(id.next()?, 16).ok()?;
+    let inode = id.next()?.parse().ok()?;
+    Some(ProcLock {
+        pid,
+        major,
+        minor,
+        inode,
+        waiting,
+    })
+}
+
+/// Every flock in the system, from `/proc/locks`.
+pub fn proc_locks() -> io::Result<Vec<ProcLock>> {
+    Ok(std::fs::read_to_string("/proc/locks")?
+        .lines()
+        .filter_map(parse_proc_lock)
+        .collect())
+}
+
+/// The major number of a device id, as `/proc/locks` prints it.
+pub fn dev_major(dev: u64) -> u32 {
+    nix::sys::stat::major(dev) as u32
+}
+
+/// The minor number of a device id, as `/proc/locks` prints it.
+pub fn dev_minor(dev: u64) -> u32 {
+    nix::sys::stat::minor(dev) as u32
+}
+
 /// Send `signal` to one process; a process that is already gone is not an error.
 pub fn signal_process(pid: Pid, signal: Signal) -> nix::Result<()> {
     match nix::sys::signal::kill(pid, signal) {
@@ -201,9 +285,20 @@ mod tests {
         assert_eq!(parse_stat(line), None);
     }
 
+    #[rstest]
+    #[case("1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF", Some((1234, 8, 1, 5678, false)))]
+    #[case("2: -> FLOCK  ADVISORY  WRITE 99 fd:0a:12 0 EOF", Some((99, 0xfd, 0x0a, 12, true)))]
+    #[case("3: POSIX  ADVISORY  WRITE 1 08:01:5 0 EOF", None)]
+    #[case("4: OFDLCK ADVISORY  READ  -1 00:05:2 0 EOF", None)]
+    #[case("garbage", None)]
+    #[case("5: FLOCK ADVISORY WRITE x 08:01:5 0 EOF", None)]
+    fn proc_locks_lines(#[case] line: &str, #[case] want: Option<(i32, u32, u32, u64, bool)>) {
+        let got = parse_proc_lock(line).map(|l| (l.pid, l.major, l.minor, l.inode, l.waiting));
+        assert_eq!(got, want);
+    }
+
     #[test]
-    fn own_process_has_no_descendants_of_pid_zero_children_loop() {
-        // The walk terminates and never reports the root itself.
+    fn descendant_walk_never_reports_the_root() {
         let me = nix::unistd::getpid();
         assert!(!living_descendants(me).unwrap().contains(&me));
     }

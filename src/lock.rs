@@ -2,22 +2,40 @@
 //!
 //! A lock file is opened `O_RDWR|O_CREAT|O_NOFOLLOW|O_CLOEXEC` with mode 0600 and refused when it
 //! is a symlink, not a regular file, or owned by another user: nobody else can park our runs by
-//! pre-creating and holding a lock file, nor make us write through a link. Locks are released
-//! only by closing the descriptor (process exit included); a holder's lock never outlives it.
+//! pre-creating and holding a lock file, nor make us write through a link. A lock directory that
+//! others may write to without the sticky bit is refused too (they could swap our files).
+//!
+//! Acquisition follows flopen(3): open, lock, then compare `(dev, ino)` of the locked descriptor
+//! with what the path names now; a lock on an unlinked inode protects nothing. Locks are released
+//! only by closing the descriptor (process exit included), so a lock never outlives its holder.
+//!
+//! A blocking acquisition is ONE blocking `flock` call: the kernel queues blocked waiters, and
+//! re-entering the call loses the place. It runs on a helper thread ([`PendingLock`]) so that the
+//! main thread can keep watching signals and budgets without a window in which a signal goes
+//! unnoticed; cancelling it interrupts the call with the kick signal.
 #![allow(clippy::disallowed_methods)]
 
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::{fstat, stat};
 use nix::unistd::Uid;
 
-/// Why a lock file could not be used.
+use crate::linux;
+
+/// Why a lock file (or its directory) could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("refusing lock file {path}: it is a symbolic link")]
@@ -26,6 +44,8 @@ pub enum LockError {
     NotRegular { path: PathBuf },
     #[error("refusing lock file {path}: it is owned by uid {owner}, not by us (uid {us})")]
     ForeignOwner { path: PathBuf, owner: u32, us: u32 },
+    #[error("refusing lock directory {path}: {why}")]
+    UnsafeDir { path: PathBuf, why: String },
     #[error("failed to {what} lock file {path}: {source}")]
     Io {
         what: &'static str,
@@ -46,8 +66,50 @@ impl LockError {
 
     /// True when the file is not ours to touch (the janitor's `foreign` decision).
     pub fn is_foreign(&self) -> bool {
-        !matches!(self, Self::Io { .. })
+        matches!(
+            self,
+            Self::Symlink { .. } | Self::NotRegular { .. } | Self::ForeignOwner { .. }
+        )
     }
+}
+
+/// Make sure `dir` exists and is safe to keep lock files in: a directory owned by us or root,
+/// and not writable by others unless sticky (as `/run/lock` is).
+pub fn prepare_dir(dir: &Path) -> Result<(), LockError> {
+    if let Err(err) = std::fs::create_dir_all(dir) {
+        return Err(LockError::UnsafeDir {
+            path: dir.to_owned(),
+            why: format!("cannot create it: {err}"),
+        });
+    }
+    check_dir(dir)
+}
+
+/// The safety rules of [`prepare_dir`], without creating anything.
+pub fn check_dir(dir: &Path) -> Result<(), LockError> {
+    let unsafe_dir = |why: String| LockError::UnsafeDir {
+        path: dir.to_owned(),
+        why,
+    };
+    let meta = std::fs::metadata(dir).map_err(|e| unsafe_dir(format!("cannot inspect it: {e}")))?;
+    if !meta.is_dir() {
+        return Err(unsafe_dir("it is not a directory".to_owned()));
+    }
+    let us = Uid::effective().as_raw();
+    if meta.uid() != us && meta.uid() != 0 {
+        return Err(unsafe_dir(format!(
+            "it is owned by uid {}, neither us (uid {us}) nor root",
+            meta.uid()
+        )));
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return Err(unsafe_dir(format!(
+            "mode {:o} lets others replace lock files (writable without the sticky bit)",
+            mode & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 /// An open, safe, not yet locked lock file.
@@ -75,25 +137,40 @@ pub enum TryLock {
 impl LockFile {
     /// Open (creating if needed) the lock file at `path`, refusing anything unsafe.
     pub fn open(path: &Path) -> Result<Self, LockError> {
-        let file = std::fs::OpenOptions::new()
+        Self::open_with(path, true).map(|f| f.expect("created when missing"))
+    }
+
+    /// Open the lock file at `path` if it exists (`None` when it does not): a probe that must
+    /// change nothing, like a dry run, never creates one.
+    pub fn open_existing(path: &Path) -> Result<Option<Self>, LockError> {
+        Self::open_with(path, false)
+    }
+
+    fn open_with(path: &Path, create: bool) -> Result<Option<Self>, LockError> {
+        let opened = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
+            .create(create)
             .mode(0o600)
-            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
-            .open(path)
-            .map_err(
-                |err| match Errno::from_raw(err.raw_os_error().unwrap_or(0)) {
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).bits())
+            .open(path);
+        let file = match opened {
+            Ok(file) => file,
+            Err(err) => {
+                return match Errno::from_raw(err.raw_os_error().unwrap_or(0)) {
+                    Errno::ENOENT if !create => Ok(None),
                     // O_NOFOLLOW on a symlink fails with ELOOP.
-                    Errno::ELOOP => LockError::Symlink {
+                    Errno::ELOOP => Err(LockError::Symlink {
                         path: path.to_owned(),
-                    },
-                    Errno::EISDIR => LockError::NotRegular {
+                    }),
+                    // A directory, or a socket (ENXIO) where the file should be.
+                    Errno::EISDIR | Errno::ENXIO => Err(LockError::NotRegular {
                         path: path.to_owned(),
-                    },
-                    _ => LockError::io("open", path, err),
-                },
-            )?;
+                    }),
+                    _ => Err(LockError::io("open", path, err)),
+                };
+            }
+        };
         let meta = file
             .metadata()
             .map_err(|err| LockError::io("inspect", path, err))?;
@@ -110,10 +187,15 @@ impl LockFile {
                 us,
             });
         }
-        Ok(Self {
+        // Anyone who can open a lock file can flock it: keep our own files private.
+        if meta.permissions().mode() & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(|err| LockError::io("restrict permissions of", path, err))?;
+        }
+        Ok(Some(Self {
             file,
             path: path.to_owned(),
-        })
+        }))
     }
 
     pub fn path(&self) -> &Path {
@@ -130,12 +212,69 @@ impl LockFile {
         }
     }
 
+    /// Start ONE blocking exclusive flock on a helper thread.
+    pub fn lock_in_background(self) -> Result<PendingLock, LockError> {
+        let path = self.path.clone();
+        let err = |e: io::Error| LockError::io("wait for", &path, e);
+        let (ready, notify) = UnixStream::pair().map_err(err)?;
+        let (tx, rx) = mpsc::channel();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&cancelled);
+        let file = self.file;
+        let thread = std::thread::Builder::new()
+            .name("flock".to_owned())
+            .spawn(move || {
+                linux::block_all_signals_but_kick();
+                let mut file = file;
+                let outcome = loop {
+                    if stop.load(Ordering::SeqCst) {
+                        break Err(Errno::ECANCELED);
+                    }
+                    match Flock::lock(file, FlockArg::LockExclusive) {
+                        Ok(lock) => break Ok(lock),
+                        // Only a kick interrupts this thread, and a kick means "stop".
+                        Err((again, Errno::EINTR)) => file = again,
+                        Err((_, errno)) => break Err(errno),
+                    }
+                };
+                let _ = tx.send(outcome);
+                let _ = (&notify).write_all(&[1]);
+            })
+            .map_err(err)?;
+        Ok(PendingLock {
+            outcome: rx,
+            ready,
+            thread: Some(thread),
+            cancelled,
+            path: self.path,
+        })
+    }
+
     /// The holder metadata a holder wrote into the file (at most 4 KiB, lossily decoded).
     pub fn read_holder(&mut self) -> String {
-        let mut buf = Vec::new();
-        let _ = (&self.file).take(4096).read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).trim().to_owned()
+        read_holder(&self.file)
     }
+
+    /// Seconds since the file was last modified (a holder touches it when it acquires).
+    pub fn age(&self) -> Option<Duration> {
+        age_of(&self.file)
+    }
+}
+
+fn read_holder(mut file: &File) -> String {
+    let mut buf = Vec::new();
+    let _ = file.rewind();
+    let _ = file.take(4096).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).trim().to_owned()
+}
+
+fn age_of(file: &File) -> Option<Duration> {
+    let modified = file.metadata().and_then(|m| m.modified()).ok()?;
+    Some(
+        SystemTime::now()
+            .duration_since(modified)
+            .unwrap_or_default(),
+    )
 }
 
 impl HeldLock {
@@ -154,15 +293,124 @@ impl HeldLock {
         }
     }
 
-    /// Replace the file's contents with `holder` (run id, pid, start time, host ...).
+    /// Replace the file's contents with `holder` (run id, pid, start time, host ...); this also
+    /// touches its mtime, which is what lock ages are measured from.
     pub fn write_holder(&mut self, holder: &str) -> Result<(), LockError> {
-        let file: &File = &self.lock;
+        let mut file: &File = &self.lock;
         file.set_len(0)
-            .and_then(|()| {
-                let mut writer = file;
-                std::io::Seek::rewind(&mut writer)?;
-                writer.write_all(holder.as_bytes())
-            })
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(format!("{holder}\n").as_bytes()))
             .map_err(|err| LockError::io("write holder metadata to", &self.path, err))
+    }
+
+    pub fn read_holder(&self) -> String {
+        read_holder(&self.lock)
+    }
+
+    pub fn age(&self) -> Option<Duration> {
+        age_of(&self.lock)
+    }
+
+    /// Unlink the lock file while still holding it, but only if the path still names our inode
+    /// (otherwise it is someone else's newer file). Returns whether it was unlinked.
+    pub fn unlink(&self) -> Result<bool, LockError> {
+        if !self.identity_matches()? {
+            return Ok(false);
+        }
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => Ok(true),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(err) => Err(LockError::io("unlink", &self.path, err)),
+        }
+    }
+}
+
+/// A blocking flock under way on a helper thread.
+#[derive(Debug)]
+pub struct PendingLock {
+    outcome: Receiver<Result<Flock<File>, Errno>>,
+    ready: UnixStream,
+    thread: Option<JoinHandle<()>>,
+    cancelled: Arc<AtomicBool>,
+    path: PathBuf,
+}
+
+impl PendingLock {
+    /// Becomes readable when the flock call has returned.
+    pub fn ready_fd(&self) -> BorrowedFd<'_> {
+        self.ready.as_fd()
+    }
+
+    /// The outcome, if the call has returned.
+    pub fn try_finish(&mut self) -> Option<Result<HeldLock, LockError>> {
+        let outcome = match self.outcome.try_recv() {
+            Ok(outcome) => outcome,
+            Err(TryRecvError::Empty) => return None,
+            Err(TryRecvError::Disconnected) => Err(Errno::EPIPE),
+        };
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        Some(match outcome {
+            Ok(lock) => Ok(HeldLock {
+                lock,
+                path: self.path.clone(),
+            }),
+            Err(errno) => Err(LockError::io("lock", &self.path, errno)),
+        })
+    }
+
+    /// Stop waiting: interrupt the call and let go of whatever it got.
+    pub fn cancel(mut self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let id = thread.as_pthread_t();
+        // The kick may land just before the thread enters flock; kick again until it answers.
+        for _ in 0..1000 {
+            linux::kick_thread(id);
+            match self.outcome.recv_timeout(Duration::from_millis(5)) {
+                Ok(_) | Err(RecvTimeoutError::Disconnected) => {
+                    let _ = thread.join();
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+        tracing::warn!(path = %self.path.display(), "flock helper thread did not stop; leaving it");
+    }
+}
+
+/// Who holds a lock: written into the lock file by its holder, read by `locks` and the janitor.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Holder {
+    pub run_id: String,
+    pub pid: u32,
+    pub started_at: String,
+    pub host: String,
+}
+
+impl Holder {
+    /// This process, as the holder for `run_id`.
+    pub fn this_process(run_id: &str) -> Self {
+        Self {
+            run_id: run_id.to_owned(),
+            pid: std::process::id(),
+            started_at: crate::record::timestamp(SystemTime::now()),
+            host: nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// One JSON line.
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).expect("a holder always serialises")
+    }
+
+    /// Parse what a lock file holds; garbage gives `None`, never a panic.
+    pub fn parse(text: &str) -> Option<Self> {
+        serde_json::from_str(text.trim()).ok()
     }
 }

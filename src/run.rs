@@ -11,16 +11,19 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::app;
 use crate::cli::{Global, RunConfig};
+use crate::exit;
+use crate::janitor::{self, Decision};
 use crate::linux;
+use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
 use crate::process::{self, ChildStatus, CommandSpec, ProcessGroup};
-use crate::record::{self, RunRecord};
+use crate::record::RunRecord;
 use crate::report;
 use crate::rundir::{RunDir, RunDirError};
 use crate::shutdown::{Action, Escalation, Event, ShutdownReason};
@@ -43,6 +46,8 @@ pub enum RunError {
     Orphaned(String),
     #[error(transparent)]
     RunDir(#[from] RunDirError),
+    #[error(transparent)]
+    Lock(#[from] LockError),
     #[error(transparent)]
     State(#[from] StateError),
     #[error("failed to write run record {path}: {source}")]
@@ -89,18 +94,8 @@ fn install_guards(start_ppid: Pid, cfg: &RunConfig) -> Result<SignalFunnel, RunE
 pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
     let funnel = install_guards(start_ppid, cfg)?;
     let pid = std::process::id();
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let started_at = record::timestamp(SystemTime::now());
-    let holder = serde_json::json!({
-        "run_id": cfg.run_id.as_str(),
-        "pid": pid,
-        "started_at": started_at,
-        "host": host,
-    })
-    .to_string();
-    let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder)?;
+    let holder = Holder::this_process(cfg.run_id.as_str());
+    let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
     let identity = &cfg.identity;
     let mut record = RunRecord {
         run_id: cfg.run_id.to_string(),
@@ -110,7 +105,7 @@ pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunE
         domain: identity.domain.to_string(),
         stack: identity.domain.stack_name(),
         pid,
-        host,
+        host: holder.host.clone(),
         command: cfg
             .command
             .iter()
@@ -127,6 +122,7 @@ pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunE
         record,
         state: StateFiles::default(),
         env: Vec::new(),
+        app_lock: None,
     };
     let result = run.execute(&run_dir, pid);
     if let Err(err) = &result {
@@ -145,6 +141,14 @@ struct Run<'a> {
     record: RunRecord,
     state: StateFiles,
     env: Vec<(String, OsString)>,
+    /// Held from step 5 until the process exits; the run never unlinks it.
+    app_lock: Option<HeldLock>,
+}
+
+enum LockOutcome {
+    Held(HeldLock),
+    Stopped(Event),
+    TimedOut { waited: Duration, holder: String },
 }
 
 impl Run<'_> {
@@ -173,6 +177,39 @@ impl Run<'_> {
             abra_dir.display()
         ));
 
+        self.sweep();
+        self.record.enter("janitor");
+        let lock_path = self.global.lock_dir.join(identity.domain.lock_file_name());
+        match self.acquire_app_lock(&lock_path)? {
+            LockOutcome::Held(lock) => self.app_lock = Some(lock),
+            LockOutcome::Stopped(event) => {
+                return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
+            }
+            LockOutcome::TimedOut { waited, holder } => {
+                let holder = match Holder::parse(&holder) {
+                    Some(h) => format!(
+                        "run {} (pid {} on {} since {})",
+                        h.run_id, h.pid, h.host, h.started_at
+                    ),
+                    None => "a holder that left no metadata".to_owned(),
+                };
+                let message = format!(
+                    "app lock {} for {} not acquired within {} s; held by {holder}",
+                    lock_path.display(),
+                    identity.domain,
+                    (waited.as_secs_f64() * 10.0).round() / 10.0,
+                );
+                report::line(&format!("ccci-run: {message}"));
+                self.record.error = Some(message);
+                self.record.exit_code = Some(exit::LOCK_TIMEOUT);
+                self.record.enter("finished");
+                self.save();
+                return Ok(exit::LOCK_TIMEOUT);
+            }
+        }
+        self.record.enter("app-lock");
+        self.save();
+
         self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
         let recipe_dir = abra_dir.join("recipes").join(identity.recipe.as_str());
         self.env = [
@@ -188,12 +225,101 @@ impl Run<'_> {
         .chain(self.state.env().map(|(k, p)| (k.to_owned(), p.into())))
         .collect();
 
-        Ok(self.supervise_and_tear_down())
+        let early = shutdown_events(&self.funnel.pending()).collect();
+        Ok(self.supervise_and_tear_down(early))
     }
 
-    /// Start the command (unless a signal already arrived), wait for a way out, tear down.
-    fn supervise_and_tear_down(&mut self) -> u8 {
-        let mut early: VecDeque<Event> = shutdown_events(&self.funnel.pending()).collect();
+    /// Step 4: a janitor sweep. Whatever goes wrong is logged; it never stops the run.
+    fn sweep(&mut self) {
+        let opts = janitor::SweepOptions {
+            dry_run: false,
+            long_held: Duration::from_secs(crate::cli::DEFAULT_LONG_HELD_SECS),
+        };
+        let report = janitor::sweep(self.global, &opts);
+        for err in &report.errors {
+            tracing::warn!("janitor: {err}");
+        }
+        for c in report
+            .candidates
+            .iter()
+            .filter(|c| c.decision == Decision::Reap)
+        {
+            if let Some(err) = &c.error {
+                tracing::warn!("janitor: failed to reap {}: {err}", c.domain);
+            }
+        }
+    }
+
+    /// Step 5: the app lock. Waits visibly, in ONE blocking flock, for as long as the lock-wait
+    /// budget allows; a signal or the deadline ends the wait at once.
+    fn acquire_app_lock(&mut self, path: &std::path::Path) -> Result<LockOutcome, RunError> {
+        lock::prepare_dir(&self.global.lock_dir)?;
+        let holder = Holder::this_process(self.cfg.run_id.as_str()).to_line();
+        let started = Instant::now();
+        let mut announced = false;
+        loop {
+            let mut lock = match LockFile::open(path)?.try_lock()? {
+                TryLock::Acquired(lock) => lock,
+                TryLock::Busy(mut file) => {
+                    if !announced {
+                        announced = true;
+                        report::line(&format!(
+                            "== app lock: another run of {} is in flight — waiting ==",
+                            self.cfg.identity.domain
+                        ));
+                        tracing::info!(holder = file.read_holder(), "app lock busy");
+                    }
+                    let mut pending = file.lock_in_background()?;
+                    loop {
+                        let remaining = self
+                            .cfg
+                            .lock_wait
+                            .map(|budget| budget.saturating_sub(started.elapsed()));
+                        if remaining == Some(Duration::ZERO) {
+                            pending.cancel();
+                            let holder = LockFile::open_existing(path)
+                                .ok()
+                                .flatten()
+                                .map(|mut f| f.read_holder())
+                                .unwrap_or_default();
+                            return Ok(LockOutcome::TimedOut {
+                                waited: started.elapsed(),
+                                holder,
+                            });
+                        }
+                        let (arrived, ready) =
+                            self.funnel.wait_or(Some(pending.ready_fd()), remaining);
+                        if let Some(event) = shutdown_events(&arrived).next() {
+                            pending.cancel();
+                            return Ok(LockOutcome::Stopped(event));
+                        }
+                        if ready {
+                            if let Some(outcome) = pending.try_finish() {
+                                break outcome?;
+                            }
+                        }
+                    }
+                }
+            };
+            // A janitor may have reaped and unlinked the file while we waited on it.
+            if !lock.identity_matches()? {
+                tracing::info!(path = %path.display(), "lock file was replaced; retrying on the live path");
+                continue;
+            }
+            lock.write_holder(&holder)?;
+            if announced {
+                report::line(&format!(
+                    "== app lock: acquired {} after {:.1} s ==",
+                    self.cfg.identity.domain,
+                    started.elapsed().as_secs_f64()
+                ));
+            }
+            return Ok(LockOutcome::Held(lock));
+        }
+    }
+
+    /// Start the command (unless a way out already happened), wait for a way out, tear down.
+    fn supervise_and_tear_down(&mut self, mut early: VecDeque<Event>) -> u8 {
         let mut leader = None;
         if early.is_empty() {
             let (program, args) = self
@@ -306,7 +432,9 @@ impl Run<'_> {
     /// Everything after the command's group is gone. Signals are reported and ignored here.
     fn teardown(&mut self) {
         self.kill_leftover_descendants();
-        if self.cfg.no_teardown {
+        if self.app_lock.is_none() {
+            // Never held the app lock: the app, if any, is another run's. Hands off.
+        } else if self.cfg.no_teardown {
             report::line("== --no-teardown: keeping the app; the next janitor sweep reaps it ==");
         } else {
             if let Some(hook) = self.cfg.on_teardown.clone() {

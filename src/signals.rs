@@ -8,7 +8,7 @@
 //! `EINTR`.
 
 use std::io::{self, Read};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -29,6 +29,7 @@ const CAUGHT: [Signal; 5] = [
 
 // One flag per caught signal; statics because the handlers outlive any value we could own.
 static FLAGS: [AtomicBool; CAUGHT.len()] = [const { AtomicBool::new(false) }; CAUGHT.len()];
+static KICKED: AtomicBool = AtomicBool::new(false);
 
 /// Signals that arrived since the last look, in [`CAUGHT`] order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -79,8 +80,16 @@ impl SignalFunnel {
             signal_hook::flag::register(*signal as i32, flag).map_err(err)?;
             let notify = notify.try_clone().map_err(err)?;
             signal_hook::low_level::pipe::register(*signal as i32, notify).map_err(err)?;
-            linux::clear_sa_restart(*signal).map_err(err)?;
+            linux::clear_sa_restart(*signal as i32).map_err(err)?;
         }
+        // The kick only has to interrupt a helper thread's blocking call: a flag nobody reads.
+        let kick = linux::kick_signal();
+        let err = |source| InstallError {
+            signal: Signal::SIGALRM,
+            source,
+        };
+        signal_hook::flag::register(kick, &KICKED).map_err(err)?;
+        linux::clear_sa_restart(kick).map_err(err)?;
         Ok(Self { wake })
     }
 
@@ -99,9 +108,19 @@ impl SignalFunnel {
 
     /// Wait until at least one signal arrives or `timeout` passes (`None`: no limit).
     pub fn wait(&self, timeout: Option<Duration>) -> Arrived {
+        self.wait_or(None, timeout).0
+    }
+
+    /// Like [`wait`](Self::wait), but also return when `other` becomes readable; the flag
+    /// says whether it is.
+    pub fn wait_or(
+        &self,
+        other: Option<BorrowedFd<'_>>,
+        timeout: Option<Duration>,
+    ) -> (Arrived, bool) {
         let arrived = self.pending();
         if !arrived.is_empty() {
-            return arrived;
+            return (arrived, other.is_some_and(readable_now));
         }
         let timeout = match timeout {
             None => PollTimeout::NONE,
@@ -109,10 +128,15 @@ impl SignalFunnel {
             Some(t) => PollTimeout::try_from(t.as_millis().saturating_add(1).min(i32::MAX as u128))
                 .unwrap_or(PollTimeout::MAX),
         };
-        let mut fds = [PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
+        fds.extend(other.map(|fd| PollFd::new(fd, PollFlags::POLLIN)));
         // EINTR is the expected way to be woken here; either way the flags below tell what.
         let _ = poll(&mut fds, timeout);
-        self.pending()
+        let other_ready = fds
+            .get(1)
+            .and_then(PollFd::revents)
+            .is_some_and(|r| !r.is_empty());
+        (self.pending(), other_ready)
     }
 
     fn drain_wake_pipe(&self) {
@@ -120,4 +144,9 @@ impl SignalFunnel {
         // Non-blocking: stops at WouldBlock; the pipe only ever holds wake-up bytes.
         while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
     }
+}
+
+fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }

@@ -1,0 +1,648 @@
+//! The flock-probe janitor: finds run apps, probes each app lock without blocking, and reaps
+//! the apps whose owner is dead — while holding the probe lock.
+//!
+//! A held lock means a live owner (the kernel releases a flock when its holder dies, however it
+//! dies); a lock the probe can take means the owner is gone. Reaping under the probe lock closes
+//! the race with a new run of the same domain: it blocks on the lock until the reap is over, then
+//! sees the unlinked inode and retries on the live path.
+//!
+//! Invariants: only domains matching `RUN_APP_RE` are ever probed; a held lock is never stolen;
+//! a dry run changes nothing at all. The decision is a pure function ([`decide`]) of what the
+//! probe saw; everything else here only carries it out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+
+use crate::app;
+use crate::cli::Global;
+use crate::lock::{self, HeldLock, Holder, LockFile, TryLock};
+use crate::names::{AppDomain, RunId};
+use crate::record::{self, RunRecord};
+use crate::report;
+use crate::rundir;
+
+/// Where a candidate was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Env,
+    Docker,
+}
+
+/// What the probe of one app lock saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// We took the lock. `identity_ok`: the path still names the locked inode; `app_present`:
+    /// the app was still there once we held it.
+    Acquired {
+        identity_ok: bool,
+        app_present: bool,
+    },
+    /// There is no lock file (dry runs do not create one): nobody can hold it.
+    NoLockFile,
+    /// Someone holds it; its file was last touched `age` ago.
+    Held { age: Option<Duration> },
+    /// The lock file could not be opened or locked.
+    Unreadable(String),
+    /// The lock file is not ours: a symlink, not a regular file, or another user's.
+    Foreign(String),
+}
+
+/// The janitor's verdict on one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decision {
+    Reap,
+    WouldReap,
+    Raced,
+    Live,
+    LongHeld,
+    Unreadable,
+    Foreign,
+}
+
+impl Decision {
+    pub const ALL: [Decision; 7] = [
+        Decision::Reap,
+        Decision::WouldReap,
+        Decision::Raced,
+        Decision::Live,
+        Decision::LongHeld,
+        Decision::Unreadable,
+        Decision::Foreign,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reap => "reap",
+            Self::WouldReap => "would-reap",
+            Self::Raced => "raced",
+            Self::Live => "live",
+            Self::LongHeld => "long-held",
+            Self::Unreadable => "unreadable",
+            Self::Foreign => "foreign",
+        }
+    }
+}
+
+/// The decision table: pure, no I/O.
+pub fn decide(probe: &Probe, dry_run: bool, long_held: Duration) -> Decision {
+    let reap = if dry_run {
+        Decision::WouldReap
+    } else {
+        Decision::Reap
+    };
+    match probe {
+        Probe::Acquired {
+            identity_ok: true,
+            app_present: true,
+        } => reap,
+        // The inode was unlinked under us, or the app vanished before we held the lock:
+        // another janitor got there first.
+        Probe::Acquired { .. } => Decision::Raced,
+        Probe::NoLockFile => reap,
+        Probe::Held { age: Some(age) } if *age > long_held => Decision::LongHeld,
+        Probe::Held { .. } => Decision::Live,
+        Probe::Unreadable(_) => Decision::Unreadable,
+        Probe::Foreign(_) => Decision::Foreign,
+    }
+}
+
+/// Options of one sweep.
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    pub dry_run: bool,
+    pub long_held: Duration,
+}
+
+/// What was removed for one candidate.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RemovedResources {
+    pub services: Vec<String>,
+    pub containers: Vec<String>,
+    pub networks: Vec<String>,
+    pub volumes: Vec<String>,
+    pub secrets: Vec<String>,
+    pub configs: Vec<String>,
+    pub env_files: Vec<PathBuf>,
+    pub lock_file: bool,
+}
+
+/// One candidate's line in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct CandidateReport {
+    pub domain: String,
+    pub stack: String,
+    pub sources: BTreeSet<Source>,
+    pub decision: Decision,
+    pub lock_age_s: Option<u64>,
+    pub removed: RemovedResources,
+    pub error: Option<String>,
+}
+
+/// The outcome of one sweep; `--json` prints it as is.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SweepReport {
+    pub dry_run: bool,
+    pub candidates: Vec<CandidateReport>,
+    pub tidied: Vec<PathBuf>,
+    pub errors: Vec<String>,
+    #[serde(skip)]
+    pub duration: Duration,
+}
+
+impl SweepReport {
+    /// True when a reap (or the sweep itself) failed: exit 1. Skipped candidates (unreadable,
+    /// foreign) carry their reason in `error` but are not failures.
+    pub fn failed(&self) -> bool {
+        !self.errors.is_empty()
+            || self
+                .candidates
+                .iter()
+                .any(|c| c.decision == Decision::Reap && c.error.is_some())
+    }
+
+    pub fn count(&self, decision: Decision) -> usize {
+        self.candidates
+            .iter()
+            .filter(|c| c.decision == decision)
+            .count()
+    }
+}
+
+/// A run app found on disk (or, later, in Docker).
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub domain: AppDomain,
+    pub sources: BTreeSet<Source>,
+}
+
+/// Run-app domains from `<abra-home>/servers/*/<domain>.env`, filtered by `RUN_APP_RE`.
+/// Unreadable server directories are reported, odd names skipped, nothing ever followed.
+pub fn discover_env(global: &Global, errors: &mut Vec<String>) -> BTreeMap<AppDomain, Candidate> {
+    let mut found = BTreeMap::new();
+    let servers = global.abra_home.join("servers");
+    let entries = match std::fs::read_dir(&servers) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return found,
+        Err(err) => {
+            errors.push(format!("failed to list {}: {err}", servers.display()));
+            return found;
+        }
+    };
+    for server in entries.flatten() {
+        if !server.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let files = match std::fs::read_dir(server.path()) {
+            Ok(files) => files,
+            Err(err) => {
+                errors.push(format!("failed to list {}: {err}", server.path().display()));
+                continue;
+            }
+        };
+        for file in files.flatten() {
+            if !file
+                .file_type()
+                .is_ok_and(|t| t.is_file() || t.is_symlink())
+            {
+                continue;
+            }
+            let name = file.file_name();
+            let Some(domain) = name.to_str().and_then(|n| n.strip_suffix(".env")) else {
+                continue;
+            };
+            if let Some(domain) = AppDomain::recognise(domain, &global.pattern) {
+                found
+                    .entry(domain.clone())
+                    .or_insert_with(|| Candidate {
+                        domain,
+                        sources: BTreeSet::new(),
+                    })
+                    .sources
+                    .insert(Source::Env);
+            }
+        }
+    }
+    found
+}
+
+/// One sweep over every candidate, then the tidy sweep of orphaned lock files.
+pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
+    let started = Instant::now();
+    let mut report = SweepReport {
+        dry_run: opts.dry_run,
+        ..SweepReport::default()
+    };
+    let dir_check = if opts.dry_run {
+        lock::check_dir(&global.lock_dir).or_else(|err| match err {
+            // A dry run creates nothing: a missing lock dir simply holds no locks.
+            _ if !global.lock_dir.exists() => Ok(()),
+            err => Err(err),
+        })
+    } else {
+        lock::prepare_dir(&global.lock_dir)
+    };
+    if let Err(err) = dir_check {
+        report.errors.push(err.to_string());
+        report.duration = started.elapsed();
+        return report;
+    }
+    let candidates = discover_env(global, &mut report.errors);
+    for candidate in candidates.values() {
+        let line = probe_and_act(global, opts, candidate);
+        report.candidates.push(line);
+    }
+    tidy(global, opts, &candidates, &mut report);
+    report.duration = started.elapsed();
+    report
+}
+
+fn probe_and_act(global: &Global, opts: &SweepOptions, candidate: &Candidate) -> CandidateReport {
+    let domain = &candidate.domain;
+    let path = global.lock_dir.join(domain.lock_file_name());
+    let mut line = CandidateReport {
+        domain: domain.to_string(),
+        stack: domain.stack_name(),
+        sources: candidate.sources.clone(),
+        decision: Decision::Unreadable,
+        lock_age_s: None,
+        removed: RemovedResources::default(),
+        error: None,
+    };
+    let opened = if opts.dry_run {
+        LockFile::open_existing(&path)
+    } else {
+        LockFile::open(&path).map(Some)
+    };
+    let mut held: Option<HeldLock> = None;
+    let probe = match opened {
+        Err(err) if err.is_foreign() => Probe::Foreign(err.to_string()),
+        Err(err) => Probe::Unreadable(err.to_string()),
+        Ok(None) => Probe::NoLockFile,
+        Ok(Some(file)) => match file.try_lock() {
+            Err(err) => Probe::Unreadable(err.to_string()),
+            Ok(TryLock::Busy(file)) => Probe::Held { age: file.age() },
+            Ok(TryLock::Acquired(lock)) => {
+                let probe = match lock.identity_matches() {
+                    Err(err) => Probe::Unreadable(err.to_string()),
+                    Ok(identity_ok) => Probe::Acquired {
+                        identity_ok,
+                        app_present: app_present(global, domain),
+                    },
+                };
+                held = Some(lock);
+                probe
+            }
+        },
+    };
+    if let Probe::Held { age: Some(age) } = &probe {
+        line.lock_age_s = Some(age.as_secs());
+    }
+    line.decision = decide(&probe, opts.dry_run, opts.long_held);
+    match (&probe, line.decision) {
+        (Probe::Foreign(why), _) => {
+            report::line(&format!("!! janitor: {domain}: {why}"));
+            line.error = Some(why.clone());
+        }
+        (Probe::Unreadable(why), _) => {
+            tracing::warn!("janitor: {domain}: {why}");
+            line.error = Some(why.clone());
+        }
+        (_, Decision::LongHeld) => report::line(&format!(
+            "!! lock for {domain} held >{}min — possible leaked run; inspect with lslocks",
+            opts.long_held.as_secs() / 60
+        )),
+        _ => {}
+    }
+    if let Some(lock) = held {
+        match line.decision {
+            Decision::Reap => {
+                if let Err(err) = reap(global, &lock, domain, &mut line.removed) {
+                    line.error = Some(err);
+                }
+            }
+            // We created this lock file only to probe an app that is gone: do not leave it.
+            Decision::Raced if !opts.dry_run => {
+                let _ = lock.unlink();
+            }
+            _ => {}
+        }
+        // Dropping the lock here releases it: only now may a new run of this domain go on.
+        drop(lock);
+    }
+    line
+}
+
+fn app_present(global: &Global, domain: &AppDomain) -> bool {
+    app::env_files(&global.abra_home, domain).is_ok_and(|files| !files.is_empty())
+}
+
+/// Remove the app of a dead run while holding its lock, then unlink the lock file.
+fn reap(
+    global: &Global,
+    lock: &HeldLock,
+    domain: &AppDomain,
+    removed: &mut RemovedResources,
+) -> Result<(), String> {
+    let holder = Holder::parse(&lock.read_holder());
+    let gone = app::remove(&global.abra_home, domain).map_err(|e| e.to_string())?;
+    removed.env_files = gone.env_files;
+    removed.lock_file = lock.unlink().map_err(|e| e.to_string())?;
+    report::line(&format!("== janitor: reaped orphaned app {domain} =="));
+    if let Some(holder) = holder {
+        mark_run_reaped(global, &holder, domain);
+    }
+    Ok(())
+}
+
+/// Note in the dead run's `run.json` that its app was reaped — only if that record is really
+/// the holder's (same pid and domain) and no run with that id is live now.
+fn mark_run_reaped(global: &Global, holder: &Holder, domain: &AppDomain) {
+    let Ok(run_id) = RunId::parse(&holder.run_id) else {
+        return;
+    };
+    let dir = global.runs_dir.join(run_id.as_str());
+    let guard = match LockFile::open_existing(&dir.join(rundir::GUARD_FILE)) {
+        Ok(Some(file)) => file,
+        _ => return,
+    };
+    // Holding the run's guard keeps a new run with the same id from writing meanwhile.
+    let Ok(TryLock::Acquired(_guard)) = guard.try_lock() else {
+        return;
+    };
+    let path = dir.join(record::FILE_NAME);
+    let Ok(mut record) = RunRecord::read(&path) else {
+        return;
+    };
+    if record.pid != holder.pid || record.domain != domain.as_str() || record.reaped.is_some() {
+        return;
+    }
+    record.reaped = Some(record::timestamp(SystemTime::now()));
+    if let Err(err) = record.write(&path) {
+        tracing::warn!(path = %path.display(), "failed to mark run record reaped: {err}");
+    }
+}
+
+/// Unlink unheld run-app lock files that no candidate stands behind.
+fn tidy(
+    global: &Global,
+    opts: &SweepOptions,
+    candidates: &BTreeMap<AppDomain, Candidate>,
+    report: &mut SweepReport,
+) {
+    let entries = match std::fs::read_dir(&global.lock_dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return,
+        Err(err) => {
+            report.errors.push(format!(
+                "failed to list lock dir {}: {err}",
+                global.lock_dir.display()
+            ));
+            return;
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(domain) = name
+            .to_str()
+            .and_then(|n| global.pattern.domain_of_lock_file(n))
+        else {
+            continue;
+        };
+        if candidates.contains_key(&domain) {
+            continue;
+        }
+        let path = entry.path();
+        let file = match LockFile::open_existing(&path) {
+            Ok(Some(file)) => file,
+            Ok(None) => continue,
+            Err(err) => {
+                tracing::warn!("janitor: not tidying {}: {err}", path.display());
+                continue;
+            }
+        };
+        // Held: a live run that has not created its app yet. Leave it.
+        let Ok(TryLock::Acquired(lock)) = file.try_lock() else {
+            continue;
+        };
+        if opts.dry_run {
+            if lock.identity_matches().unwrap_or(false) {
+                report.tidied.push(path);
+            }
+            continue;
+        }
+        match lock.unlink() {
+            Ok(true) => report.tidied.push(path),
+            Ok(false) => {}
+            Err(err) => report.errors.push(err.to_string()),
+        }
+    }
+}
+
+/// The human-readable table.
+pub fn render_table(report: &SweepReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<40} {:<10} {:<11} {:>9}  DETAIL",
+        "DOMAIN", "SOURCES", "DECISION", "LOCK AGE"
+    );
+    for c in &report.candidates {
+        let sources: Vec<&str> = c
+            .sources
+            .iter()
+            .map(|s| match s {
+                Source::Env => "env",
+                Source::Docker => "docker",
+            })
+            .collect();
+        let age = c
+            .lock_age_s
+            .map(|s| humantime::format_duration(Duration::from_secs(s)).to_string())
+            .unwrap_or_else(|| "-".to_owned());
+        let detail = match &c.error {
+            Some(err) => format!("error: {err}"),
+            None if c.decision == Decision::Reap => format!(
+                "removed {} env file(s){}",
+                c.removed.env_files.len(),
+                if c.removed.lock_file {
+                    ", lock file"
+                } else {
+                    ""
+                }
+            ),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<40} {:<10} {:<11} {:>9}  {}",
+            c.domain,
+            sources.join(","),
+            c.decision.as_str(),
+            age,
+            detail
+        );
+    }
+    for path in &report.tidied {
+        let verb = if report.dry_run {
+            "would tidy"
+        } else {
+            "tidied"
+        };
+        let _ = writeln!(out, "{verb} {}", path.display());
+    }
+    for err in &report.errors {
+        let _ = writeln!(out, "error: {err}");
+    }
+    let _ = writeln!(
+        out,
+        "{} candidate(s), {} {}, {} lock file(s) {} in {:.3} s{}",
+        report.candidates.len(),
+        report.count(Decision::Reap) + report.count(Decision::WouldReap),
+        if report.dry_run {
+            "would be reaped"
+        } else {
+            "reaped"
+        },
+        report.tidied.len(),
+        if report.dry_run { "to tidy" } else { "tidied" },
+        report.duration.as_secs_f64(),
+        if report.dry_run {
+            " (dry run: nothing changed)"
+        } else {
+            ""
+        }
+    );
+    out
+}
+
+/// Prometheus text format for node_exporter's textfile collector, written atomically.
+/// The last-success time carries over from the previous file when this sweep failed.
+pub fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()> {
+    const LAST: &str = "ccci_janitor_last_success_timestamp_seconds";
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let last_success = if report.failed() {
+        std::fs::read_to_string(path).ok().and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(LAST)?.trim().parse::<f64>().ok())
+        })
+    } else {
+        Some(now)
+    };
+    let mut out = String::new();
+    out.push_str("# HELP ccci_janitor_candidates Candidates of the last sweep, by decision.\n");
+    out.push_str("# TYPE ccci_janitor_candidates gauge\n");
+    for decision in Decision::ALL {
+        let _ = writeln!(
+            out,
+            "ccci_janitor_candidates{{decision=\"{}\"}} {}",
+            decision.as_str(),
+            report.count(decision)
+        );
+    }
+    out.push_str("# HELP ccci_janitor_removed Resources removed by the last sweep, by kind.\n");
+    out.push_str("# TYPE ccci_janitor_removed gauge\n");
+    let sum = |f: fn(&RemovedResources) -> usize| -> usize {
+        report.candidates.iter().map(|c| f(&c.removed)).sum()
+    };
+    let kinds: [(&str, fn(&RemovedResources) -> usize); 8] = [
+        ("services", |r| r.services.len()),
+        ("containers", |r| r.containers.len()),
+        ("networks", |r| r.networks.len()),
+        ("volumes", |r| r.volumes.len()),
+        ("secrets", |r| r.secrets.len()),
+        ("configs", |r| r.configs.len()),
+        ("env_files", |r| r.env_files.len()),
+        ("lock_files", |r| usize::from(r.lock_file)),
+    ];
+    for (kind, count) in kinds {
+        let _ = writeln!(
+            out,
+            "ccci_janitor_removed{{kind=\"{kind}\"}} {}",
+            sum(count)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ccci_janitor_tidied_lock_files Orphaned lock files unlinked by the last sweep.\n\
+         # TYPE ccci_janitor_tidied_lock_files gauge\nccci_janitor_tidied_lock_files {}",
+        report.tidied.len()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ccci_janitor_sweep_duration_seconds Duration of the last sweep.\n\
+         # TYPE ccci_janitor_sweep_duration_seconds gauge\nccci_janitor_sweep_duration_seconds {:.6}",
+        report.duration.as_secs_f64()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ccci_janitor_sweep_failed 1 when the last sweep had a failed reap or error.\n\
+         # TYPE ccci_janitor_sweep_failed gauge\nccci_janitor_sweep_failed {}",
+        u8::from(report.failed())
+    );
+    if let Some(last) = last_success {
+        let _ = writeln!(
+            out,
+            "# HELP {LAST} Unix time of the last sweep that completed without errors.\n\
+             # TYPE {LAST} gauge\n{LAST} {last:.3}"
+        );
+    }
+    record::write_atomically(path, out.trim_end().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    const LONG: Duration = Duration::from_secs(7200);
+
+    fn acquired(identity_ok: bool, app_present: bool) -> Probe {
+        Probe::Acquired {
+            identity_ok,
+            app_present,
+        }
+    }
+
+    #[rstest]
+    #[case::orphan(acquired(true, true), false, Decision::Reap)]
+    #[case::orphan_dry(acquired(true, true), true, Decision::WouldReap)]
+    #[case::stale_inode(acquired(false, true), false, Decision::Raced)]
+    #[case::stale_inode_dry(acquired(false, true), true, Decision::Raced)]
+    #[case::app_gone(acquired(true, false), false, Decision::Raced)]
+    #[case::no_lock_file(Probe::NoLockFile, true, Decision::WouldReap)]
+    #[case::no_lock_file_real(Probe::NoLockFile, false, Decision::Reap)]
+    #[case::live(Probe::Held { age: Some(Duration::from_secs(60)) }, false, Decision::Live)]
+    #[case::live_unknown_age(Probe::Held { age: None }, false, Decision::Live)]
+    #[case::at_threshold(Probe::Held { age: Some(LONG) }, false, Decision::Live)]
+    #[case::long_held(Probe::Held { age: Some(LONG + Duration::from_secs(1)) }, false, Decision::LongHeld)]
+    #[case::long_held_dry(Probe::Held { age: Some(LONG * 2) }, true, Decision::LongHeld)]
+    #[case::unreadable(Probe::Unreadable("EIO".into()), false, Decision::Unreadable)]
+    #[case::foreign(Probe::Foreign("symlink".into()), false, Decision::Foreign)]
+    fn decision_table(#[case] probe: Probe, #[case] dry_run: bool, #[case] want: Decision) {
+        assert_eq!(decide(&probe, dry_run, LONG), want);
+    }
+
+    #[test]
+    fn a_held_lock_is_never_reaped_whatever_its_age() {
+        for secs in [0, 1, 7200, 7201, u64::MAX / 2] {
+            let d = decide(
+                &Probe::Held {
+                    age: Some(Duration::from_secs(secs)),
+                },
+                false,
+                LONG,
+            );
+            assert!(matches!(d, Decision::Live | Decision::LongHeld), "{d:?}");
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! `ccci-run locks`: every lock file in the lock dir, held or not, read without taking any lock.
+//!
+//! Holders come from `/proc/locks` (matched by device and inode), so looking never disturbs a
+//! holder or a waiter, and a lock file that is not ours is described, never opened for writing.
+
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use nix::fcntl::OFlag;
+use serde::Serialize;
+
+use crate::linux::{self, ProcLock};
+use crate::lock::Holder;
+use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockKind {
+    /// `cc-ci-app-<domain>.lock`
+    App,
+    /// `ccci-<name>.lock`
+    Named,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LockInfo {
+    pub path: PathBuf,
+    pub kind: LockKind,
+    /// The domain (app locks) or the lock name (named locks).
+    pub name: String,
+    pub held: bool,
+    pub holder_pids: Vec<i32>,
+    pub waiters: usize,
+    /// The holder metadata, when it parses.
+    pub holder: Option<Holder>,
+    /// The raw contents when they do not parse (at most 4 KiB, lossily decoded).
+    pub holder_raw: Option<String>,
+    pub age_s: Option<u64>,
+    pub long_held: bool,
+    /// Why this file is suspicious (a symlink, not a regular file, another user's).
+    pub problem: Option<String>,
+}
+
+fn classify(file_name: &str) -> Option<(LockKind, &str)> {
+    if let Some(domain) = file_name
+        .strip_prefix(LOCK_FILE_PREFIX)
+        .and_then(|n| n.strip_suffix(LOCK_FILE_SUFFIX))
+    {
+        return Some((LockKind::App, domain));
+    }
+    file_name
+        .strip_prefix("ccci-")
+        .and_then(|n| n.strip_suffix(".lock"))
+        .map(|name| (LockKind::Named, name))
+}
+
+/// Describe every lock file in `dir`.
+pub fn list(dir: &Path, long_held: Duration) -> std::io::Result<Vec<LockInfo>> {
+    let proc_locks = linux::proc_locks().unwrap_or_else(|err| {
+        tracing::warn!("failed to read /proc/locks: {err}");
+        Vec::new()
+    });
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name();
+        let Some((kind, lock_name)) = name.to_str().and_then(classify) else {
+            continue;
+        };
+        found.push(describe(
+            &entry.path(),
+            kind,
+            lock_name,
+            &proc_locks,
+            long_held,
+        ));
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(found)
+}
+
+fn describe(
+    path: &Path,
+    kind: LockKind,
+    name: &str,
+    proc_locks: &[ProcLock],
+    long_held: Duration,
+) -> LockInfo {
+    let mut info = LockInfo {
+        path: path.to_owned(),
+        kind,
+        name: name.to_owned(),
+        held: false,
+        holder_pids: Vec::new(),
+        waiters: 0,
+        holder: None,
+        holder_raw: None,
+        age_s: None,
+        long_held: false,
+        problem: None,
+    };
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(err) => {
+            info.problem = Some(format!("cannot inspect: {err}"));
+            return info;
+        }
+    };
+    if meta.file_type().is_symlink() {
+        info.problem = Some("a symbolic link".to_owned());
+        return info;
+    }
+    if !meta.is_file() {
+        info.problem = Some("not a regular file".to_owned());
+        return info;
+    }
+    if meta.uid() != nix::unistd::Uid::effective().as_raw() {
+        info.problem = Some(format!("owned by uid {}", meta.uid()));
+    }
+    let (major, minor) = (linux::dev_major(meta.dev()), linux::dev_minor(meta.dev()));
+    for lock in proc_locks
+        .iter()
+        .filter(|l| l.inode == meta.ino() && l.major == major && l.minor == minor)
+    {
+        if lock.waiting {
+            info.waiters += 1;
+        } else {
+            info.holder_pids.push(lock.pid);
+        }
+    }
+    info.holder_pids.sort_unstable();
+    info.holder_pids.dedup();
+    info.held = !info.holder_pids.is_empty();
+    info.age_s = meta.modified().ok().map(|m| {
+        SystemTime::now()
+            .duration_since(m)
+            .unwrap_or_default()
+            .as_secs()
+    });
+    info.long_held = info.held && info.age_s.is_some_and(|a| a > long_held.as_secs());
+    // Read-only, no-follow, non-blocking: looking must not disturb anything.
+    let text = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .open(path)
+        .and_then(|f| {
+            let mut buf = Vec::new();
+            f.take(4096).read_to_end(&mut buf).map(|_| buf)
+        });
+    if let Ok(bytes) = text {
+        let text = String::from_utf8_lossy(&bytes).trim().to_owned();
+        match Holder::parse(&text) {
+            Some(holder) => info.holder = Some(holder),
+            None if !text.is_empty() => info.holder_raw = Some(text),
+            None => {}
+        }
+    }
+    info
+}
+
+/// The human-readable table.
+pub fn render_table(locks: &[LockInfo]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<6} {:<40} {:<6} {:<12} {:>9}  HOLDER",
+        "KIND", "NAME", "HELD", "PIDS", "AGE"
+    );
+    for l in locks {
+        let pids: Vec<String> = l.holder_pids.iter().map(ToString::to_string).collect();
+        let age = l
+            .age_s
+            .map(|s| humantime::format_duration(Duration::from_secs(s)).to_string())
+            .unwrap_or_else(|| "-".to_owned());
+        let holder = match (&l.holder, &l.holder_raw) {
+            (Some(h), _) => format!(
+                "run {} pid {} on {} since {}",
+                h.run_id, h.pid, h.host, h.started_at
+            ),
+            (None, Some(raw)) => format!("unparsed: {}", raw.escape_debug()),
+            (None, None) => String::new(),
+        };
+        let mut notes = Vec::new();
+        if l.waiters > 0 {
+            notes.push(format!("{} waiting", l.waiters));
+        }
+        if l.long_held {
+            notes.push("LONG-HELD".to_owned());
+        }
+        if let Some(problem) = &l.problem {
+            notes.push(format!("!! {problem}"));
+        }
+        let _ = writeln!(
+            out,
+            "{:<6} {:<40} {:<6} {:<12} {:>9}  {holder}{}{}",
+            match l.kind {
+                LockKind::App => "app",
+                LockKind::Named => "named",
+            },
+            l.name,
+            if l.held { "yes" } else { "no" },
+            if pids.is_empty() {
+                "-".to_owned()
+            } else {
+                pids.join(",")
+            },
+            age,
+            if notes.is_empty() || holder.is_empty() {
+                ""
+            } else {
+                "  "
+            },
+            notes.join("; ")
+        );
+    }
+    out
+}
