@@ -133,6 +133,22 @@ pub struct RemovedResources {
     pub lock_file: bool,
 }
 
+impl RemovedResources {
+    /// How many of each kind, in a fixed order.
+    pub fn counts(&self) -> [(&'static str, usize); 8] {
+        [
+            ("services", self.services.len()),
+            ("containers", self.containers.len()),
+            ("networks", self.networks.len()),
+            ("volumes", self.volumes.len()),
+            ("secrets", self.secrets.len()),
+            ("configs", self.configs.len()),
+            ("env_files", self.env_files.len()),
+            ("lock_files", usize::from(self.lock_file)),
+        ]
+    }
+}
+
 /// One candidate's line in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct CandidateReport {
@@ -551,25 +567,14 @@ pub fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()> {
     }
     out.push_str("# HELP ccci_janitor_removed Resources removed by the last sweep, by kind.\n");
     out.push_str("# TYPE ccci_janitor_removed gauge\n");
-    let sum = |f: fn(&RemovedResources) -> usize| -> usize {
-        report.candidates.iter().map(|c| f(&c.removed)).sum()
-    };
-    let kinds: [(&str, fn(&RemovedResources) -> usize); 8] = [
-        ("services", |r| r.services.len()),
-        ("containers", |r| r.containers.len()),
-        ("networks", |r| r.networks.len()),
-        ("volumes", |r| r.volumes.len()),
-        ("secrets", |r| r.secrets.len()),
-        ("configs", |r| r.configs.len()),
-        ("env_files", |r| r.env_files.len()),
-        ("lock_files", |r| usize::from(r.lock_file)),
-    ];
-    for (kind, count) in kinds {
-        let _ = writeln!(
-            out,
-            "ccci_janitor_removed{{kind=\"{kind}\"}} {}",
-            sum(count)
-        );
+    let mut totals = RemovedResources::default().counts();
+    for c in &report.candidates {
+        for (total, (_, n)) in totals.iter_mut().zip(c.removed.counts()) {
+            total.1 += n;
+        }
+    }
+    for (kind, count) in totals {
+        let _ = writeln!(out, "ccci_janitor_removed{{kind=\"{kind}\"}} {count}");
     }
     let _ = writeln!(
         out,

@@ -71,9 +71,9 @@ fn state_files_are_private_and_keyed_by_run_id_and_pid_not_domain() {
     let script = "for f in \"$CCCI_DEPLOYS_FILE\" \"$CCCI_OPSTATE_FILE\" \"$CCCI_DEPS_FILE\" \
                   \"$CCCI_DEPSKIP_FILE\"; do echo \"state $(stat -c %a \"$f\") $f\"; done; \
                   echo ready $PPID; read line || :";
-    // Two live runs of the same recipe and so the same domain.
-    let mut a = Proc::spawn(sandbox.run_sh("40", &[], script));
-    let mut b = Proc::spawn(sandbox.run_sh("41", &[], script));
+    // Two live runs of the same recipe (different pull requests, so they run side by side).
+    let mut a = Proc::spawn(sandbox.run_sh("40", &["--pr", "1"], script));
+    let mut b = Proc::spawn(sandbox.run_sh("41", &["--pr", "2"], script));
     let pid_a = a.wait_ready();
     let pid_b = b.wait_ready();
     let states = |p: &Proc| -> Vec<String> {
@@ -156,6 +156,8 @@ fn run_record_is_complete_and_readable() {
             "guards",
             "abra-dir",
             "fetch-skipped",
+            "janitor",
+            "app-lock",
             "command",
             "teardown",
             "finished"
