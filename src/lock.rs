@@ -187,8 +187,9 @@ impl LockFile {
                 us,
             });
         }
-        // Anyone who can open a lock file can flock it: keep our own files private.
-        if meta.permissions().mode() & 0o077 != 0 {
+        // Anyone who can open a lock file can flock it: keep our own files private. A probe
+        // (`create == false`) must change nothing, so only a would-be holder fixes this.
+        if create && meta.permissions().mode() & 0o077 != 0 {
             file.set_permissions(std::fs::Permissions::from_mode(0o600))
                 .map_err(|err| LockError::io("restrict permissions of", path, err))?;
         }

@@ -1,6 +1,8 @@
 //! The integration suite: the real `ccci-run` binary against real processes, signals and flocks.
 
+mod app_lock;
 mod cli;
+mod janitor;
 mod run_dirs;
 mod run_exit;
 mod run_guards;

@@ -24,9 +24,11 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn new() -> Self {
-        Self {
+        let sandbox = Self {
             dir: tempfile::tempdir().expect("create sandbox"),
-        }
+        };
+        std::fs::create_dir_all(sandbox.state()).unwrap();
+        sandbox
     }
 
     pub fn path(&self) -> &Path {
@@ -51,7 +53,6 @@ impl Sandbox {
 
     /// `ccci-run` with this sandbox's directories and a clean environment.
     pub fn ccci(&self) -> Command {
-        std::fs::create_dir_all(self.state()).unwrap();
         let mut cmd = Command::new(BIN);
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
@@ -95,10 +96,68 @@ impl Sandbox {
         serde_json::from_str(&text).unwrap()
     }
 
+    /// Plant `<abra-home>/servers/<server>/<domain>.env` holding `contents`.
+    pub fn plant_env(&self, server: &str, domain: &str, contents: &str) -> PathBuf {
+        let dir = self.abra_home().join("servers").join(server);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{domain}.env"));
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+
+    /// The app lock file of `domain`.
+    pub fn lock_file(&self, domain: &str) -> PathBuf {
+        self.locks().join(format!("cc-ci-app-{domain}.lock"))
+    }
+
+    /// `ccci-run janitor --json [extra...]`, its report and the finished process.
+    pub fn janitor(&self, extra: &[&str]) -> (Value, Finished) {
+        let mut cmd = self.ccci();
+        cmd.args(["janitor", "--json"]).args(extra);
+        let done = run(cmd);
+        let report = serde_json::from_str(&done.out.join("\n"))
+            .unwrap_or_else(|e| panic!("janitor printed no JSON ({e})\n{}", done.transcript()));
+        (report, done)
+    }
+
+    /// The domain `ccci-run app-domain` gives for a recipe and PR.
+    pub fn domain(&self, recipe: &str, pr: Option<&str>) -> String {
+        let mut cmd = self.ccci();
+        cmd.args(["app-domain", "--recipe", recipe]);
+        if let Some(pr) = pr {
+            cmd.args(["--pr", pr]);
+        }
+        let done = run(cmd);
+        done.assert_code(0);
+        done.out[0].clone()
+    }
+
+    /// Hold the flock on `path` from a separate `flock(1)` process until the returned process
+    /// is finished (its stdin closed).
+    pub fn hold_with_flock(&self, path: &Path) -> Proc {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut cmd = Command::new("flock");
+        cmd.arg(path)
+            .args(["sh", "-c", "echo ready $$; read line || :"]);
+        let mut holder = Proc::spawn(cmd);
+        holder.wait_ready();
+        holder
+    }
+
     /// Files left in the state directory.
     pub fn state_files(&self) -> Vec<String> {
         list(&self.state())
     }
+}
+
+/// A candidate of a janitor report, by domain.
+pub fn candidate<'a>(report: &'a Value, domain: &str) -> &'a Value {
+    report["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["domain"] == domain)
+        .unwrap_or_else(|| panic!("no candidate {domain} in {report:#}"))
 }
 
 /// Names in a directory, sorted; empty when it does not exist.

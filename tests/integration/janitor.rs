@@ -1,0 +1,519 @@
+//! The flock-probe janitor against real flocks held by real processes.
+
+use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::Signal;
+
+use crate::util::{Proc, Sandbox, Stream, candidate, list, run, signal, wait_exited};
+
+const SECRET: &str = "SECRET_TOKEN=hunter2-never-print-me";
+
+fn orphan(n: usize) -> String {
+    format!("orph-{n:06x}.ci.commoninternet.net")
+}
+
+/// A run whose supervisor is SIGKILLed leaves its app; the next probe reaps app and lock file.
+#[test]
+fn sigkilled_run_is_reaped_by_the_next_sweep() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let script = format!(
+        "echo '{SECRET}' > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; exec sleep 1000"
+    );
+    let mut live = Proc::spawn(sandbox.run_sh("77", &[], &script));
+    let command = live.wait_ready();
+    let domain = sandbox.domain("custom-html", None);
+
+    let (report, _) = sandbox.janitor(&[]);
+    assert_eq!(candidate(&report, &domain)["decision"], "live");
+
+    signal(live.pid(), Signal::SIGKILL);
+    live.finish();
+    assert!(wait_exited(command));
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    let c = candidate(&report, &domain);
+    assert_eq!(c["decision"], "reap", "{report:#}");
+    assert_eq!(c["sources"], serde_json::json!(["env"]));
+    assert_eq!(c["removed"]["env_files"].as_array().unwrap().len(), 1);
+    assert_eq!(c["removed"]["lock_file"], true);
+    assert!(
+        !sandbox
+            .abra_home()
+            .join(format!("servers/ci/{domain}.env"))
+            .exists()
+    );
+    assert!(!sandbox.lock_file(&domain).exists());
+    let record = sandbox.record("77");
+    assert!(
+        record["reaped"].is_string(),
+        "run.json not marked reaped: {record:#}"
+    );
+    assert!(
+        !done.out.join("\n").contains("hunter2"),
+        ".env contents leaked"
+    );
+}
+
+#[test]
+fn live_run_is_never_touched() {
+    let sandbox = Sandbox::new();
+    let domain = orphan(1);
+    let env = sandbox.plant_env("ci", &domain, SECRET);
+    let mut holder = sandbox.hold_with_flock(&sandbox.lock_file(&domain));
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let (report, done) = sandbox.janitor(extra);
+        done.assert_code(0);
+        assert_eq!(candidate(&report, &domain)["decision"], "live");
+    }
+    assert_eq!(std::fs::read_to_string(&env).unwrap(), SECRET);
+    assert!(sandbox.lock_file(&domain).exists());
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+}
+
+#[test]
+fn long_held_lock_is_flagged_never_stolen() {
+    let sandbox = Sandbox::new();
+    let domain = orphan(2);
+    let env = sandbox.plant_env("ci", &domain, SECRET);
+    let lock = sandbox.lock_file(&domain);
+    let mut holder = sandbox.hold_with_flock(&lock);
+    let three_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3 * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&lock)
+        .unwrap()
+        .set_modified(three_hours_ago)
+        .unwrap();
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    let c = candidate(&report, &domain);
+    assert_eq!(c["decision"], "long-held");
+    assert!(c["lock_age_s"].as_u64().unwrap() >= 3 * 3600);
+    done.assert_stderr_has(&format!(
+        "!! lock for {domain} held >120min — possible leaked run; inspect with lslocks"
+    ));
+    assert!(env.exists() && lock.exists());
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+}
+
+/// After a reboot /run/lock is empty: every surviving app probes free and is reaped at once.
+#[test]
+fn emptied_lock_dir_reaps_every_surviving_app() {
+    let sandbox = Sandbox::new();
+    let envs: Vec<PathBuf> = (0..5)
+        .map(|n| sandbox.plant_env("ci", &orphan(n), SECRET))
+        .collect();
+    assert!(!sandbox.locks().exists());
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(report["candidates"].as_array().unwrap().len(), 5);
+    for n in 0..5 {
+        assert_eq!(candidate(&report, &orphan(n))["decision"], "reap");
+    }
+    assert!(envs.iter().all(|e| !e.exists()));
+    assert!(
+        list(&sandbox.locks()).is_empty(),
+        "{:?}",
+        list(&sandbox.locks())
+    );
+}
+
+#[test]
+fn three_racing_janitors_reap_each_orphan_exactly_once() {
+    let sandbox = Sandbox::new();
+    const ORPHANS: usize = 60;
+    for n in 0..ORPHANS {
+        sandbox.plant_env(&format!("server{}", n % 3), &orphan(n), SECRET);
+    }
+    let janitors: Vec<Proc> = (0..3)
+        .map(|_| {
+            let mut cmd = sandbox.ccci();
+            cmd.args(["janitor", "--json"]);
+            Proc::spawn(cmd)
+        })
+        .collect();
+    let mut reaps: BTreeMap<String, usize> = BTreeMap::new();
+    for janitor in janitors {
+        let done = janitor.finish();
+        done.assert_code(0);
+        let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+        for c in report["candidates"].as_array().unwrap() {
+            let decision = c["decision"].as_str().unwrap();
+            assert!(
+                matches!(decision, "reap" | "raced" | "live"),
+                "unexpected {decision} in {report:#}"
+            );
+            if decision == "reap" {
+                *reaps
+                    .entry(c["domain"].as_str().unwrap().to_owned())
+                    .or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(reaps.len(), ORPHANS, "every orphan reaped");
+    assert!(
+        reaps.values().all(|&n| n == 1),
+        "reaped more than once: {reaps:?}"
+    );
+    for n in 0..3 {
+        assert!(list(&sandbox.abra_home().join(format!("servers/server{n}"))).is_empty());
+    }
+    assert!(list(&sandbox.locks()).is_empty());
+}
+
+#[test]
+fn warm_and_foreign_suffix_apps_are_never_probed() {
+    let sandbox = Sandbox::new();
+    let warm = sandbox.plant_env("ci", "warm-keycloak.ci.commoninternet.net", SECRET);
+    let other = sandbox.plant_env("ci", "abcd-123456.example.org", SECRET);
+    let long = sandbox.plant_env("ci", "abcde-123456.ci.commoninternet.net", SECRET);
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(report["candidates"], serde_json::json!([]));
+    assert!(warm.exists() && other.exists() && long.exists());
+    assert!(list(&sandbox.locks()).is_empty(), "probing left lock files");
+}
+
+/// Garbage at lock paths and under servers/: no crash, nothing reaped that should not be.
+#[test]
+fn garbage_is_skipped_and_reported_never_reaped() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.locks()).unwrap();
+    let (dir_d, link_d, owner_d, immut_d) = (orphan(10), orphan(11), orphan(12), orphan(13));
+    let envs: Vec<PathBuf> = [&dir_d, &link_d, &owner_d, &immut_d]
+        .iter()
+        .map(|d| sandbox.plant_env("ci", d, SECRET))
+        .collect();
+    std::fs::create_dir(sandbox.lock_file(&dir_d)).unwrap();
+    let target = sandbox.path().join("victim");
+    std::fs::write(&target, "keep").unwrap();
+    std::os::unix::fs::symlink(&target, sandbox.lock_file(&link_d)).unwrap();
+    std::fs::write(sandbox.lock_file(&owner_d), "").unwrap();
+    nix::unistd::chown(
+        &sandbox.lock_file(&owner_d),
+        Some(nix::unistd::Uid::from_raw(65534)),
+        None,
+    )
+    .unwrap();
+    let immutable = sandbox.lock_file(&immut_d);
+    std::fs::write(&immutable, "").unwrap();
+    let chattr = |flag: &str| {
+        let ok = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(&immutable)
+            .status()
+            .unwrap();
+        assert!(
+            ok.success(),
+            "chattr {flag} (the sandbox must be on a filesystem with attributes)"
+        );
+    };
+    chattr("+i");
+    // Odd entries under servers/: a non-UTF-8 name, a directory named like an env file, a
+    // stray file, a symlinked server directory.
+    let servers = sandbox.abra_home().join("servers");
+    std::fs::write(
+        servers
+            .join("ci")
+            .join(std::ffi::OsStr::from_bytes(b"\xff\xfe.env")),
+        SECRET,
+    )
+    .unwrap();
+    std::fs::create_dir(servers.join("ci").join(format!("{}.env", orphan(14)))).unwrap();
+    std::fs::write(servers.join("not-a-server-dir.env"), SECRET).unwrap();
+    std::os::unix::fs::symlink(sandbox.path(), servers.join("linked-server")).unwrap();
+
+    let (report, done) = sandbox.janitor(&[]);
+    chattr("-i");
+    done.assert_code(0);
+    assert_eq!(candidate(&report, &dir_d)["decision"], "foreign");
+    assert_eq!(candidate(&report, &link_d)["decision"], "foreign");
+    assert_eq!(candidate(&report, &owner_d)["decision"], "foreign");
+    assert_eq!(candidate(&report, &immut_d)["decision"], "unreadable");
+    assert_eq!(
+        report["candidates"].as_array().unwrap().len(),
+        4,
+        "{report:#}"
+    );
+    assert!(
+        envs.iter().all(|e| e.exists()),
+        "an app behind a bad lock file was reaped"
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+    assert!(
+        sandbox
+            .lock_file(&link_d)
+            .symlink_metadata()
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    done.assert_stderr_has("!! janitor:");
+    assert!(!done.out.join("\n").contains("hunter2") && !done.stderr().contains("hunter2"));
+}
+
+/// A fingerprint of every file under `root`: type, mode, owner, size, mtime and contents.
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let body = if meta.is_file() {
+                format!("{:?}", std::fs::read(&path).unwrap())
+            } else if meta.file_type().is_symlink() {
+                format!("-> {:?}", std::fs::read_link(&path).unwrap())
+            } else {
+                stack.push(path.clone());
+                "dir".to_owned()
+            };
+            out.insert(
+                path,
+                format!(
+                    "{:o} {} {} {}.{} {body}",
+                    meta.mode(),
+                    meta.uid(),
+                    meta.len(),
+                    meta.mtime(),
+                    meta.mtime_nsec()
+                ),
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn dry_run_changes_nothing_at_all() {
+    let sandbox = Sandbox::new();
+    for n in 0..4 {
+        sandbox.plant_env("ci", &orphan(n), SECRET);
+    }
+    // One orphan with a stale lock file, one live, one stale lock file with no app.
+    std::fs::create_dir_all(sandbox.locks()).unwrap();
+    std::fs::write(sandbox.lock_file(&orphan(0)), "{}").unwrap();
+    std::fs::set_permissions(
+        sandbox.lock_file(&orphan(0)),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    std::fs::write(sandbox.lock_file(&orphan(9)), "").unwrap();
+    let mut holder = sandbox.hold_with_flock(&sandbox.lock_file(&orphan(1)));
+    let before = snapshot(sandbox.path());
+    let (report, done) = sandbox.janitor(&["--dry-run"]);
+    let after = snapshot(sandbox.path());
+    done.assert_code(0);
+    assert_eq!(report["dry_run"], true);
+    assert_eq!(candidate(&report, &orphan(0))["decision"], "would-reap");
+    assert_eq!(candidate(&report, &orphan(1))["decision"], "live");
+    assert_eq!(candidate(&report, &orphan(2))["decision"], "would-reap");
+    assert_eq!(report["tidied"].as_array().unwrap().len(), 1);
+    assert_eq!(before, after, "a dry run changed the tree");
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+}
+
+#[test]
+fn tidy_unlinks_unheld_lock_files_without_an_app_but_not_held_ones() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.locks()).unwrap();
+    let stale = sandbox.lock_file(&orphan(20));
+    std::fs::write(&stale, "").unwrap();
+    let held = sandbox.lock_file(&orphan(21));
+    let mut holder = sandbox.hold_with_flock(&held);
+    let unrelated = sandbox
+        .locks()
+        .join("cc-ci-app-warm-keycloak.ci.commoninternet.net.lock");
+    std::fs::write(&unrelated, "").unwrap();
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(report["tidied"], serde_json::json!([stale]));
+    assert!(!stale.exists() && held.exists() && unrelated.exists());
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+}
+
+#[test]
+fn unsafe_lock_dir_fails_the_sweep_with_exit_1() {
+    let sandbox = Sandbox::new();
+    sandbox.plant_env("ci", &orphan(1), SECRET);
+    std::fs::create_dir_all(sandbox.locks()).unwrap();
+    std::fs::set_permissions(sandbox.locks(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(1);
+    assert!(
+        report["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("refusing lock directory")
+    );
+    assert!(
+        sandbox
+            .abra_home()
+            .join(format!("servers/ci/{}.env", orphan(1)))
+            .exists()
+    );
+}
+
+#[test]
+fn table_output_and_metrics_file() {
+    let sandbox = Sandbox::new();
+    sandbox.plant_env("ci", &orphan(1), SECRET);
+    let metrics = sandbox.path().join("ccci.prom");
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--metrics-file"]).arg(&metrics);
+    let done = run(cmd);
+    done.assert_code(0);
+    let table = done.out.join("\n");
+    assert!(
+        table.contains("DECISION") && table.contains(&orphan(1)) && table.contains("reap"),
+        "{table}"
+    );
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    for line in [
+        "ccci_janitor_candidates{decision=\"reap\"} 1",
+        "ccci_janitor_candidates{decision=\"live\"} 0",
+        "ccci_janitor_removed{kind=\"env_files\"} 1",
+        "ccci_janitor_sweep_failed 0",
+        "# TYPE ccci_janitor_sweep_duration_seconds gauge",
+        "ccci_janitor_last_success_timestamp_seconds ",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}
+
+#[test]
+fn locks_lists_holders_from_proc_locks() {
+    let sandbox = Sandbox::new();
+    let mut live =
+        Proc::spawn(sandbox.run_sh("lk", &["--pr", "5"], "echo ready $PPID; read line || :"));
+    let pid = live.wait_ready();
+    let domain = sandbox.domain("custom-html", Some("5"));
+    std::fs::write(sandbox.lock_file(&orphan(3)), "garbage \u{1b}[31m").unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["locks", "--json"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let locks: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let find = |name: &str| {
+        locks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing from {locks:#}"))
+            .clone()
+    };
+    let held = find(&domain);
+    assert_eq!(held["held"], true);
+    assert_eq!(held["holder_pids"], serde_json::json!([pid]));
+    assert_eq!(held["holder"]["run_id"], "lk");
+    assert_eq!(held["long_held"], false);
+    let stale = find(&orphan(3));
+    assert_eq!(stale["held"], false);
+    assert!(stale["holder"].is_null());
+    assert_eq!(stale["holder_raw"], "garbage \u{1b}[31m");
+    let mut cmd = sandbox.ccci();
+    cmd.arg("locks");
+    let table = run(cmd);
+    table.assert_code(0);
+    let text = table.out.join("\n");
+    assert!(text.contains(&format!("run lk pid {pid}")), "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "raw control characters reached the terminal"
+    );
+    live.close_stdin();
+    live.finish().assert_code(0);
+}
+
+/// Every run sweeps at its start: an orphan of another run is gone before its command starts.
+#[test]
+fn run_start_sweeps_orphans_and_survives_a_broken_sweep() {
+    let sandbox = Sandbox::new();
+    let env = sandbox.plant_env("ci", &orphan(30), SECRET);
+    let done = run(sandbox.run_sh("s1", &[], "echo ran"));
+    done.assert_code(0);
+    done.assert_stderr_has(&format!(
+        "== janitor: reaped orphaned app {} ==",
+        orphan(30)
+    ));
+    assert!(!env.exists());
+    // A reap that fails (an immutable server directory) is reported, never fatal to the run.
+    let server = sandbox.abra_home().join("servers/frozen");
+    let stuck = sandbox.plant_env("frozen", &orphan(31), SECRET);
+    let chattr = |flag: &str| {
+        let status = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(&server)
+            .status()
+            .unwrap();
+        assert!(status.success(), "chattr {flag}");
+    };
+    chattr("+i");
+    let done = run(sandbox.run_sh("s2", &[], "echo ran"));
+    chattr("-i");
+    done.assert_code(0);
+    assert_eq!(done.out, vec!["ran"]);
+    done.assert_stderr_has(&format!("janitor: failed to reap {}", orphan(31)));
+    assert!(stuck.exists());
+}
+
+#[test]
+fn waiting_run_blocks_until_a_reap_under_the_probe_lock_is_over() {
+    let sandbox = Sandbox::new();
+    let domain = sandbox.domain("custom-html", None);
+    let env = sandbox.plant_env("ci", &domain, SECRET);
+    // Stop the janitor right after its probe flock succeeded: it holds the probe lock and has
+    // not removed anything yet.
+    let mut cmd = std::process::Command::new("strace");
+    let janitor = sandbox.ccci();
+    cmd.args([
+        "-f",
+        "-qq",
+        "-e",
+        "trace=flock",
+        "-e",
+        "inject=flock:signal=SIGSTOP:when=1",
+    ])
+    .arg(janitor.get_program())
+    .args(janitor.get_args())
+    .arg("janitor");
+    let mut janitor = Proc::spawn(cmd);
+    janitor.wait_for(Stream::Err, "stopped by SIGSTOP");
+    let mut waiter = Proc::spawn(sandbox.run_sh(
+        "after-reap",
+        &[],
+        "test -e \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" && echo saw-half-reaped-app; echo ready $$",
+    ));
+    waiter.wait_for(Stream::Err, "== app lock: another run of");
+    assert!(env.exists(), "the reap ran ahead of the stop");
+    let stopped = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.contains("ccci-run") && c.contains("janitor") && !c.starts_with("strace")
+            })
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(stopped.len(), 1, "{stopped:?}");
+    signal(stopped[0], Signal::SIGCONT);
+    let done = janitor.finish();
+    done.assert_code(0);
+    let done_wait = waiter.finish();
+    done_wait.assert_code(0);
+    assert!(
+        !done_wait.out.iter().any(|l| l == "saw-half-reaped-app"),
+        "{}",
+        done_wait.transcript()
+    );
+    assert!(!env.exists());
+}
