@@ -87,7 +87,9 @@ fn main() {
         populate(root.path(), n);
         let dry = janitor(root.path(), true);
         let real = janitor(root.path(), false);
-        let left = std::fs::read_dir(root.path().join("locks")).unwrap().count();
+        let left = std::fs::read_dir(root.path().join("locks"))
+            .unwrap()
+            .count();
         assert_eq!(left, 0, "the sweep left {left} lock files");
         let floor_root = tempfile::tempdir().unwrap();
         populate(floor_root.path(), n);

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 
 use crate::app;
-use crate::cli::Global;
+use crate::cli::{DockerMode, Global};
+use crate::docker::{DockerSeam, RemovedNames, StackResources};
 use crate::lock::{self, HeldLock, Holder, LockFile, TryLock};
 use crate::names::{AppDomain, RunId};
 use crate::record::{self, RunRecord};
@@ -134,6 +135,19 @@ pub struct RemovedResources {
 }
 
 impl RemovedResources {
+    fn set_docker(&mut self, names: RemovedNames) {
+        self.services = names.services;
+        self.containers = names.containers;
+        self.networks = names.networks;
+        self.volumes = names.volumes;
+        self.secrets = names.secrets;
+        self.configs = names.configs;
+    }
+
+    fn nothing_but_lock_file(&self) -> bool {
+        self.counts()[..7].iter().all(|(_, n)| *n == 0)
+    }
+
     /// How many of each kind, in a fixed order.
     pub fn counts(&self) -> [(&'static str, usize); 8] {
         [
@@ -168,6 +182,9 @@ pub struct SweepReport {
     pub candidates: Vec<CandidateReport>,
     pub tidied: Vec<PathBuf>,
     pub errors: Vec<String>,
+    /// Docker list calls this sweep made (one per resource kind), when Docker was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_list_calls: Option<usize>,
     #[serde(skip)]
     pub duration: Duration,
 }
@@ -177,10 +194,9 @@ impl SweepReport {
     /// foreign) carry their reason in `error` but are not failures.
     pub fn failed(&self) -> bool {
         !self.errors.is_empty()
-            || self
-                .candidates
-                .iter()
-                .any(|c| c.decision == Decision::Reap && c.error.is_some())
+            || self.candidates.iter().any(|c| {
+                c.error.is_some() && matches!(c.decision, Decision::Reap | Decision::WouldReap)
+            })
     }
 
     pub fn count(&self, decision: Decision) -> usize {
@@ -196,6 +212,8 @@ impl SweepReport {
 pub struct Candidate {
     pub domain: AppDomain,
     pub sources: BTreeSet<Source>,
+    /// Its Docker resources, when Docker discovery found any.
+    pub docker: Option<StackResources>,
 }
 
 /// Run-app domains from `<abra-home>/servers/*/<domain>.env`, filtered by `RUN_APP_RE`.
@@ -239,6 +257,7 @@ pub fn discover_env(global: &Global, errors: &mut Vec<String>) -> BTreeMap<AppDo
                     .or_insert_with(|| Candidate {
                         domain,
                         sources: BTreeSet::new(),
+                        docker: None,
                     })
                     .sources
                     .insert(Source::Env);
@@ -246,6 +265,36 @@ pub fn discover_env(global: &Global, errors: &mut Vec<String>) -> BTreeMap<AppDo
         }
     }
     found
+}
+
+/// Docker as this sweep sees it.
+enum DockerState {
+    Off,
+    On(DockerSeam),
+    /// `--docker auto` and the engine did not answer: nothing that may have Docker resources
+    /// is reaped, since deleting its `.env` would lose the trace of a stack still running.
+    Unavailable(String),
+}
+
+impl DockerState {
+    fn connect(mode: DockerMode, report: &mut SweepReport) -> Option<Self> {
+        match mode {
+            DockerMode::Off => Some(Self::Off),
+            mode => match DockerSeam::connect() {
+                Ok(seam) => Some(Self::On(seam)),
+                Err(err) if mode == DockerMode::Required => {
+                    report.errors.push(format!("Docker is required: {err}"));
+                    None
+                }
+                Err(err) => {
+                    report::line(&format!(
+                        "!! janitor: {err}; apps that may have Docker resources are not reaped"
+                    ));
+                    Some(Self::Unavailable(err.0))
+                }
+            },
+        }
+    }
 }
 
 /// One sweep over every candidate, then the tidy sweep of orphaned lock files.
@@ -269,17 +318,99 @@ pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
         report.duration = started.elapsed();
         return report;
     }
-    let candidates = discover_env(global, &mut report.errors);
+    let Some(mut docker) = DockerState::connect(global.docker, &mut report) else {
+        report.duration = started.elapsed();
+        return report;
+    };
+    let mut candidates = discover_env(global, &mut report.errors);
+    if let DockerState::On(seam) = &docker {
+        match seam.discover(&global.pattern) {
+            Ok(stacks) => {
+                for (domain, resources) in stacks {
+                    let candidate = candidates
+                        .entry(domain.clone())
+                        .or_insert_with(|| Candidate {
+                            domain,
+                            sources: BTreeSet::new(),
+                            docker: None,
+                        });
+                    candidate.sources.insert(Source::Docker);
+                    candidate.docker = Some(resources);
+                }
+            }
+            Err(err) => {
+                report.errors.push(err.to_string());
+                docker = DockerState::Unavailable(err.0);
+            }
+        }
+    }
+
+    // Probe every candidate; keep the probe locks of the ones to reap.
+    let mut to_reap: Vec<(usize, HeldLock)> = Vec::new();
     for candidate in candidates.values() {
-        let line = probe_and_act(global, opts, candidate);
+        let (mut line, held) = probe(global, opts, candidate);
+        if line.decision == Decision::Reap {
+            if let DockerState::Unavailable(why) = &docker {
+                line.decision = Decision::WouldReap;
+                line.error = Some(format!("docker unavailable: {why}"));
+            }
+        }
+        match (line.decision, held) {
+            (Decision::Reap, Some(lock)) => to_reap.push((report.candidates.len(), lock)),
+            // We created this lock file only to probe an app that is gone: do not leave it.
+            (Decision::Raced, Some(lock)) if !opts.dry_run => {
+                let _ = lock.unlink();
+            }
+            // Any other probe lock is released right here.
+            _ => {}
+        }
         report.candidates.push(line);
+    }
+
+    // Docker resources first, several stacks at a time, each under its own probe lock.
+    let stacks: Vec<StackResources> = to_reap
+        .iter()
+        .map(|(i, _)| {
+            let domain = &report.candidates[*i].domain;
+            candidates
+                .values()
+                .find(|c| c.domain.as_str() == domain)
+                .and_then(|c| c.docker.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    let docker_results = match &docker {
+        DockerState::On(seam) if stacks.iter().any(|s| !s.is_empty()) => seam.remove_stacks(stacks),
+        _ => vec![Default::default(); to_reap.len()],
+    };
+    for ((i, lock), (names, errors)) in to_reap.into_iter().zip(docker_results) {
+        let line = &mut report.candidates[i];
+        line.removed.set_docker(names);
+        if !errors.is_empty() {
+            // The .env stays: it is the trace that brings the next sweep back to this stack.
+            let errors: Vec<String> = errors.into_iter().map(|e| e.0).collect();
+            line.error = Some(errors.join("; "));
+        } else {
+            finish_reap(global, &lock, line);
+        }
+        // Releasing the probe lock: only now may a new run of this domain go on.
+        drop(lock);
+    }
+    if let DockerState::On(seam) = &docker {
+        report.docker_list_calls = Some(seam.list_calls());
     }
     tidy(global, opts, &candidates, &mut report);
     report.duration = started.elapsed();
     report
 }
 
-fn probe_and_act(global: &Global, opts: &SweepOptions, candidate: &Candidate) -> CandidateReport {
+/// Probe one candidate's lock and decide. A lock taken for a `reap` (or `raced`) is handed
+/// back still held.
+fn probe(
+    global: &Global,
+    opts: &SweepOptions,
+    candidate: &Candidate,
+) -> (CandidateReport, Option<HeldLock>) {
     let domain = &candidate.domain;
     let path = global.lock_dir.join(domain.lock_file_name());
     let mut line = CandidateReport {
@@ -309,7 +440,8 @@ fn probe_and_act(global: &Global, opts: &SweepOptions, candidate: &Candidate) ->
                     Err(err) => Probe::Unreadable(err.to_string()),
                     Ok(identity_ok) => Probe::Acquired {
                         identity_ok,
-                        app_present: app_present(global, domain),
+                        app_present: candidate.docker.as_ref().is_some_and(|d| !d.is_empty())
+                            || app_present(global, domain),
                     },
                 };
                 held = Some(lock);
@@ -336,45 +468,76 @@ fn probe_and_act(global: &Global, opts: &SweepOptions, candidate: &Candidate) ->
         )),
         _ => {}
     }
-    if let Some(lock) = held {
-        match line.decision {
-            Decision::Reap => {
-                if let Err(err) = reap(global, &lock, domain, &mut line.removed) {
-                    line.error = Some(err);
-                }
-            }
-            // We created this lock file only to probe an app that is gone: do not leave it.
-            Decision::Raced if !opts.dry_run => {
-                let _ = lock.unlink();
-            }
-            _ => {}
-        }
-        // Dropping the lock here releases it: only now may a new run of this domain go on.
-        drop(lock);
-    }
-    line
+    (line, held)
 }
 
 fn app_present(global: &Global, domain: &AppDomain) -> bool {
     app::env_files(&global.abra_home, domain).is_ok_and(|files| !files.is_empty())
 }
 
-/// Remove the app of a dead run while holding its lock, then unlink the lock file.
-fn reap(
-    global: &Global,
-    lock: &HeldLock,
-    domain: &AppDomain,
-    removed: &mut RemovedResources,
-) -> Result<(), String> {
+/// After its Docker resources are gone: remove the app's `.env`, unlink the lock file (still
+/// holding it), and mark the dead run's record.
+fn finish_reap(global: &Global, lock: &HeldLock, line: &mut CandidateReport) {
+    let Some(domain) = AppDomain::recognise(&line.domain, &global.pattern) else {
+        return;
+    };
     let holder = Holder::parse(&lock.read_holder());
-    let gone = app::remove(&global.abra_home, domain).map_err(|e| e.to_string())?;
-    removed.env_files = gone.env_files;
-    removed.lock_file = lock.unlink().map_err(|e| e.to_string())?;
+    match app::remove(&global.abra_home, &domain) {
+        Ok(gone) => line.removed.env_files = gone.env_files,
+        Err(err) => {
+            line.error = Some(err.to_string());
+            return;
+        }
+    }
+    match lock.unlink() {
+        Ok(unlinked) => line.removed.lock_file = unlinked,
+        Err(err) => line.error = Some(err.to_string()),
+    }
+    if line.removed.nothing_but_lock_file() {
+        // Everything was already gone: another janitor reaped it between our look and our lock.
+        line.decision = Decision::Raced;
+        return;
+    }
     report::line(&format!("== janitor: reaped orphaned app {domain} =="));
     if let Some(holder) = holder {
-        mark_run_reaped(global, &holder, domain);
+        mark_run_reaped(global, &holder, &domain);
     }
-    Ok(())
+}
+
+/// Remove one app right now, Docker resources first: what a run's own teardown does while it
+/// still holds its app lock. Returns what went and what failed.
+pub fn remove_app_now(global: &Global, domain: &AppDomain) -> (RemovedResources, Vec<String>) {
+    let mut removed = RemovedResources::default();
+    if global.docker != DockerMode::Off {
+        let stack = DockerSeam::connect().and_then(|seam| {
+            let mut stacks = seam.discover(&global.pattern)?;
+            let stack = stacks.remove(domain).unwrap_or_default();
+            Ok(seam.remove_stacks(vec![stack]))
+        });
+        match stack {
+            Ok(mut results) => {
+                let (names, errors) = results.pop().unwrap_or_default();
+                removed.set_docker(names);
+                if !errors.is_empty() {
+                    return (removed, errors.into_iter().map(|e| e.0).collect());
+                }
+            }
+            Err(err) => {
+                // Keep the .env: without it nothing would lead a later sweep to the stack.
+                return (
+                    removed,
+                    vec![format!(
+                        "{err}; keeping the app's .env so a later sweep reaps the stack"
+                    )],
+                );
+            }
+        }
+    }
+    match app::remove(&global.abra_home, domain) {
+        Ok(gone) => removed.env_files = gone.env_files,
+        Err(err) => return (removed, vec![err.to_string()]),
+    }
+    (removed, Vec::new())
 }
 
 /// Note in the dead run's `run.json` that its app was reaped — only if that record is really

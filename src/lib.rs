@@ -5,7 +5,9 @@
 //! shared state service.
 
 pub mod app;
+pub mod backoff;
 pub mod cli;
+pub mod docker;
 pub mod exit;
 pub mod janitor;
 pub mod lock;

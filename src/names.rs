@@ -291,6 +291,20 @@ impl RunAppPattern {
         AppDomain::recognise(&format!("{head}.{}", self.suffix), self)
     }
 
+    /// Map a Docker resource name (`<stack>_<name>`, containers with a leading `/`) back to the
+    /// run-app domain of its stack, if it has one. Secrets declared external carry no stack
+    /// label, so a name is all there is to go by.
+    pub fn domain_of_resource(&self, name: &str) -> Option<AppDomain> {
+        let name = name.strip_prefix('/').unwrap_or(name);
+        let (head, tail) = name.split_once('_')?;
+        let suffix = self.suffix.as_str().replace('.', "_");
+        let rest = tail.strip_prefix(suffix.as_str())?;
+        if !(rest.is_empty() || rest.starts_with('_')) {
+            return None;
+        }
+        AppDomain::recognise(&format!("{head}.{}", self.suffix), self)
+    }
+
     /// The domain a lock file name belongs to, if it is a run-app lock.
     pub fn domain_of_lock_file(&self, file_name: &str) -> Option<AppDomain> {
         let domain = file_name
@@ -338,6 +352,28 @@ mod tests {
     fn empty_prefix_falls_back_to_app() {
         let d = AppDomain::derive("__--", None, None, &suffix());
         assert!(d.as_str().starts_with("app-"), "{d}");
+    }
+
+    #[rstest]
+    #[case::service(
+        "abcd-0a1b2c_ci_commoninternet_net_app",
+        Some("abcd-0a1b2c.ci.commoninternet.net")
+    )]
+    #[case::bare_stack(
+        "abcd-0a1b2c_ci_commoninternet_net",
+        Some("abcd-0a1b2c.ci.commoninternet.net")
+    )]
+    #[case::container(
+        "/abcd-0a1b2c_ci_commoninternet_net_app.1.xyz",
+        Some("abcd-0a1b2c.ci.commoninternet.net")
+    )]
+    #[case::warm("warm-keycloak_ci_commoninternet_net_app", None)]
+    #[case::other_suffix("abcd-0a1b2c_example_org_app", None)]
+    #[case::suffix_run_on("abcd-0a1b2c_ci_commoninternet_netx_app", None)]
+    #[case::no_underscore("abcd-0a1b2c", None)]
+    fn resource_names_map_back_to_domains(#[case] name: &str, #[case] want: Option<&str>) {
+        let got = RunAppPattern::new(&suffix()).domain_of_resource(name);
+        assert_eq!(got.as_ref().map(AppDomain::as_str), want);
     }
 
     #[rstest]
@@ -416,7 +452,11 @@ mod tests {
             prop_assert!(pattern.matches(domain.as_str()), "{domain} does not match {}", pattern.as_str());
             prop_assert!(domain.stack_name().len() <= MAX_STACK_NAME_LEN);
             prop_assert_eq!(pattern.domain_of_stack(&domain.stack_name()), Some(domain.clone()));
-            prop_assert_eq!(pattern.domain_of_lock_file(&domain.lock_file_name()), Some(domain));
+            prop_assert_eq!(pattern.domain_of_lock_file(&domain.lock_file_name()), Some(domain.clone()));
+            let service = format!("{}_app", domain.stack_name());
+            prop_assert_eq!(pattern.domain_of_resource(&service), Some(domain.clone()));
+            let container = format!("/{}_app.1.x1y2z3", domain.stack_name());
+            prop_assert_eq!(pattern.domain_of_resource(&container), Some(domain));
         }
 
         #[test]
@@ -428,6 +468,7 @@ mod tests {
             let pattern = RunAppPattern::new(&suffix());
             let _ = pattern.domain_of_stack(&value);
             let _ = pattern.domain_of_lock_file(&value);
+            let _ = pattern.domain_of_resource(&value);
         }
     }
 }

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use crate::app;
-use crate::cli::{Global, RunConfig};
+use crate::cli::{DockerMode, Global, RunConfig};
+use crate::docker::{DockerError, DockerSeam};
 use crate::exit;
 use crate::janitor::{self, Decision};
 use crate::linux;
@@ -48,6 +48,8 @@ pub enum RunError {
     RunDir(#[from] RunDirError),
     #[error(transparent)]
     Lock(#[from] LockError),
+    #[error("Docker is required (--docker required): {0}")]
+    DockerRequired(DockerError),
     #[error(transparent)]
     State(#[from] StateError),
     #[error("failed to write run record {path}: {source}")]
@@ -177,6 +179,9 @@ impl Run<'_> {
             abra_dir.display()
         ));
 
+        if self.global.docker == DockerMode::Required {
+            DockerSeam::connect().map_err(RunError::DockerRequired)?;
+        }
         self.sweep();
         self.record.enter("janitor");
         let lock_path = self.global.lock_dir.join(identity.domain.lock_file_name());
@@ -441,13 +446,14 @@ impl Run<'_> {
                 self.run_hook(&hook);
                 self.kill_leftover_descendants();
             }
-            match app::remove(&self.global.abra_home, &self.cfg.identity.domain) {
-                Ok(removed) => {
-                    for path in removed.env_files {
-                        tracing::info!(path = %path.display(), "removed app env file");
-                    }
+            let (removed, errors) = janitor::remove_app_now(self.global, &self.cfg.identity.domain);
+            for (kind, count) in removed.counts() {
+                if count > 0 {
+                    tracing::info!(kind, count, "removed the app's resources");
                 }
-                Err(err) => self.teardown_error(err.to_string()),
+            }
+            for err in errors {
+                self.teardown_error(err);
             }
         }
         for err in self.state.remove() {

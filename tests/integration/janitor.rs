@@ -495,12 +495,16 @@ fn waiting_run_blocks_until_a_reap_under_the_probe_lock_is_over() {
     ));
     waiter.wait_for(Stream::Err, "== app lock: another run of");
     assert!(env.exists(), "the reap ran ahead of the stop");
+    // The stopped janitor is strace's child.
+    let tracer = janitor.pid().to_string();
     let stopped = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                c.contains("ccci-run") && c.contains("janitor") && !c.starts_with("strace")
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, tail)| tail.split_whitespace().nth(1).map(|p| p == tracer))
+                    .unwrap_or(false)
             })
         })
         .collect::<Vec<_>>();
@@ -515,5 +519,91 @@ fn waiting_run_blocks_until_a_reap_under_the_probe_lock_is_over() {
         "{}",
         done_wait.transcript()
     );
+    assert!(!env.exists());
+}
+
+/// `--docker auto` with no engine: one warning, nothing that may have Docker resources reaped
+/// (its .env is the only trace of a stack that may still run), exit 1.
+#[test]
+fn unreachable_docker_is_never_a_reason_to_lose_an_env() {
+    let mut sandbox = Sandbox::new();
+    let env = sandbox.plant_env("ci", &orphan(40), SECRET);
+    let nowhere = format!(
+        "unix://{}",
+        sandbox.path().join("no-such-docker.sock").display()
+    );
+
+    sandbox.set_docker("auto");
+    let mut cmd = sandbox.ccci();
+    cmd.env("DOCKER_HOST", &nowhere).args(["janitor", "--json"]);
+    let done = run(cmd);
+    done.assert_code(1);
+    let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let c = candidate(&report, &orphan(40));
+    assert_eq!(c["decision"], "would-reap");
+    assert!(
+        c["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("docker unavailable"),
+        "{c:#}"
+    );
+    assert_eq!(
+        done.err
+            .iter()
+            .filter(|l| l.contains("apps that may have Docker resources are not reaped"))
+            .count(),
+        1,
+        "{}",
+        done.transcript()
+    );
+    assert!(env.exists());
+
+    sandbox.set_docker("required");
+    let mut cmd = sandbox.ccci();
+    cmd.env("DOCKER_HOST", &nowhere).args(["janitor", "--json"]);
+    let done = run(cmd);
+    done.assert_code(1);
+    assert!(
+        done.out.join("\n").contains("Docker is required"),
+        "{}",
+        done.transcript()
+    );
+    assert!(env.exists());
+
+    let mut cmd = sandbox.run_sh("dreq", &[], "echo must-not-run");
+    cmd.env("DOCKER_HOST", &nowhere);
+    let done = run(cmd);
+    done.assert_code(125);
+    done.assert_stderr_has("Docker is required (--docker required)");
+    assert!(done.out.is_empty());
+
+    // auto: the run goes on; its teardown keeps its .env and says why.
+    sandbox.set_docker("auto");
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let mut cmd = sandbox.run_sh(
+        "dauto",
+        &["--pr", "8"],
+        "echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ran",
+    );
+    cmd.env("DOCKER_HOST", &nowhere);
+    let done = run(cmd);
+    done.assert_code(0);
+    let errors = sandbox.record("dauto")["teardown_errors"].to_string();
+    assert!(errors.contains("keeping the app's .env"), "{errors}");
+    let domain = sandbox.domain("custom-html", Some("8"));
+    assert!(
+        sandbox
+            .abra_home()
+            .join(format!("servers/ci/{domain}.env"))
+            .exists()
+    );
+
+    // off: Docker is never asked; the .env-only app is reaped.
+    sandbox.set_docker("off");
+    let mut cmd = sandbox.ccci();
+    cmd.env("DOCKER_HOST", &nowhere).args(["janitor", "--json"]);
+    let done = run(cmd);
+    done.assert_code(0);
     assert!(!env.exists());
 }

@@ -2,6 +2,7 @@
 
 mod app_lock;
 mod cli;
+mod docker;
 mod janitor;
 mod run_dirs;
 mod run_exit;

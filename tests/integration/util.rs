@@ -20,15 +20,51 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_ccci-run");
 /// One test's directories: runs, canonical abra home, locks and state files.
 pub struct Sandbox {
     dir: tempfile::TempDir,
+    /// `--docker` for every ccci-run of this sandbox.
+    docker: &'static str,
+    /// `--domain-suffix`: Docker tests get one of their own, so that no test's janitor ever
+    /// sees another test's stacks on the shared engine.
+    suffix: Option<String>,
 }
 
 impl Sandbox {
     pub fn new() -> Self {
         let sandbox = Self {
             dir: tempfile::tempdir().expect("create sandbox"),
+            docker: "off",
+            suffix: None,
         };
         std::fs::create_dir_all(sandbox.state()).unwrap();
         sandbox
+    }
+
+    /// A sandbox whose runs and janitors use the Docker engine at `DOCKER_HOST`, with a domain
+    /// suffix of its own. `None` (with a message) when no engine answers outside CI; in CI a
+    /// missing engine fails the test.
+    pub fn with_docker() -> Option<Self> {
+        if !docker_available() {
+            return None;
+        }
+        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut sandbox = Self::new();
+        sandbox.docker = "auto";
+        sandbox.suffix = Some(format!("t{}x{n}.test", std::process::id()));
+        Some(sandbox)
+    }
+
+    /// Use `--docker mode` from now on.
+    pub fn set_docker(&mut self, mode: &'static str) {
+        self.docker = mode;
+    }
+
+    pub fn suffix(&self) -> &str {
+        self.suffix.as_deref().unwrap_or("ci.commoninternet.net")
+    }
+
+    /// The stack name of `domain`.
+    pub fn stack(domain: &str) -> String {
+        domain.replace('.', "_")
     }
 
     pub fn path(&self) -> &Path {
@@ -69,7 +105,10 @@ impl Sandbox {
             .arg("--state-dir")
             .arg(self.state())
             .arg("--docker")
-            .arg("off");
+            .arg(self.docker);
+        if let Some(suffix) = &self.suffix {
+            cmd.arg("--domain-suffix").arg(suffix);
+        }
         cmd
     }
 
@@ -148,6 +187,45 @@ impl Sandbox {
     pub fn state_files(&self) -> Vec<String> {
         list(&self.state())
     }
+}
+
+/// True when a Docker engine answers at `DOCKER_HOST`. In CI (`CI=true`) its absence is a
+/// failure; elsewhere the Docker tests skip with a message.
+pub fn docker_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let available = *AVAILABLE.get_or_init(|| {
+        Command::new("docker")
+            .args(["version", "--format", "{{.Server.APIVersion}}"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !available {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but no Docker engine answers at DOCKER_HOST={:?}: the Docker tests must run in CI \
+             (scripts/docker-engine.sh start)",
+            std::env::var("DOCKER_HOST").ok()
+        );
+        eprintln!(
+            "skipping a Docker test: no engine answers at DOCKER_HOST={:?} \
+             (start one with scripts/docker-engine.sh start)",
+            std::env::var("DOCKER_HOST").ok()
+        );
+    }
+    available
+}
+
+/// Run the docker CLI; panics with its output when it fails.
+pub fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// A candidate of a janitor report, by domain.

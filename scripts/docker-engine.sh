@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# A throwaway Docker Engine in swarm mode for the test suite: its own socket, data and exec
+# roots, no registry (a busybox image is imported from Debian's busybox-static).
+#
+#   scripts/docker-engine.sh start   # prints the DOCKER_HOST to export
+#   scripts/docker-engine.sh stop    # stops it by its pid
+#
+# CCCI_DOCKER_BASE (default /tmp/ccci-docker) holds everything it creates.
+set -euo pipefail
+
+base=${CCCI_DOCKER_BASE:-/tmp/ccci-docker}
+sock="$base/docker.sock"
+pidfile="$base/docker.pid"
+image=ccci-test/busybox:latest
+export DOCKER_HOST="unix://$sock"
+
+log() { printf 'docker-engine: %s\n' "$*" >&2; }
+
+install_engine() {
+  if command -v dockerd >/dev/null && command -v busybox >/dev/null; then
+    return
+  fi
+  log "installing docker.io and busybox-static"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io busybox-static >/dev/null
+}
+
+running() {
+  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+}
+
+wait_ready() {
+  local i
+  for i in $(seq 1 300); do
+    if docker version >/dev/null 2>&1; then
+      return 0
+    fi
+    if ! running; then
+      log "dockerd exited; its log follows"
+      cat "$base/dockerd.log" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  log "dockerd did not answer within 30 s"
+  return 1
+}
+
+start() {
+  install_engine
+  mkdir -p "$base"
+  if running; then
+    log "already running (pid $(cat "$pidfile"))"
+  else
+    local flags=(--host "$DOCKER_HOST" --data-root "$base/data" --exec-root "$base/exec"
+      --pidfile "$pidfile")
+    # Elsewhere overlayfs or iptables may be missing; fall back to the plainest set-up.
+    if [ "${CCCI_DOCKER_PLAIN:-0}" = 1 ]; then
+      flags+=(--iptables=false --bridge=none --storage-driver=vfs)
+    fi
+    DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid dockerd "${flags[@]}" \
+      >"$base/dockerd.log" 2>&1 </dev/null &
+    wait_ready
+  fi
+  if [ "$(docker info --format '{{.Swarm.LocalNodeState}}')" != active ]; then
+    docker swarm init --advertise-addr 127.0.0.1 >/dev/null
+  fi
+  if ! docker image inspect "$image" >/dev/null 2>&1; then
+    local rootfs="$base/rootfs"
+    rm -rf "$rootfs"
+    mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/etc"
+    cp "$(command -v busybox)" "$rootfs/bin/busybox"
+    local applet
+    for applet in sh sleep cat echo ls true false kill ps wget nc; do
+      ln -sf busybox "$rootfs/bin/$applet"
+    done
+    tar -C "$rootfs" -cf "$base/rootfs.tar" .
+    docker import --change 'CMD ["/bin/sh"]' "$base/rootfs.tar" "$image" >/dev/null
+  fi
+  log "ready: swarm manager with image $image"
+  echo "DOCKER_HOST=$DOCKER_HOST"
+}
+
+stop() {
+  if running; then
+    local pid
+    pid=$(cat "$pidfile")
+    kill "$pid"
+    for _ in $(seq 1 200); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    log "stopped (pid $pid)"
+  fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac

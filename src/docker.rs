@@ -1,0 +1,471 @@
+//! The Docker seam: discovery of run-app stacks and removal of one stack, through bollard.
+//!
+//! Discovery makes exactly one list call per resource kind (services, containers, networks,
+//! volumes, secrets, configs) however many stacks there are, and counts them so tests can check.
+//! A resource belongs to stack S when it carries the label `com.docker.stack.namespace=S` or is
+//! named `S_…` (external secrets carry no label); S maps back to a domain only through
+//! `RUN_APP_RE`, so nothing outside the run-app namespace is ever touched.
+//!
+//! Removal is idempotent (404 means already gone) and ordered so that nothing waits on swarm:
+//! services, then the stack's containers force-removed, networks, secrets, configs, and volumes
+//! last. Transient failures are retried with full jitter ([`crate::backoff`]); other client
+//! errors are not. Only API 1.41 (Docker 20.10) endpoints are used; the version is negotiated.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::errors::Error as BollardError;
+use bollard::query_parameters::{
+    ListConfigsOptions, ListContainersOptions, ListNetworksOptions, ListSecretsOptions,
+    ListServicesOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+};
+use futures_util::stream::{self, StreamExt};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use serde::Serialize;
+
+use crate::backoff::{Backoff, MonotonicClock, Policy};
+use crate::names::{AppDomain, RunAppPattern};
+
+pub const STACK_LABEL: &str = "com.docker.stack.namespace";
+
+/// How long one Docker API request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many stacks are removed at once.
+pub const REAP_CONCURRENCY: usize = 4;
+
+/// A Docker resource: its id (what the API removes by) and its name (what people read).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Resource {
+    pub id: String,
+    pub name: String,
+}
+
+/// Every resource of one stack, by kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StackResources {
+    pub services: Vec<Resource>,
+    pub containers: Vec<Resource>,
+    pub networks: Vec<Resource>,
+    pub volumes: Vec<Resource>,
+    pub secrets: Vec<Resource>,
+    pub configs: Vec<Resource>,
+}
+
+impl StackResources {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+            && self.containers.is_empty()
+            && self.networks.is_empty()
+            && self.volumes.is_empty()
+            && self.secrets.is_empty()
+            && self.configs.is_empty()
+    }
+}
+
+/// Names of what a removal took away, by kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RemovedNames {
+    pub services: Vec<String>,
+    pub containers: Vec<String>,
+    pub networks: Vec<String>,
+    pub volumes: Vec<String>,
+    pub secrets: Vec<String>,
+    pub configs: Vec<String>,
+}
+
+/// A failed Docker request, in words.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct DockerError(pub String);
+
+/// A connected, version-negotiated Docker client with its own single-threaded runtime.
+pub struct DockerSeam {
+    docker: Docker,
+    runtime: tokio::runtime::Runtime,
+    list_calls: Cell<usize>,
+}
+
+impl std::fmt::Debug for DockerSeam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerSeam")
+            .field("list_calls", &self.list_calls.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DockerSeam {
+    /// Connect through `DOCKER_HOST` (or the default socket) and negotiate the API version; an
+    /// engine that does not answer is an error.
+    pub fn connect() -> Result<Self, DockerError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| DockerError(format!("failed to start the Docker client runtime: {e}")))?;
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(|e| DockerError(format!("failed to set up the Docker client: {e}")))?
+            .with_timeout(REQUEST_TIMEOUT);
+        let endpoint = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
+        let docker = runtime
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version()).await
+            })
+            .map_err(|_| DockerError(format!("Docker at {endpoint} did not answer within 10 s")))?
+            .map_err(|e| DockerError(format!("Docker at {endpoint} is unreachable: {e}")))?;
+        Ok(Self {
+            docker,
+            runtime,
+            list_calls: Cell::new(0),
+        })
+    }
+
+    /// How many list calls this seam has made.
+    pub fn list_calls(&self) -> usize {
+        self.list_calls.get()
+    }
+
+    /// Every run-app stack's resources: one list call per kind.
+    pub fn discover(
+        &self,
+        pattern: &RunAppPattern,
+    ) -> Result<BTreeMap<AppDomain, StackResources>, DockerError> {
+        self.list_calls.set(self.list_calls.get() + 6);
+        let d = &self.docker;
+        let (services, containers, networks, volumes, secrets, configs) =
+            self.runtime.block_on(async {
+                tokio::join!(
+                    d.list_services(Some(ListServicesOptions::default())),
+                    d.list_containers(Some(ListContainersOptions {
+                        all: true,
+                        ..Default::default()
+                    })),
+                    d.list_networks(Some(ListNetworksOptions::default())),
+                    d.list_volumes(Some(ListVolumesOptions::default())),
+                    d.list_secrets(Some(ListSecretsOptions::default())),
+                    d.list_configs(Some(ListConfigsOptions::default())),
+                )
+            });
+        fn failed(kind: &'static str) -> impl Fn(BollardError) -> DockerError {
+            move |e| DockerError(format!("failed to list {kind}: {e}"))
+        }
+        let mut found: BTreeMap<AppDomain, StackResources> = BTreeMap::new();
+        let mut add = |labels: Option<&HashMap<String, String>>,
+                       id: Option<String>,
+                       name: Option<String>,
+                       pick: fn(&mut StackResources) -> &mut Vec<Resource>| {
+            let (Some(id), Some(name)) = (id, name) else {
+                return;
+            };
+            let by_label = labels
+                .and_then(|l| l.get(STACK_LABEL))
+                .and_then(|stack| pattern.domain_of_stack(stack));
+            let Some(domain) = by_label.or_else(|| pattern.domain_of_resource(&name)) else {
+                return;
+            };
+            let name = name.trim_start_matches('/').to_owned();
+            pick(found.entry(domain).or_default()).push(Resource { id, name });
+        };
+        for s in services.map_err(failed("services"))? {
+            let spec = s.spec.unwrap_or_default();
+            add(spec.labels.as_ref(), s.id, spec.name, |r| &mut r.services);
+        }
+        for c in containers.map_err(failed("containers"))? {
+            let name = c.names.and_then(|n| n.into_iter().next());
+            add(c.labels.as_ref(), c.id, name, |r| &mut r.containers);
+        }
+        for n in networks.map_err(failed("networks"))? {
+            add(n.labels.as_ref(), n.id, n.name, |r| &mut r.networks);
+        }
+        for v in volumes
+            .map_err(failed("volumes"))?
+            .volumes
+            .unwrap_or_default()
+        {
+            add(Some(&v.labels), Some(v.name.clone()), Some(v.name), |r| {
+                &mut r.volumes
+            });
+        }
+        for s in secrets.map_err(failed("secrets"))? {
+            let spec = s.spec.unwrap_or_default();
+            add(spec.labels.as_ref(), s.id, spec.name, |r| &mut r.secrets);
+        }
+        for c in configs.map_err(failed("configs"))? {
+            let spec = c.spec.unwrap_or_default();
+            add(spec.labels.as_ref(), c.id, spec.name, |r| &mut r.configs);
+        }
+        Ok(found)
+    }
+
+    /// Remove several stacks, at most [`REAP_CONCURRENCY`] at a time. The results come back in
+    /// the order of `stacks`.
+    pub fn remove_stacks(
+        &self,
+        stacks: Vec<StackResources>,
+    ) -> Vec<(RemovedNames, Vec<DockerError>)> {
+        let docker = &self.docker;
+        self.runtime.block_on(async {
+            let mut done: Vec<(usize, (RemovedNames, Vec<DockerError>))> =
+                stream::iter(stacks.into_iter().enumerate())
+                    .map(|(i, stack)| async move { (i, remove_stack(docker, stack).await) })
+                    .buffer_unordered(REAP_CONCURRENCY)
+                    .collect()
+                    .await;
+            done.sort_by_key(|(i, _)| *i);
+            done.into_iter().map(|(_, r)| r).collect()
+        })
+    }
+}
+
+/// Remove one stack in the order that never waits on swarm; keeps going past failures so that
+/// as much as possible is gone, and reports every failure.
+async fn remove_stack(docker: &Docker, stack: StackResources) -> (RemovedNames, Vec<DockerError>) {
+    let mut removed = RemovedNames::default();
+    let mut errors = Vec::new();
+    for s in &stack.services {
+        record(
+            &mut removed.services,
+            &mut errors,
+            s,
+            retry(&format!("remove service {}", s.name), || {
+                docker.delete_service(&s.id)
+            })
+            .await,
+        );
+    }
+    for c in &stack.containers {
+        record(
+            &mut removed.containers,
+            &mut errors,
+            c,
+            retry(&format!("remove container {}", c.name), || {
+                force_remove_container(docker, &c.id)
+            })
+            .await,
+        );
+    }
+    for n in &stack.networks {
+        record(
+            &mut removed.networks,
+            &mut errors,
+            n,
+            retry(&format!("remove network {}", n.name), || {
+                docker.remove_network(&n.id)
+            })
+            .await,
+        );
+    }
+    for s in &stack.secrets {
+        record(
+            &mut removed.secrets,
+            &mut errors,
+            s,
+            retry(&format!("remove secret {}", s.name), || {
+                docker.delete_secret(&s.id)
+            })
+            .await,
+        );
+    }
+    for c in &stack.configs {
+        record(
+            &mut removed.configs,
+            &mut errors,
+            c,
+            retry(&format!("remove config {}", c.name), || {
+                docker.delete_config(&c.id)
+            })
+            .await,
+        );
+    }
+    for v in &stack.volumes {
+        record(
+            &mut removed.volumes,
+            &mut errors,
+            v,
+            retry(&format!("remove volume {}", v.name), || {
+                remove_volume(docker, &v.name)
+            })
+            .await,
+        );
+    }
+    (removed, errors)
+}
+
+/// Note one removal: only what this call really removed is listed (404s are not).
+fn record(
+    removed: &mut Vec<String>,
+    errors: &mut Vec<DockerError>,
+    resource: &Resource,
+    outcome: Result<bool, DockerError>,
+) {
+    match outcome {
+        Ok(true) => removed.push(resource.name.clone()),
+        Ok(false) => {}
+        Err(err) => errors.push(err),
+    }
+}
+
+async fn force_remove_container(docker: &Docker, id: &str) -> Result<(), BollardError> {
+    let options = RemoveContainerOptions {
+        force: true,
+        v: true,
+        ..Default::default()
+    };
+    docker.remove_container(id, Some(options)).await
+}
+
+/// Remove a volume; when it is still in use by containers that are on their way out, force
+/// them out first (the error names them) and report the failure as transient.
+async fn remove_volume(docker: &Docker, name: &str) -> Result<(), BollardError> {
+    let result = docker
+        .remove_volume(name, Some(RemoveVolumeOptions { force: false }))
+        .await;
+    if let Err(BollardError::DockerResponseServerError { message, .. }) = &result {
+        for id in containers_named_in(message) {
+            let _ = force_remove_container(docker, &id).await;
+        }
+    }
+    result
+}
+
+/// Container ids in a "volume is in use - [id, id]" message.
+pub fn containers_named_in(message: &str) -> Vec<String> {
+    let Some(list) = message
+        .split_once("in use")
+        .and_then(|(_, rest)| rest.split_once('['))
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+    else {
+        return Vec::new();
+    };
+    list.split(',')
+        .map(str::trim)
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// How a failed request should be handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// 404: the resource is already gone. Success, for a removal.
+    Gone,
+    /// "in use", 5xx, a connection reset or time-out: worth retrying.
+    Transient,
+    /// Any other client error: retrying will not help.
+    Permanent,
+}
+
+pub fn classify(err: &BollardError) -> Failure {
+    match err {
+        BollardError::DockerResponseServerError {
+            status_code: 404, ..
+        } => Failure::Gone,
+        BollardError::DockerResponseServerError { status_code, .. } if *status_code >= 500 => {
+            Failure::Transient
+        }
+        BollardError::DockerResponseServerError { message, .. }
+            if message.contains("in use") || message.contains("active endpoints") =>
+        {
+            Failure::Transient
+        }
+        BollardError::DockerResponseServerError { .. } => Failure::Permanent,
+        // No connection at all: the daemon is down, and a minute of retries will not bring it
+        // back; a connection that broke mid-request is worth another try.
+        BollardError::HyperLegacyError { err } if err.is_connect() => Failure::Permanent,
+        BollardError::IOError { err } if is_connect_failure(err) => Failure::Permanent,
+        BollardError::SocketNotFoundError(_) => Failure::Permanent,
+        BollardError::RequestTimeoutError
+        | BollardError::IOError { .. }
+        | BollardError::HyperResponseError { .. }
+        | BollardError::HyperLegacyError { .. }
+        | BollardError::HttpClientError { .. } => Failure::Transient,
+        _ => Failure::Permanent,
+    }
+}
+
+fn is_connect_failure(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+    )
+}
+
+/// Run `op` until it succeeds (`true`), the resource turns out to be gone already (`false`), a
+/// permanent error comes, or the retry budget is spent.
+async fn retry<F, Fut>(what: &str, mut op: F) -> Result<bool, DockerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), BollardError>>,
+{
+    let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
+    let mut backoff = Backoff::new(Policy::DOCKER, rng, MonotonicClock);
+    loop {
+        let err = match op().await {
+            Ok(()) => return Ok(true),
+            Err(err) => err,
+        };
+        match classify(&err) {
+            Failure::Gone => return Ok(false),
+            Failure::Permanent => return Err(DockerError(format!("failed to {what}: {err}"))),
+            Failure::Transient => match backoff.next_delay() {
+                Some(delay) => {
+                    tracing::debug!("{what}: {err}; retrying in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                }
+                None => {
+                    return Err(DockerError(format!(
+                        "failed to {what} after {} retries: {err}",
+                        backoff.retries()
+                    )));
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn server(status_code: u16, message: &str) -> BollardError {
+        BollardError::DockerResponseServerError {
+            status_code,
+            message: message.to_owned(),
+        }
+    }
+
+    #[rstest]
+    #[case(server(404, "no such service"), Failure::Gone)]
+    #[case(server(409, "remove v: volume is in use - [abc]"), Failure::Transient)]
+    #[case(
+        server(403, "error while removing network: network n has active endpoints"),
+        Failure::Transient
+    )]
+    #[case(
+        server(400, "rpc error: secret s is in use by the following service: x"),
+        Failure::Transient
+    )]
+    #[case(server(500, "internal"), Failure::Transient)]
+    #[case(server(503, "swarm is busy"), Failure::Transient)]
+    #[case(server(400, "invalid filter"), Failure::Permanent)]
+    #[case(server(401, "unauthorized"), Failure::Permanent)]
+    #[case(BollardError::RequestTimeoutError, Failure::Transient)]
+    fn failures_are_classified(#[case] err: BollardError, #[case] want: Failure) {
+        assert_eq!(classify(&err), want);
+    }
+
+    #[rstest]
+    #[case("remove v: volume is in use - [0a1b2c, 3d4e5f]", &["0a1b2c", "3d4e5f"])]
+    #[case("remove v: volume is in use - [0a1b2c]", &["0a1b2c"])]
+    #[case("volume is in use - []", &[])]
+    #[case("something else [deadbeef]", &[])]
+    #[case("in use - [not-hex!, ab]", &["ab"])]
+    fn in_use_messages_name_containers(#[case] message: &str, #[case] ids: &[&str]) {
+        assert_eq!(containers_named_in(message), ids);
+    }
+}

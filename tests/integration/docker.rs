@@ -1,0 +1,504 @@
+//! Reaping Docker stacks on a real engine (`DOCKER_HOST`, swarm mode, the imported
+//! `ccci-test/busybox` image). Every test has a domain suffix of its own, so no janitor here ever
+//! sees another test's stacks.
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::util::{Proc, Sandbox, candidate, docker, run};
+
+const COMPOSE: &str = r#"version: "3.8"
+services:
+  app:
+    image: ccci-test/busybox:latest
+    command: ["sleep", "100000"]
+    init: true
+    networks: [internal]
+    volumes: [data:/data]
+    secrets: [db_password]
+    configs: [{source: app_conf, target: /etc/app.conf}]
+    deploy: {endpoint_mode: dnsrr}
+  worker:
+    image: ccci-test/busybox:latest
+    command: ["sleep", "100000"]
+    networks: [internal]
+    volumes: [cache:/cache]
+    deploy: {endpoint_mode: dnsrr}
+networks:
+  internal: {driver: overlay}
+volumes:
+  data: {}
+  cache: {}
+secrets:
+  db_password: {file: ./secret.txt}
+configs:
+  app_conf: {file: ./conf.txt}
+"#;
+
+/// Write the test compose file (and its secret and config files) into `dir`.
+fn compose_file(dir: &Path) -> PathBuf {
+    std::fs::write(dir.join("secret.txt"), "s3cret\n").unwrap();
+    std::fs::write(dir.join("conf.txt"), "conf\n").unwrap();
+    let path = dir.join("compose.yml");
+    std::fs::write(&path, COMPOSE).unwrap();
+    path
+}
+
+/// Deploy the test stack as `stack`, plus an unlabelled `<stack>_external_key` secret, and wait
+/// until both services have a running container.
+fn deploy(sandbox: &Sandbox, stack: &str) {
+    let compose = compose_file(sandbox.path());
+    docker(&[
+        "stack",
+        "deploy",
+        "--resolve-image",
+        "never",
+        "-c",
+        compose.to_str().unwrap(),
+        stack,
+    ]);
+    let secret = sandbox.path().join("secret.txt");
+    docker(&[
+        "secret",
+        "create",
+        &format!("{stack}_external_key"),
+        secret.to_str().unwrap(),
+    ]);
+    eventually(&format!("{stack}: two running containers"), || {
+        running_containers(stack) == 2
+    });
+}
+
+fn running_containers(stack: &str) -> usize {
+    docker(&[
+        "ps",
+        "-q",
+        "--filter",
+        &format!("label=com.docker.stack.namespace={stack}"),
+    ])
+    .lines()
+    .count()
+}
+
+/// Every resource of any kind named after or labelled with `stack`, as `kind name` lines.
+fn leftovers(stack: &str) -> Vec<String> {
+    let label = format!("label=com.docker.stack.namespace={stack}");
+    let name = format!("name={stack}_");
+    let mut found = Vec::new();
+    for (kind, args) in [
+        ("service", vec!["service", "ls", "-q", "--filter"]),
+        ("container", vec!["ps", "-aq", "--filter"]),
+        ("network", vec!["network", "ls", "-q", "--filter"]),
+        ("volume", vec!["volume", "ls", "-q", "--filter"]),
+        ("secret", vec!["secret", "ls", "-q", "--filter"]),
+        ("config", vec!["config", "ls", "-q", "--filter"]),
+    ] {
+        for filter in [&label, &name] {
+            let mut args = args.clone();
+            args.push(filter);
+            for id in docker(&args).lines() {
+                let line = format!("{kind} {id}");
+                if !found.contains(&line) {
+                    found.push(line);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Wait until `done` holds. Docker finishes some removals (a swarm network's local copy, a
+/// container's exit) asynchronously and offers no readiness line for them; this polls, bounded.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn assert_gone(stack: &str) {
+    let mut left = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        left = leftovers(stack);
+        if left.is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{stack} left resources behind: {left:?}");
+}
+
+/// Remove whatever a test left, so that a failed test does not leak onto the shared engine.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["stack", "rm", &self.0])
+            .output();
+        for (kind, arg) in [("secret", "rm"), ("network", "rm")] {
+            let _ = std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    &format!(
+                        "docker {kind} ls -q --filter name={}_ | xargs -r docker {kind} {arg}",
+                        self.0
+                    ),
+                ])
+                .output();
+        }
+    }
+}
+
+fn domain(sandbox: &Sandbox, prefix: &str) -> String {
+    format!("{prefix}-0d0c4e.{}", sandbox.suffix())
+}
+
+#[test]
+fn orphan_stack_is_reaped_completely() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let domain = domain(&sandbox, "orph");
+    let stack = Sandbox::stack(&domain);
+    let _cleanup = Cleanup(stack.clone());
+    deploy(&sandbox, &stack);
+    let env = sandbox.plant_env("ci", &domain, "X=1\n");
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    let c = candidate(&report, &domain);
+    assert_eq!(c["decision"], "reap", "{report:#}");
+    assert_eq!(c["sources"], serde_json::json!(["env", "docker"]));
+    let removed = &c["removed"];
+    for (kind, n) in [
+        ("services", 2),
+        ("networks", 1),
+        ("volumes", 2),
+        ("secrets", 2),
+        ("configs", 1),
+    ] {
+        assert_eq!(
+            removed[kind].as_array().unwrap().len(),
+            n,
+            "{kind}: {removed:#}"
+        );
+    }
+    assert!(
+        removed["secrets"].to_string().contains("_external_key"),
+        "{removed:#}"
+    );
+    assert!(!env.exists());
+    assert_eq!(report["docker_list_calls"], 6);
+    assert_gone(&stack);
+}
+
+#[test]
+fn live_run_s_stack_and_dry_run_are_untouched() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let domain = domain(&sandbox, "live");
+    let stack = Sandbox::stack(&domain);
+    let _cleanup = Cleanup(stack.clone());
+    deploy(&sandbox, &stack);
+    let before = leftovers(&stack);
+
+    let (report, done) = sandbox.janitor(&["--dry-run"]);
+    done.assert_code(0);
+    assert_eq!(candidate(&report, &domain)["decision"], "would-reap");
+    assert_eq!(leftovers(&stack), before, "a dry run touched Docker");
+
+    let mut holder = sandbox.hold_with_flock(&sandbox.lock_file(&domain));
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(candidate(&report, &domain)["decision"], "live");
+    assert_eq!(leftovers(&stack), before, "a live run's stack was touched");
+    assert_eq!(running_containers(&stack), 2);
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+}
+
+#[test]
+fn stacks_outside_the_run_app_pattern_are_untouched() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let warm = format!("warm-app_{}", sandbox.suffix().replace('.', "_"));
+    let _cleanup = Cleanup(warm.clone());
+    deploy(&sandbox, &warm);
+    let before = leftovers(&warm);
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(report["candidates"], serde_json::json!([]), "{report:#}");
+    assert_eq!(leftovers(&warm), before);
+}
+
+/// `docker stack ls` no longer shows a stack whose services are gone, but its network and
+/// volume still belong to it and are found and reaped.
+#[test]
+fn stack_with_only_a_network_and_a_volume_left_is_reaped() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let domain = domain(&sandbox, "rest");
+    let stack = Sandbox::stack(&domain);
+    let _cleanup = Cleanup(stack.clone());
+    let label = format!("com.docker.stack.namespace={stack}");
+    docker(&[
+        "network",
+        "create",
+        "--driver",
+        "overlay",
+        "--label",
+        &label,
+        &format!("{stack}_net"),
+    ]);
+    docker(&[
+        "volume",
+        "create",
+        "--label",
+        &label,
+        &format!("{stack}_data"),
+    ]);
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    let c = candidate(&report, &domain);
+    assert_eq!(c["decision"], "reap");
+    assert_eq!(c["sources"], serde_json::json!(["docker"]));
+    assert_eq!(c["removed"]["networks"].as_array().unwrap().len(), 1);
+    assert_eq!(c["removed"]["volumes"].as_array().unwrap().len(), 1);
+    assert_gone(&stack);
+}
+
+#[test]
+fn list_calls_do_not_grow_with_the_number_of_stacks() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let mut calls = Vec::new();
+    for count in [1, 4] {
+        let stacks: Vec<String> = (0..count)
+            .map(|n| Sandbox::stack(&domain(&sandbox, &format!("n{count}{n}"))))
+            .collect();
+        let _cleanup: Vec<Cleanup> = stacks.iter().cloned().map(Cleanup).collect();
+        for stack in &stacks {
+            docker(&[
+                "volume",
+                "create",
+                "--label",
+                &format!("com.docker.stack.namespace={stack}"),
+                &format!("{stack}_v"),
+            ]);
+        }
+        let (report, done) = sandbox.janitor(&[]);
+        done.assert_code(0);
+        assert_eq!(report["candidates"].as_array().unwrap().len(), count);
+        calls.push(report["docker_list_calls"].as_u64().unwrap());
+        for stack in &stacks {
+            assert_gone(stack);
+        }
+    }
+    assert_eq!(calls, vec![6, 6]);
+}
+
+/// A run's own teardown removes its stack (Docker first, then its .env) while it holds its lock.
+#[test]
+fn run_teardown_leaves_nothing_labelled_behind() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let compose = compose_file(sandbox.path());
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let script = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
+                  && echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" \
+                  && echo \"deployed $CCCI_STACK_NAME\"";
+    let mut cmd = sandbox.run_sh("d1", &[], script);
+    cmd.env("COMPOSE", &compose);
+    let done = run(cmd);
+    done.assert_code(0);
+    let stack = done
+        .out
+        .iter()
+        .find_map(|l| l.strip_prefix("deployed "))
+        .expect("the command deployed its stack")
+        .to_owned();
+    let _cleanup = Cleanup(stack.clone());
+    assert!(
+        sandbox.record("d1")["teardown_errors"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert_gone(&stack);
+    assert!(sandbox.state_files().is_empty());
+}
+
+/// A proxy in front of the engine's socket that "dies" (drops every connection and stops
+/// answering) at the first DELETE request: the daemon going away in the middle of a sweep.
+struct DyingProxy {
+    path: PathBuf,
+    died: Arc<AtomicBool>,
+}
+
+impl DyingProxy {
+    fn start(dir: &Path) -> Self {
+        let upstream = std::env::var("DOCKER_HOST")
+            .ok()
+            .and_then(|h| h.strip_prefix("unix://").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("/var/run/docker.sock"));
+        let path = dir.join("proxy.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let died = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&died);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { break };
+                if flag.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(server) = UnixStream::connect(&upstream) else {
+                    break;
+                };
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let flag_up = Arc::clone(&flag);
+                std::thread::spawn(move || pump(client, server, Some(flag_up)));
+                std::thread::spawn(move || pump(s2, c2, None));
+            }
+        });
+        Self { path, died }
+    }
+}
+
+/// Copy `from` to `to`; when `watch` is given, a DELETE request kills the connection instead.
+fn pump(mut from: UnixStream, mut to: UnixStream, watch: Option<Arc<AtomicBool>>) {
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(flag) = &watch {
+            if buf[..n].starts_with(b"DELETE ") || flag.load(Ordering::SeqCst) {
+                flag.store(true, Ordering::SeqCst);
+                break;
+            }
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+#[test]
+fn daemon_dying_mid_sweep_is_a_clear_failure_and_loses_no_env() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let domain = domain(&sandbox, "dies");
+    let stack = Sandbox::stack(&domain);
+    let _cleanup = Cleanup(stack.clone());
+    let label = format!("com.docker.stack.namespace={stack}");
+    docker(&[
+        "volume",
+        "create",
+        "--label",
+        &label,
+        &format!("{stack}_data"),
+    ]);
+    let env = sandbox.plant_env("ci", &domain, "X=1\n");
+    let proxy = DyingProxy::start(sandbox.path());
+    let mut cmd = sandbox.ccci();
+    cmd.env("DOCKER_HOST", format!("unix://{}", proxy.path.display()))
+        .args(["janitor", "--json"]);
+    let done = run(cmd);
+    assert!(
+        proxy.died.load(Ordering::SeqCst),
+        "the proxy never saw a DELETE"
+    );
+    done.assert_code(1);
+    let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let c = candidate(&report, &domain);
+    assert!(
+        c["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{stack}_data")),
+        "{report:#}"
+    );
+    assert!(
+        env.exists(),
+        "the .env was deleted although the stack was not reaped"
+    );
+    assert!(sandbox.lock_file(&domain).exists() || !env.exists());
+    // With the engine back, the next sweep finishes the job.
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(candidate(&report, &domain)["decision"], "reap");
+    assert!(!env.exists());
+    assert_gone(&stack);
+}
+
+#[test]
+fn concurrent_janitors_never_fight_over_a_stack() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let stacks: Vec<(String, String)> = (0..6)
+        .map(|n| {
+            let d = domain(&sandbox, &format!("rc{n}"));
+            (Sandbox::stack(&d), d)
+        })
+        .collect();
+    let _cleanup: Vec<Cleanup> = stacks.iter().map(|(s, _)| Cleanup(s.clone())).collect();
+    for (stack, _) in &stacks {
+        let label = format!("com.docker.stack.namespace={stack}");
+        docker(&[
+            "network",
+            "create",
+            "--driver",
+            "overlay",
+            "--label",
+            &label,
+            &format!("{stack}_net"),
+        ]);
+        docker(&[
+            "volume",
+            "create",
+            "--label",
+            &label,
+            &format!("{stack}_data"),
+        ]);
+    }
+    let janitors: Vec<Proc> = (0..3)
+        .map(|_| {
+            let mut cmd = sandbox.ccci();
+            cmd.args(["janitor", "--json"]);
+            Proc::spawn(cmd)
+        })
+        .collect();
+    let mut reaps = std::collections::BTreeMap::<String, usize>::new();
+    for j in janitors {
+        let done = j.finish();
+        done.assert_code(0);
+        let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+        for c in report["candidates"].as_array().unwrap() {
+            if c["decision"] == "reap" {
+                *reaps
+                    .entry(c["domain"].as_str().unwrap().to_owned())
+                    .or_default() += 1;
+            }
+        }
+    }
+    for (stack, domain) in &stacks {
+        assert_eq!(reaps.get(domain), Some(&1), "{domain}: {reaps:?}");
+        assert_gone(stack);
+    }
+}
