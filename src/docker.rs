@@ -220,78 +220,95 @@ impl DockerSeam {
     }
 }
 
-/// Remove one stack in the order that never waits on swarm; keeps going past failures so that
-/// as much as possible is gone, and reports every failure.
+/// Remove one stack in the order that never waits on swarm; the resources of one kind go at
+/// once. Keeps going past failures so that as much as possible is gone, and reports every one.
 async fn remove_stack(docker: &Docker, stack: StackResources) -> (RemovedNames, Vec<DockerError>) {
     let mut removed = RemovedNames::default();
     let mut errors = Vec::new();
-    for s in &stack.services {
-        record(
-            &mut removed.services,
-            &mut errors,
-            s,
-            retry(&format!("remove service {}", s.name), || {
-                docker.delete_service(&s.id)
+    for kind in Kind::REMOVAL_ORDER {
+        let resources = kind.of(&stack);
+        let started = std::time::Instant::now();
+        let outcomes = futures_util::future::join_all(resources.iter().map(|res| {
+            retry(format!("remove {} {}", kind.noun(), res.name), move || {
+                remove_one(docker, kind, res)
             })
-            .await,
-        );
-    }
-    for c in &stack.containers {
-        record(
-            &mut removed.containers,
-            &mut errors,
-            c,
-            retry(&format!("remove container {}", c.name), || {
-                force_remove_container(docker, &c.id)
-            })
-            .await,
-        );
-    }
-    for n in &stack.networks {
-        record(
-            &mut removed.networks,
-            &mut errors,
-            n,
-            retry(&format!("remove network {}", n.name), || {
-                docker.remove_network(&n.id)
-            })
-            .await,
-        );
-    }
-    for s in &stack.secrets {
-        record(
-            &mut removed.secrets,
-            &mut errors,
-            s,
-            retry(&format!("remove secret {}", s.name), || {
-                docker.delete_secret(&s.id)
-            })
-            .await,
-        );
-    }
-    for c in &stack.configs {
-        record(
-            &mut removed.configs,
-            &mut errors,
-            c,
-            retry(&format!("remove config {}", c.name), || {
-                docker.delete_config(&c.id)
-            })
-            .await,
-        );
-    }
-    for v in &stack.volumes {
-        record(
-            &mut removed.volumes,
-            &mut errors,
-            v,
-            retry(&format!("remove volume {}", v.name), || {
-                remove_volume(docker, &v.name)
-            })
-            .await,
-        );
+        }))
+        .await;
+        for (res, outcome) in resources.iter().zip(outcomes) {
+            record(kind.names(&mut removed), &mut errors, res, outcome);
+        }
+        tracing::debug!(kind = kind.noun(), count = resources.len(), elapsed = ?started.elapsed(), "removed");
     }
     (removed, errors)
+}
+
+/// The kinds of resource a stack has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Service,
+    Container,
+    Network,
+    Secret,
+    Config,
+    Volume,
+}
+
+impl Kind {
+    /// Services first (nothing restarts then), containers forced out rather than waiting for
+    /// swarm's stop delay, and volumes last: they are "in use" until the containers are gone.
+    const REMOVAL_ORDER: [Kind; 6] = [
+        Kind::Service,
+        Kind::Container,
+        Kind::Network,
+        Kind::Secret,
+        Kind::Config,
+        Kind::Volume,
+    ];
+
+    fn noun(self) -> &'static str {
+        match self {
+            Kind::Service => "service",
+            Kind::Container => "container",
+            Kind::Network => "network",
+            Kind::Secret => "secret",
+            Kind::Config => "config",
+            Kind::Volume => "volume",
+        }
+    }
+
+    fn of(self, stack: &StackResources) -> &[Resource] {
+        match self {
+            Kind::Service => &stack.services,
+            Kind::Container => &stack.containers,
+            Kind::Network => &stack.networks,
+            Kind::Secret => &stack.secrets,
+            Kind::Config => &stack.configs,
+            Kind::Volume => &stack.volumes,
+        }
+    }
+
+    fn names(self, removed: &mut RemovedNames) -> &mut Vec<String> {
+        match self {
+            Kind::Service => &mut removed.services,
+            Kind::Container => &mut removed.containers,
+            Kind::Network => &mut removed.networks,
+            Kind::Secret => &mut removed.secrets,
+            Kind::Config => &mut removed.configs,
+            Kind::Volume => &mut removed.volumes,
+        }
+    }
+}
+
+/// One removal request.
+async fn remove_one(docker: &Docker, kind: Kind, res: &Resource) -> Result<(), BollardError> {
+    match kind {
+        Kind::Service => docker.delete_service(&res.id).await,
+        Kind::Container => force_remove_container(docker, &res.id).await,
+        Kind::Network => docker.remove_network(&res.id).await,
+        Kind::Secret => docker.delete_secret(&res.id).await,
+        Kind::Config => docker.delete_config(&res.id).await,
+        Kind::Volume => remove_volume(docker, &res.name).await,
+    }
 }
 
 /// Note one removal: only what this call really removed is listed (404s are not).
@@ -396,7 +413,7 @@ fn is_connect_failure(err: &std::io::Error) -> bool {
 
 /// Run `op` until it succeeds (`true`), the resource turns out to be gone already (`false`), a
 /// permanent error comes, or the retry budget is spent.
-async fn retry<F, Fut>(what: &str, mut op: F) -> Result<bool, DockerError>
+async fn retry<F, Fut>(what: String, mut op: F) -> Result<bool, DockerError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), BollardError>>,

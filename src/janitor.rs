@@ -144,6 +144,28 @@ impl RemovedResources {
         self.configs = names.configs;
     }
 
+    /// "2 services, 1 network, 1 env file, lock file": what is there, in words.
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .counts()
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(kind, n)| {
+                let singular = kind.trim_end_matches('s').replace('_', " ");
+                match (*kind, *n) {
+                    ("lock_files", _) => "lock file".to_owned(),
+                    (_, 1) => format!("1 {singular}"),
+                    (_, n) => format!("{n} {}", kind.replace('_', " ")),
+                }
+            })
+            .collect();
+        if parts.is_empty() {
+            "nothing".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+
     fn nothing_but_lock_file(&self) -> bool {
         self.counts()[..7].iter().all(|(_, n)| *n == 0)
     }
@@ -647,15 +669,7 @@ pub fn render_table(report: &SweepReport) -> String {
             .unwrap_or_else(|| "-".to_owned());
         let detail = match &c.error {
             Some(err) => format!("error: {err}"),
-            None if c.decision == Decision::Reap => format!(
-                "removed {} env file(s){}",
-                c.removed.env_files.len(),
-                if c.removed.lock_file {
-                    ", lock file"
-                } else {
-                    ""
-                }
-            ),
+            None if c.decision == Decision::Reap => format!("removed {}", c.removed.summary()),
             None => String::new(),
         };
         let _ = writeln!(

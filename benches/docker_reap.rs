@@ -1,0 +1,216 @@
+//! Reaping orphaned stacks on a real engine: the janitor against what an operator would do by
+//! hand — `docker stack rm` of each stack, waiting until its resources are gone, then
+//! `docker volume rm` of its volumes (stack rm never removes volumes) — in the same run.
+//!
+//! Each stack has two services, an overlay network, two volumes, a secret and a config.
+//! The manual way is timed twice: all stacks removed at once then waited for together (the
+//! quickest an operator could be), and stack after stack as a cleanup script would go.
+//! Needs an engine at DOCKER_HOST (`scripts/docker-engine.sh start`). Target: janitor ≥ 5× faster.
+//!
+//! `cargo bench --bench docker_reap [-- STACKS]` (default 10)
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ccci-run");
+const SUFFIX: &str = "bench.test";
+
+const COMPOSE: &str = r#"version: "3.8"
+services:
+  app:
+    image: ccci-test/busybox:latest
+    command: ["sleep", "100000"]
+    init: true
+    networks: [internal]
+    volumes: [data:/data]
+    secrets: [db_password]
+    configs: [{source: app_conf, target: /etc/app.conf}]
+    deploy: {endpoint_mode: dnsrr}
+  worker:
+    image: ccci-test/busybox:latest
+    command: ["sleep", "100000"]
+    networks: [internal]
+    volumes: [cache:/cache]
+    deploy: {endpoint_mode: dnsrr}
+networks:
+  internal: {driver: overlay}
+volumes:
+  data: {}
+  cache: {}
+secrets:
+  db_password: {file: ./secret.txt}
+configs:
+  app_conf: {file: ./conf.txt}
+"#;
+
+fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI");
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn stack(n: usize) -> String {
+    format!("bnch-{n:06x}_{}", SUFFIX.replace('.', "_"))
+}
+
+fn count(args: &[&str]) -> usize {
+    docker(args).lines().count()
+}
+
+/// Resources of any kind left for the bench stacks.
+fn leftovers() -> usize {
+    let name = "name=bnch-";
+    count(&["service", "ls", "-q", "--filter", name])
+        + count(&["ps", "-aq", "--filter", name])
+        + count(&["network", "ls", "-q", "--filter", name])
+        + count(&["volume", "ls", "-q", "--filter", name])
+        + count(&["secret", "ls", "-q", "--filter", name])
+        + count(&["config", "ls", "-q", "--filter", name])
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn deploy_all(dir: &Path, stacks: usize) {
+    std::fs::write(dir.join("secret.txt"), "s3cret\n").unwrap();
+    std::fs::write(dir.join("conf.txt"), "conf\n").unwrap();
+    std::fs::write(dir.join("compose.yml"), COMPOSE).unwrap();
+    let compose = dir.join("compose.yml");
+    for n in 0..stacks {
+        docker(&[
+            "stack",
+            "deploy",
+            "--resolve-image",
+            "never",
+            "-c",
+            compose.to_str().unwrap(),
+            &stack(n),
+        ]);
+    }
+    wait_until("every service running", || {
+        count(&["ps", "-q", "--filter", "name=bnch-"]) == 2 * stacks
+    });
+}
+
+fn main() {
+    if !Command::new("docker")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!(
+            "docker_reap: no Docker engine at DOCKER_HOST; start one with scripts/docker-engine.sh start"
+        );
+        return;
+    }
+    let stacks: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(10);
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(leftovers(), 0, "bench stacks left from an earlier run");
+
+    deploy_all(dir.path(), stacks);
+    let start = Instant::now();
+    let status = Command::new(BIN)
+        .arg("--lock-dir")
+        .arg(dir.path().join("locks"))
+        .arg("--abra-home")
+        .arg(dir.path().join("abra"))
+        .arg("--runs-dir")
+        .arg(dir.path().join("runs"))
+        .args([
+            "--domain-suffix",
+            SUFFIX,
+            "--docker",
+            "required",
+            "janitor",
+            "--json",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "janitor failed");
+    let janitor_exit = start.elapsed();
+    wait_until("janitor: nothing left", || leftovers() == 0);
+    let janitor = start.elapsed();
+
+    deploy_all(dir.path(), stacks);
+    let start = Instant::now();
+    for n in 0..stacks {
+        docker(&["stack", "rm", &stack(n)]);
+    }
+    wait_until("stack rm: services, containers and networks gone", || {
+        count(&["service", "ls", "-q", "--filter", "name=bnch-"]) == 0
+            && count(&["ps", "-aq", "--filter", "name=bnch-"]) == 0
+            && count(&["network", "ls", "-q", "--filter", "name=bnch-"]) == 0
+    });
+    let volumes: Vec<String> = docker(&["volume", "ls", "-q", "--filter", "name=bnch-"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut args = vec!["volume", "rm"];
+    args.extend(volumes.iter().map(String::as_str));
+    docker(&args);
+    wait_until("stack rm: nothing left", || leftovers() == 0);
+    let manual = start.elapsed();
+
+    // The same by hand, one stack after the other, as a cleanup script would go.
+    deploy_all(dir.path(), stacks);
+    let start = Instant::now();
+    for n in 0..stacks {
+        let s = stack(n);
+        docker(&["stack", "rm", &s]);
+        let name = format!("name={s}_");
+        wait_until("stack rm of one stack", || {
+            count(&["service", "ls", "-q", "--filter", &name]) == 0
+                && count(&["ps", "-aq", "--filter", &name]) == 0
+                && count(&["network", "ls", "-q", "--filter", &name]) == 0
+        });
+        let volumes: Vec<String> = docker(&["volume", "ls", "-q", "--filter", &name])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let mut args = vec!["volume", "rm"];
+        args.extend(volumes.iter().map(String::as_str));
+        docker(&args);
+    }
+    wait_until("sequential stack rm: nothing left", || leftovers() == 0);
+    let sequential = start.elapsed();
+
+    println!(
+        "docker_reap: {stacks} orphaned stacks (2 services, network, 2 volumes, secret, config each)"
+    );
+    println!(
+        "janitor:                 {:>8.3} s until nothing is left ({:.3} s until it exits)",
+        janitor.as_secs_f64(),
+        janitor_exit.as_secs_f64()
+    );
+    println!(
+        "docker stack rm of all, wait, volume rm:   {:>8.3} s  -> janitor {:.1}x faster",
+        manual.as_secs_f64(),
+        manual.as_secs_f64() / janitor.as_secs_f64()
+    );
+    println!(
+        "docker stack rm, wait, volume rm per stack: {:>8.3} s  -> janitor {:.1}x faster",
+        sequential.as_secs_f64(),
+        sequential.as_secs_f64() / janitor.as_secs_f64()
+    );
+    println!("target: janitor at least 5x faster");
+}
