@@ -29,13 +29,14 @@ running() {
   [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
 }
 
+# Wait until the daemon answers; $1 is its pid (the pidfile appears only once it is up).
 wait_ready() {
-  local i
+  local pid=$1 i
   for i in $(seq 1 300); do
     if docker version >/dev/null 2>&1; then
       return 0
     fi
-    if ! running; then
+    if ! kill -0 "$pid" 2>/dev/null; then
       log "dockerd exited; its log follows"
       cat "$base/dockerd.log" >&2
       return 1
@@ -60,7 +61,7 @@ start() {
     fi
     DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid dockerd "${flags[@]}" \
       >"$base/dockerd.log" 2>&1 </dev/null &
-    wait_ready
+    wait_ready $!
   fi
   if [ "$(docker info --format '{{.Swarm.LocalNodeState}}')" != active ]; then
     docker swarm init --advertise-addr 127.0.0.1 >/dev/null
