@@ -94,6 +94,9 @@ stop() {
     kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
     log "stopped (pid $pid)"
   fi
+  # Swarm leaves network namespaces and overlay mounts under the base; let go of them.
+  awk -v base="$base/" 'index($2, base) == 1 { print $2 }' /proc/mounts | sort -r |
+    while read -r mountpoint; do umount -l "$mountpoint" 2>/dev/null || true; done
 }
 
 case "${1:-}" in
