@@ -21,6 +21,7 @@ pub mod rundir;
 pub mod shutdown;
 pub mod signals;
 pub mod state;
+pub mod worker;
 
 #[cfg(target_os = "linux")]
 pub mod linux;

@@ -10,8 +10,8 @@
 //! only by closing the descriptor (process exit included), so a lock never outlives its holder.
 //!
 //! A blocking acquisition is ONE blocking `flock` call: the kernel queues blocked waiters, and
-//! re-entering the call loses the place. It runs on a helper thread ([`PendingLock`]) so that the
-//! main thread can keep watching signals and budgets without a window in which a signal goes
+//! re-entering the call loses the place. It runs on a [`Worker`] thread ([`PendingLock`]) so that
+//! the main thread can keep watching signals and budgets without a window in which a signal goes
 //! unnoticed; cancelling it interrupts the call with the kick signal.
 #![allow(clippy::disallowed_methods)]
 
@@ -19,13 +19,7 @@ use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::net::UnixStream;
-use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use nix::errno::Errno;
@@ -33,7 +27,7 @@ use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::{fstat, stat};
 use nix::unistd::Uid;
 
-use crate::linux;
+use crate::worker::Worker;
 
 /// Why a lock file (or its directory) could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -215,40 +209,24 @@ impl LockFile {
 
     /// Start ONE blocking exclusive flock on a helper thread.
     pub fn lock_in_background(self) -> Result<PendingLock, LockError> {
-        let path = self.path.clone();
-        let err = |e: io::Error| LockError::io("wait for", &path, e);
-        let (ready, notify) = UnixStream::pair().map_err(err)?;
-        let (tx, rx) = mpsc::channel();
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let stop = Arc::clone(&cancelled);
+        let path = self.path;
         let file = self.file;
-        let thread = std::thread::Builder::new()
-            .name("flock".to_owned())
-            .spawn(move || {
-                linux::block_all_signals_but_kick();
-                let mut file = file;
-                let outcome = loop {
-                    if stop.load(Ordering::SeqCst) {
-                        break Err(Errno::ECANCELED);
-                    }
-                    match Flock::lock(file, FlockArg::LockExclusive) {
-                        Ok(lock) => break Ok(lock),
-                        // Only a kick interrupts this thread, and a kick means "stop".
-                        Err((again, Errno::EINTR)) => file = again,
-                        Err((_, errno)) => break Err(errno),
-                    }
-                };
-                let _ = tx.send(outcome);
-                let _ = (&notify).write_all(&[1]);
-            })
-            .map_err(err)?;
-        Ok(PendingLock {
-            outcome: rx,
-            ready,
-            thread: Some(thread),
-            cancelled,
-            path: self.path,
+        let worker = Worker::spawn("flock", move |cancel| {
+            let mut file = file;
+            loop {
+                if cancel.is_cancelled() {
+                    return Err(Errno::ECANCELED);
+                }
+                match Flock::lock(file, FlockArg::LockExclusive) {
+                    Ok(lock) => return Ok(lock),
+                    // Only a kick interrupts this thread, and a kick means "look at the flag".
+                    Err((again, Errno::EINTR)) => file = again,
+                    Err((_, errno)) => return Err(errno),
+                }
+            }
         })
+        .map_err(|e| LockError::io("wait for", &path, e))?;
+        Ok(PendingLock { worker, path })
     }
 
     /// The holder metadata a holder wrote into the file (at most 4 KiB, lossily decoded).
@@ -329,30 +307,19 @@ impl HeldLock {
 /// A blocking flock under way on a helper thread.
 #[derive(Debug)]
 pub struct PendingLock {
-    outcome: Receiver<Result<Flock<File>, Errno>>,
-    ready: UnixStream,
-    thread: Option<JoinHandle<()>>,
-    cancelled: Arc<AtomicBool>,
+    worker: Worker<Result<Flock<File>, Errno>>,
     path: PathBuf,
 }
 
 impl PendingLock {
     /// Becomes readable when the flock call has returned.
     pub fn ready_fd(&self) -> BorrowedFd<'_> {
-        self.ready.as_fd()
+        self.worker.ready_fd()
     }
 
     /// The outcome, if the call has returned.
     pub fn try_finish(&mut self) -> Option<Result<HeldLock, LockError>> {
-        let outcome = match self.outcome.try_recv() {
-            Ok(outcome) => outcome,
-            Err(TryRecvError::Empty) => return None,
-            Err(TryRecvError::Disconnected) => Err(Errno::EPIPE),
-        };
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        Some(match outcome {
+        Some(match self.worker.try_finish()? {
             Ok(lock) => Ok(HeldLock {
                 lock,
                 path: self.path.clone(),
@@ -362,24 +329,8 @@ impl PendingLock {
     }
 
     /// Stop waiting: interrupt the call and let go of whatever it got.
-    pub fn cancel(mut self) {
-        self.cancelled.store(true, Ordering::SeqCst);
-        let Some(thread) = self.thread.take() else {
-            return;
-        };
-        let id = thread.as_pthread_t();
-        // The kick may land just before the thread enters flock; kick again until it answers.
-        for _ in 0..1000 {
-            linux::kick_thread(id);
-            match self.outcome.recv_timeout(Duration::from_millis(5)) {
-                Ok(_) | Err(RecvTimeoutError::Disconnected) => {
-                    let _ = thread.join();
-                    return;
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-        }
-        tracing::warn!(path = %self.path.display(), "flock helper thread did not stop; leaving it");
+    pub fn cancel(self) {
+        drop(self.worker.cancel());
     }
 }
 

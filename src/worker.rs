@@ -1,0 +1,133 @@
+//! Blocking work the main thread must be able to walk away from: a parked `flock`, a recipe
+//! fetch that hangs on a silent server.
+//!
+//! The work runs on a helper thread that blocks every signal but the kick, so process-directed
+//! signals keep going to the main thread, which waits on [`Worker::ready_fd`] and the signal
+//! funnel together — no window in which a signal goes unnoticed. To stop the work, [`cancel`]
+//! raises a flag the work checks and kicks the thread until it answers, which interrupts a
+//! blocking system call with `EINTR` (the kick's handler has no `SA_RESTART`).
+//!
+//! [`cancel`]: Worker::cancel
+
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::linux;
+
+/// How long [`Worker::cancel`] keeps kicking before it leaves the thread to the process's exit.
+const CANCEL_PATIENCE: Duration = Duration::from_secs(5);
+const KICK_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Set once the owner wants the work to stop; the work checks it whenever it can.
+#[derive(Debug, Clone, Default)]
+pub struct CancelFlag(Arc<AtomicBool>);
+
+impl CancelFlag {
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Work under way on a helper thread, producing a `T`.
+#[derive(Debug)]
+pub struct Worker<T> {
+    outcome: Receiver<T>,
+    ready: UnixStream,
+    thread: Option<JoinHandle<()>>,
+    flag: CancelFlag,
+    name: &'static str,
+}
+
+impl<T: Send + 'static> Worker<T> {
+    /// Start `work` on a thread called `name`.
+    pub fn spawn(
+        name: &'static str,
+        work: impl FnOnce(&CancelFlag) -> T + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let (ready, notify) = UnixStream::pair()?;
+        let (tx, rx) = mpsc::channel();
+        let flag = CancelFlag::default();
+        let thread_flag = flag.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                linux::block_all_signals_but_kick();
+                let outcome = work(&thread_flag);
+                // The outcome first: when `ready` turns readable, it is there to take.
+                let _ = tx.send(outcome);
+                let _ = (&notify).write_all(&[1]);
+            })?;
+        Ok(Self {
+            outcome: rx,
+            ready,
+            thread: Some(thread),
+            flag,
+            name,
+        })
+    }
+
+    /// Becomes readable once the work is done.
+    pub fn ready_fd(&self) -> BorrowedFd<'_> {
+        self.ready.as_fd()
+    }
+
+    /// The outcome, if the work is done.
+    pub fn try_finish(&mut self) -> Option<T> {
+        match self.outcome.try_recv() {
+            Ok(outcome) => {
+                self.join();
+                Some(outcome)
+            }
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => {
+                self.join();
+                None
+            }
+        }
+    }
+
+    /// Stop the work: raise the flag and kick the thread until it answers. Returns what it
+    /// produced, if it got that far (a lock it acquired meanwhile, say: dropping it lets go).
+    pub fn cancel(mut self) -> Option<T> {
+        self.flag.cancel();
+        let thread = self.thread.take()?;
+        let id = thread.as_pthread_t();
+        let rounds = CANCEL_PATIENCE.as_millis() / KICK_INTERVAL.as_millis();
+        for _ in 0..rounds {
+            linux::kick_thread(id);
+            match self.outcome.recv_timeout(KICK_INTERVAL) {
+                Ok(outcome) => {
+                    let _ = thread.join();
+                    return Some(outcome);
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = thread.join();
+                    return None;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+        tracing::warn!(
+            thread = self.name,
+            "helper thread did not stop within {CANCEL_PATIENCE:?}; leaving it to the process's exit"
+        );
+        None
+    }
+
+    fn join(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
