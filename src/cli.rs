@@ -191,8 +191,16 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_teardown: bool,
     /// Leave $ABRA_DIR/recipes empty instead of fetching the recipe.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "skip_fetch")]
     pub no_fetch: bool,
+    /// Copy the staged <abra-home>/recipes/<recipe> (with its .git) instead of fetching.
+    #[arg(long, env = "CCCI_SKIP_FETCH", value_parser = clap::builder::BoolishValueParser::new())]
+    pub skip_fetch: bool,
+    /// Where to clone the recipe from (https, a path or file://)
+    /// [default: $CCCI_RECIPE_URL_TEMPLATE with {recipe} filled in, else
+    /// https://git.coopcloud.tech/coop-cloud/{recipe}.git].
+    #[arg(long, value_name = "URL")]
+    pub recipe_url: Option<String>,
     /// The command to supervise.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -273,8 +281,19 @@ pub struct RunConfig {
     pub expect_parent: Option<i32>,
     pub on_teardown: Option<String>,
     pub no_teardown: bool,
-    pub no_fetch: bool,
+    pub fetch: Fetch,
     pub command: Vec<OsString>,
+}
+
+/// How the recipe gets into the run's tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetch {
+    /// Leave `recipes/` empty.
+    Skip,
+    /// Copy the staged canonical clone.
+    CopyStaged,
+    /// Clone from this URL (it may hold credentials: show it only through `fetch::redact`).
+    Clone { url: String },
 }
 
 impl RunArgs {
@@ -282,6 +301,20 @@ impl RunArgs {
         let identity = self.identity.validate(&global.suffix)?;
         let drone_build = std::env::var("DRONE_BUILD_NUMBER").ok();
         let run_id = RunId::resolve(self.run_id.as_deref(), drone_build.as_deref())?;
+        let fetch = if self.no_fetch {
+            Fetch::Skip
+        } else if self.skip_fetch {
+            Fetch::CopyStaged
+        } else {
+            let template = std::env::var("CCCI_RECIPE_URL_TEMPLATE").ok();
+            Fetch::Clone {
+                url: crate::fetch::recipe_url(
+                    self.recipe_url.as_deref(),
+                    template.as_deref(),
+                    &identity.recipe,
+                ),
+            }
+        };
         Ok(RunConfig {
             identity,
             run_id,
@@ -291,7 +324,7 @@ impl RunArgs {
             expect_parent: self.expect_parent,
             on_teardown: self.on_teardown.clone(),
             no_teardown: self.no_teardown,
-            no_fetch: self.no_fetch,
+            fetch,
             command: self.command.clone(),
         })
     }

@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod cli;
 pub mod docker;
 pub mod exit;
+pub mod fetch;
 pub mod janitor;
 pub mod lock;
 pub mod locks;

@@ -37,6 +37,10 @@ pub struct RunRecord {
     pub pid: u32,
     pub host: String,
     pub abra_dir: String,
+    /// Where the recipe was fetched from, credentials redacted.
+    pub recipe_url: Option<String>,
+    /// The commit checked out in the run's recipe tree.
+    pub commit: Option<String>,
     pub command: Vec<String>,
     pub phases: Vec<Phase>,
     /// `command-ended`, `SIGTERM`, `SIGINT`, `SIGHUP` or `deadline`.

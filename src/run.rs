@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use crate::cli::{DockerMode, Global, RunConfig};
+use crate::cli::{DockerMode, Fetch, Global, RunConfig};
 use crate::docker::{DockerError, DockerSeam};
 use crate::exit;
+use crate::fetch::{self, FetchError, FetchSpec};
 use crate::janitor::{self, Decision};
 use crate::linux;
 use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
@@ -29,6 +30,7 @@ use crate::rundir::{RunDir, RunDirError};
 use crate::shutdown::{Action, Escalation, Event, ShutdownReason};
 use crate::signals::{Arrived, InstallError, SignalFunnel};
 use crate::state::{StateError, StateFiles};
+use crate::worker::Worker;
 
 /// How many kill-and-reap passes teardown makes over leftover descendants before giving up.
 const DESCENDANT_KILL_ROUNDS: usize = 100;
@@ -57,10 +59,8 @@ pub enum RunError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error(
-        "fetching recipe {0} is not available in this build; pass --no-fetch and stage the recipe yourself"
-    )]
-    FetchUnavailable(String),
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
 }
 
 /// Install the lifetime guards: the parent-death signal, the signal funnel, the orphan check,
@@ -95,6 +95,8 @@ fn install_guards(start_ppid: Pid, cfg: &RunConfig) -> Result<SignalFunnel, RunE
 /// Run the `run` subcommand; returns the exit code.
 pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
     let funnel = install_guards(start_ppid, cfg)?;
+    // Before any helper thread exists: libgit2 calls setenv when it first starts.
+    fetch::init_git();
     let pid = std::process::id();
     let holder = Holder::this_process(cfg.run_id.as_str());
     let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
@@ -167,10 +169,36 @@ impl Run<'_> {
         self.save();
 
         let identity = &self.cfg.identity;
-        if !self.cfg.no_fetch {
-            return Err(RunError::FetchUnavailable(identity.recipe.to_string()));
+        let recipe_dir = abra_dir.join("recipes").join(identity.recipe.as_str());
+        match &self.cfg.fetch {
+            Fetch::Skip => self.record.enter("fetch-skipped"),
+            Fetch::CopyStaged => {
+                let staged = self
+                    .global
+                    .abra_home
+                    .join("recipes")
+                    .join(identity.recipe.as_str());
+                fetch::copy_staged(&staged, &recipe_dir)?;
+                self.record.enter("fetch-copied");
+            }
+            Fetch::Clone { url } => {
+                self.record.recipe_url = Some(fetch::redact(url));
+                let spec = FetchSpec {
+                    url: url.clone(),
+                    pr: identity.pr.clone(),
+                    git_ref: identity.git_ref.clone(),
+                    dest: recipe_dir.clone(),
+                };
+                match self.fetch_recipe(spec)? {
+                    Ok(commit) => {
+                        self.record.commit = Some(commit);
+                        self.record.enter("fetch");
+                    }
+                    Err(event) => return Ok(self.supervise_and_tear_down(VecDeque::from([event]))),
+                }
+            }
         }
-        self.record.enter("fetch-skipped");
+        self.save();
         report::line(&format!(
             "== run {}: {} (stack {}), ABRA_DIR={} ==",
             self.cfg.run_id,
@@ -216,7 +244,6 @@ impl Run<'_> {
         self.save();
 
         self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
-        let recipe_dir = abra_dir.join("recipes").join(identity.recipe.as_str());
         self.env = [
             ("ABRA_DIR", abra_dir.into_os_string()),
             ("CCCI_RUN_ID", self.cfg.run_id.as_str().into()),
@@ -232,6 +259,25 @@ impl Run<'_> {
 
         let early = shutdown_events(&self.funnel.pending()).collect();
         Ok(self.supervise_and_tear_down(early))
+    }
+
+    /// Step 3: clone on a worker thread; a signal or the deadline ends a hanging fetch at once.
+    /// `Ok(Err(event))` is such an ending.
+    fn fetch_recipe(&mut self, spec: FetchSpec) -> Result<Result<String, Event>, RunError> {
+        let mut worker = Worker::spawn("fetch", move |cancel| fetch::fetch(&spec, cancel))
+            .map_err(|e| RunError::Fetch(FetchError::Start(e)))?;
+        loop {
+            let (arrived, ready) = self.funnel.wait_or(Some(worker.ready_fd()), None);
+            if let Some(event) = shutdown_events(&arrived).next() {
+                drop(worker.cancel());
+                return Ok(Err(event));
+            }
+            if ready {
+                if let Some(outcome) = worker.try_finish() {
+                    return Ok(Ok(outcome?.to_string()));
+                }
+            }
+        }
     }
 
     /// Step 4: a janitor sweep. Whatever goes wrong is logged; it never stops the run.

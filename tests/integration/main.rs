@@ -3,6 +3,7 @@
 mod app_lock;
 mod cli;
 mod docker;
+mod fetch;
 mod janitor;
 mod run_dirs;
 mod run_exit;

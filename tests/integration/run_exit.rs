@@ -75,19 +75,3 @@ fn failing_teardown_hook_is_recorded_but_keeps_the_exit_code() {
     let errors = sandbox.record("4")["teardown_errors"].clone();
     assert_eq!(errors.as_array().unwrap().len(), 1, "{errors}");
 }
-
-#[test]
-fn fetching_without_no_fetch_is_refused_with_125() {
-    let sandbox = Sandbox::new();
-    let mut cmd = sandbox.ccci();
-    cmd.args(["run", "--recipe", "x", "--run-id", "5", "--", "true"]);
-    let done = run(cmd);
-    done.assert_code(125);
-    done.assert_stderr_has("pass --no-fetch");
-    assert!(
-        sandbox.record("5")["error"]
-            .as_str()
-            .unwrap()
-            .contains("fetching")
-    );
-}
