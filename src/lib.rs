@@ -22,6 +22,7 @@ pub mod rundir;
 pub mod shutdown;
 pub mod signals;
 pub mod state;
+pub mod supervise;
 pub mod worker;
 
 #[cfg(target_os = "linux")]

@@ -23,17 +23,15 @@ use crate::fetch::{self, FetchError, FetchSpec};
 use crate::janitor::{self, Decision};
 use crate::linux;
 use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
-use crate::process::{self, ChildStatus, CommandSpec, ProcessGroup};
+use crate::process::{ChildStatus, CommandSpec};
 use crate::record::RunRecord;
 use crate::report;
 use crate::rundir::{RunDir, RunDirError};
-use crate::shutdown::{Action, Escalation, Event, ShutdownReason};
-use crate::signals::{Arrived, InstallError, SignalFunnel};
+use crate::shutdown::Event;
+use crate::signals::{InstallError, SignalFunnel};
 use crate::state::{StateError, StateFiles};
+use crate::supervise::{Supervisor, shutdown_events};
 use crate::worker::Worker;
-
-/// How many kill-and-reap passes teardown makes over leftover descendants before giving up.
-const DESCENDANT_KILL_ROUNDS: usize = 100;
 
 /// Ways a run fails before or around its command; all of them are exit 125.
 #[derive(Debug, thiserror::Error)]
@@ -369,115 +367,61 @@ impl Run<'_> {
         }
     }
 
-    /// Start the command (unless a way out already happened), wait for a way out, tear down.
-    fn supervise_and_tear_down(&mut self, mut early: VecDeque<Event>) -> u8 {
-        let mut leader = None;
-        if early.is_empty() {
-            let (program, args) = self
-                .cfg
-                .command
-                .split_first()
-                .expect("clap requires a command");
-            let spec = CommandSpec {
-                program: program.clone(),
-                args: args.to_vec(),
-                env: self.env.clone(),
-                cwd: None,
-            };
-            match process::spawn_group(&spec) {
-                Ok(started) => {
-                    tracing::info!(pid = started.0.as_raw(), "command started");
-                    leader = Some(started);
-                }
-                Err(err) => {
-                    report::line(&format!("ccci-run: {err}"));
-                    early.push_back(Event::CommandEnded(err.status()));
-                }
-            }
+    fn supervisor(&self) -> Supervisor<'_> {
+        Supervisor {
+            funnel: &self.funnel,
+            kill_grace: self.cfg.kill_grace,
+            deadline: self.cfg.deadline,
+            forward_signals: false,
         }
-        self.record.enter("command");
-        self.save();
+    }
 
-        let escalation = self.stop_group(leader, early);
-        let reason = escalation
-            .reason()
-            .expect("the group only stops after teardown began");
-        self.record.killed_after_grace = escalation.escalated();
+    /// Start the command (unless a way out already happened), wait for a way out, tear down.
+    fn supervise_and_tear_down(&mut self, early: VecDeque<Event>) -> u8 {
+        let (program, args) = self
+            .cfg
+            .command
+            .split_first()
+            .expect("clap requires a command");
+        let spec = CommandSpec {
+            program: program.clone(),
+            args: args.to_vec(),
+            env: self.env.clone(),
+            cwd: None,
+        };
+        if early.is_empty() {
+            self.record.enter("command");
+            self.save();
+        }
+        // Built from the fields it needs, so the record can be written as teardown begins.
+        let record = &mut self.record;
+        let record_path = &self.record_path;
+        let supervisor = Supervisor {
+            funnel: &self.funnel,
+            kill_grace: self.cfg.kill_grace,
+            deadline: self.cfg.deadline,
+            forward_signals: false,
+        };
+        let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
+            record.shutdown_reason = Some(reason.name());
+            record.enter("teardown");
+            if let Err(err) = record.write(record_path) {
+                tracing::warn!(path = %record_path.display(), "failed to write run record: {err}");
+            }
+        });
+        self.record.command_status = stopped
+            .command_status
+            .and_then(|s| serde_json::to_value(s).ok());
+        self.record.killed_after_grace = stopped.killed_after_grace;
+        for err in stopped.errors {
+            self.teardown_error(err);
+        }
         self.teardown();
-        let code = reason.exit_code();
+        let code = stopped.reason.exit_code();
         self.record.exit_code = Some(code);
         self.record.enter("finished");
         self.save();
         code
-    }
-
-    /// The supervision loop: feed what happens to the escalation until the group is gone.
-    fn stop_group(
-        &mut self,
-        leader: Option<(Pid, ProcessGroup)>,
-        mut events: VecDeque<Event>,
-    ) -> Escalation {
-        let mut escalation = Escalation::new();
-        let mut grace_until: Option<Instant> = None;
-        loop {
-            while let Some(event) = events.pop_front() {
-                if let Event::CommandEnded(status) = event {
-                    self.record.command_status = serde_json::to_value(status).ok();
-                }
-                match escalation.handle(event) {
-                    Action::BeginTeardown(reason) => {
-                        self.begin_teardown(reason, leader.map(|l| l.1));
-                        grace_until = Some(Instant::now() + self.cfg.kill_grace);
-                    }
-                    Action::Ignore(event) => report_ignored(event),
-                    Action::KillGroup => {
-                        report::line(&format!(
-                            "== process group still alive after {} grace — sending SIGKILL ==",
-                            humantime::format_duration(self.cfg.kill_grace)
-                        ));
-                        if let Some((_, group)) = leader {
-                            if let Err(err) = group.signal(Signal::SIGKILL) {
-                                self.teardown_error(format!("failed to kill process group: {err}"));
-                            }
-                        }
-                    }
-                    Action::GroupStopped | Action::None => {}
-                }
-            }
-            if escalation.stopped() {
-                return escalation;
-            }
-            if escalation.tearing_down() && leader.is_none_or(|(_, group)| group.is_empty()) {
-                events.push_back(Event::GroupEmpty);
-                continue;
-            }
-            let timeout = grace_until.map(|t| t.saturating_duration_since(Instant::now()));
-            events.extend(shutdown_events(&self.funnel.wait(timeout)));
-            for (pid, status) in process::reap_ready() {
-                if leader.is_some_and(|(leader, _)| leader == pid) {
-                    events.push_back(Event::CommandEnded(status));
-                }
-            }
-            if grace_until.is_some_and(|t| Instant::now() >= t) {
-                grace_until = None;
-                events.push_back(Event::GraceElapsed);
-            }
-        }
-    }
-
-    fn begin_teardown(&mut self, reason: ShutdownReason, group: Option<ProcessGroup>) {
-        match reason.teardown_line(self.cfg.deadline) {
-            Some(line) => report::line(&line),
-            None => tracing::info!(code = reason.exit_code(), "command ended; tearing down"),
-        }
-        self.record.shutdown_reason = Some(reason.name());
-        self.record.enter("teardown");
-        self.save();
-        if let Some(group) = group {
-            if let Err(err) = group.terminate() {
-                self.teardown_error(format!("failed to signal process group: {err}"));
-            }
-        }
     }
 
     /// Everything after the command's group is gone. Signals are reported and ignored here.
@@ -514,37 +458,19 @@ impl Run<'_> {
             env: self.env.clone(),
             cwd: None,
         };
-        let pid = match process::spawn_group(&spec) {
-            Ok((pid, _)) => pid,
-            Err(err) => return self.teardown_error(format!("--on-teardown: {err}")),
-        };
-        let status = loop {
-            if let Some((_, status)) = process::reap_ready().into_iter().find(|(p, _)| *p == pid) {
-                break status;
-            }
-            for event in shutdown_events(&self.funnel.wait(None)) {
-                report_ignored(event);
-            }
-        };
-        if status != ChildStatus::Exited(0) {
-            self.teardown_error(format!(
+        match self.supervisor().run_to_end(&spec) {
+            Ok(ChildStatus::Exited(0)) => {}
+            Ok(status) => self.teardown_error(format!(
                 "--on-teardown command failed with exit code {}",
                 status.exit_code()
-            ));
+            )),
+            Err(err) => self.teardown_error(format!("--on-teardown: {err}")),
         }
     }
 
     fn kill_leftover_descendants(&mut self) {
-        let funnel = &self.funnel;
-        let survivors = process::kill_descendants(DESCENDANT_KILL_ROUNDS, || {
-            for event in shutdown_events(&funnel.wait(Some(Duration::from_millis(20)))) {
-                report_ignored(event);
-            }
-        });
-        if !survivors.is_empty() {
-            self.teardown_error(format!(
-                "descendants survived SIGKILL (uninterruptible?): {survivors:?}"
-            ));
+        if let Err(err) = self.supervisor().kill_leftover_descendants() {
+            self.teardown_error(err);
         }
     }
 
@@ -558,26 +484,5 @@ impl Run<'_> {
         if let Err(err) = self.record.write(&self.record_path) {
             tracing::warn!(path = %self.record_path.display(), "failed to write run record: {err}");
         }
-    }
-}
-
-/// Turn caught signals into supervision events (SIGCHLD only wakes the loop up).
-fn shutdown_events(arrived: &Arrived) -> impl Iterator<Item = Event> + '_ {
-    arrived.iter().filter_map(|signal| match signal {
-        Signal::SIGALRM => Some(Event::Deadline),
-        Signal::SIGCHLD => None,
-        other => Some(Event::Signal(other)),
-    })
-}
-
-fn report_ignored(event: Event) {
-    match event {
-        Event::Signal(signal) => {
-            report::line(&format!(
-                "== {signal} received during teardown — ignored =="
-            ));
-        }
-        Event::Deadline => report::line("== hard deadline passed during teardown — ignored =="),
-        _ => {}
     }
 }
