@@ -118,8 +118,31 @@ pub enum Command {
     Janitor(JanitorArgs),
     /// List every lock file in the lock dir: held or not, holders, age.
     Locks(LocksArgs),
+    /// Run COMMAND holding a fair, bounded, named host lock.
+    Lock(LockArgs),
     /// Print the app domain of a recipe run, and its stack name on a second line.
     AppDomain(IdentityArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// The lock's name: `<lock-dir>/ccci-<NAME>.lock`.
+    pub name: String,
+    /// Give up after SECS (exit 75) [default: wait as long as it takes].
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub wait: Option<Duration>,
+    /// Queue class: fast tickets go before normal ones.
+    #[arg(long, value_name = "CLASS", default_value = "normal")]
+    pub class: crate::namedlock::Class,
+    /// A normal ticket that waited this long joins the fast class, keeping its place.
+    #[arg(long, value_name = "SECS", default_value = "1200", value_parser = parse_seconds)]
+    pub promote_after: Duration,
+    /// Seconds between the forwarded signal and SIGKILL of COMMAND's process group.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds)]
+    pub kill_grace: Duration,
+    /// The command to run while holding the lock.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]

@@ -13,6 +13,7 @@ pub mod fetch;
 pub mod janitor;
 pub mod lock;
 pub mod locks;
+pub mod namedlock;
 pub mod names;
 pub mod process;
 pub mod record;
@@ -42,6 +43,8 @@ pub enum Error {
     Invalid(#[from] names::NameError),
     #[error(transparent)]
     Run(#[from] run::RunError),
+    #[error(transparent)]
+    NamedLock(#[from] namedlock::NamedLockError),
     #[error("failed to write metrics file {path}: {source}")]
     Metrics {
         path: std::path::PathBuf,
@@ -58,7 +61,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Invalid(_) => exit::USAGE,
-            Self::Run(_) => exit::INTERNAL,
+            Self::Run(_) | Self::NamedLock(_) => exit::INTERNAL,
             Self::Metrics { .. } | Self::LockDir { .. } => exit::FAILURE,
         }
     }
@@ -99,6 +102,17 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
                 }
             }
             Ok(if report.failed() { exit::FAILURE } else { 0 })
+        }
+        Command::Lock(args) => {
+            let opts = namedlock::LockOptions {
+                name: names::LockName::parse(&args.name)?,
+                wait: args.wait,
+                class: args.class,
+                promote_after: args.promote_after,
+                kill_grace: args.kill_grace,
+                command: args.command,
+            };
+            Ok(namedlock::run(&global.lock_dir, &opts)?)
         }
         Command::Locks(args) => {
             let long_held = Duration::from_secs(args.long_held);

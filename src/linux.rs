@@ -247,6 +247,27 @@ pub fn dev_minor(dev: u64) -> u32 {
     nix::sys::stat::minor(dev) as u32
 }
 
+/// True when `pid` is this process's parent, grandparent, ... (walking `/proc`).
+pub fn is_ancestor(pid: Pid) -> bool {
+    let mut current = nix::unistd::getppid();
+    for _ in 0..4096 {
+        if current == pid {
+            return true;
+        }
+        if current.as_raw() <= 1 {
+            return false;
+        }
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{current}/stat")) else {
+            return false;
+        };
+        match parse_stat(&text) {
+            Some(stat) => current = stat.ppid,
+            None => return false,
+        }
+    }
+    false
+}
+
 /// Send `signal` to one process; a process that is already gone is not an error.
 pub fn signal_process(pid: Pid, signal: Signal) -> nix::Result<()> {
     match nix::sys::signal::kill(pid, signal) {

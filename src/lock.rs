@@ -18,7 +18,7 @@
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -77,6 +77,41 @@ pub fn prepare_dir(dir: &Path) -> Result<(), LockError> {
         });
     }
     check_dir(dir)
+}
+
+/// Make sure `dir` exists as a private directory of ours (mode 0700 when created): a real
+/// directory, not a link, owned by us, writable by nobody else.
+pub fn prepare_private_dir(dir: &Path) -> Result<(), LockError> {
+    let unsafe_dir = |why: String| LockError::UnsafeDir {
+        path: dir.to_owned(),
+        why,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(unsafe_dir(format!("cannot create it: {err}"))),
+    }
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| unsafe_dir(format!("cannot inspect it: {e}")))?;
+    if !meta.file_type().is_dir() {
+        return Err(unsafe_dir(
+            "it is not a directory (or is a symbolic link)".to_owned(),
+        ));
+    }
+    let us = Uid::effective().as_raw();
+    if meta.uid() != us {
+        return Err(unsafe_dir(format!(
+            "it is owned by uid {}, not by us (uid {us})",
+            meta.uid()
+        )));
+    }
+    if meta.permissions().mode() & 0o022 != 0 {
+        return Err(unsafe_dir(format!(
+            "mode {:o} lets others add or remove entries",
+            meta.permissions().mode() & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 /// The safety rules of [`prepare_dir`], without creating anything.
@@ -207,6 +242,19 @@ impl LockFile {
         }
     }
 
+    /// Take the lock, blocking in this thread. Only for locks held for an instant (a counter's
+    /// read-increment-write): a signal makes it return `EINTR` with the file handed back.
+    pub fn lock_briefly(self) -> Result<HeldLock, (LockFile, LockError)> {
+        let path = self.path;
+        match Flock::lock(self.file, FlockArg::LockExclusive) {
+            Ok(lock) => Ok(HeldLock { lock, path }),
+            Err((file, errno)) => {
+                let err = LockError::io("lock", &path, errno);
+                Err((Self { file, path }, err))
+            }
+        }
+    }
+
     /// Start ONE blocking exclusive flock on a helper thread.
     pub fn lock_in_background(self) -> Result<PendingLock, LockError> {
         let path = self.path;
@@ -284,6 +332,11 @@ impl HeldLock {
 
     pub fn read_holder(&self) -> String {
         read_holder(&self.lock)
+    }
+
+    /// The locked file, for reading and writing what it holds.
+    pub fn file(&self) -> &File {
+        &self.lock
     }
 
     pub fn age(&self) -> Option<Duration> {

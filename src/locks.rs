@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::linux::{self, ProcLock};
 use crate::lock::Holder;
+use crate::namedlock::{Queue, QueuedTicket};
 use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -43,6 +44,9 @@ pub struct LockInfo {
     pub long_held: bool,
     /// Why this file is suspicious (a symlink, not a regular file, another user's).
     pub problem: Option<String>,
+    /// A named lock's queue, in queue order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Vec<QueuedTicket>>,
 }
 
 fn classify(file_name: &str) -> Option<(LockKind, &str)> {
@@ -102,7 +106,13 @@ fn describe(
         age_s: None,
         long_held: false,
         problem: None,
+        queue: None,
     };
+    if kind == LockKind::Named {
+        let mut dir = path.as_os_str().to_owned();
+        dir.push(".queue");
+        info.queue = Some(Queue::existing(PathBuf::from(dir)).scan());
+    }
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(err) => {
@@ -190,6 +200,21 @@ pub fn render_table(locks: &[LockInfo]) -> String {
         }
         if l.long_held {
             notes.push("LONG-HELD".to_owned());
+        }
+        if let Some(queue) = l.queue.as_ref().filter(|q| !q.is_empty()) {
+            let tickets: Vec<String> = queue
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{} {} pid {} {}s",
+                        t.ticket.seq,
+                        t.ticket.class.as_str(),
+                        t.ticket.pid,
+                        t.age_s
+                    )
+                })
+                .collect();
+            notes.push(format!("queue: {}", tickets.join(", ")));
         }
         if let Some(problem) = &l.problem {
             notes.push(format!("!! {problem}"));

@@ -5,6 +5,7 @@ mod cli;
 mod docker;
 mod fetch;
 mod janitor;
+mod named_lock;
 mod run_dirs;
 mod run_exit;
 mod run_guards;

@@ -1,0 +1,370 @@
+//! `ccci-run lock NAME`: the fair ticket queue, with real waiters, real flocks and real signals.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use nix::sys::signal::Signal;
+use rstest::rstest;
+
+use crate::util::{Proc, Sandbox, Stream, list, run, sh_quote, signal, wait_exited};
+
+const WAITING: &str = "waiting as queue ticket";
+
+fn lock_cmd(sandbox: &Sandbox, extra: &[&str], script: &str) -> Command {
+    let mut cmd = sandbox.ccci();
+    cmd.args(["lock", "shared"])
+        .args(extra)
+        .args(["--", "sh", "-c", script]);
+    cmd
+}
+
+fn queue(sandbox: &Sandbox) -> PathBuf {
+    sandbox.locks().join("ccci-shared.lock.queue")
+}
+
+fn tickets(sandbox: &Sandbox) -> Vec<String> {
+    list(&queue(sandbox))
+        .into_iter()
+        .filter(|n| !n.starts_with('.'))
+        .collect()
+}
+
+/// A holder whose command waits on its stdin: close it to release the lock.
+fn holder(sandbox: &Sandbox) -> Proc {
+    let mut h = Proc::spawn(lock_cmd(sandbox, &[], "echo ready $$; read line || :"));
+    h.wait_ready();
+    h
+}
+
+/// Start a waiter whose command appends `id` to `log`; returns once it printed its waiting line.
+fn waiter(sandbox: &Sandbox, log: &Path, id: &str, extra: &[&str]) -> Proc {
+    let script = format!("echo {id} >> {}", sh_quote(log));
+    let mut w = Proc::spawn(lock_cmd(sandbox, extra, &script));
+    w.wait_for(Stream::Err, WAITING);
+    w
+}
+
+fn set_age(path: &Path, age: Duration) {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(SystemTime::now() - age)
+        .unwrap();
+}
+
+fn order(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn waiters_are_served_in_arrival_order() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = holder(&sandbox);
+    let waiters: Vec<Proc> = (1..=5)
+        .map(|n| waiter(&sandbox, &log, &format!("w{n}"), &[]))
+        .collect();
+    h.close_stdin();
+    h.finish().assert_code(0);
+    for w in waiters {
+        w.finish().assert_code(0);
+    }
+    assert_eq!(order(&log), ["w1", "w2", "w3", "w4", "w5"]);
+    assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
+}
+
+/// A fast ticket goes before normal tickets still waiting, though not before a normal head
+/// already parked in the kernel (it keeps its place there).
+#[test]
+fn fast_ticket_overtakes_waiting_normal_ones_behind_a_parked_head() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = holder(&sandbox);
+    let n1 = waiter(&sandbox, &log, "n1", &[]);
+    let n2 = waiter(&sandbox, &log, "n2", &[]);
+    let f = waiter(&sandbox, &log, "f", &["--class", "fast"]);
+    h.close_stdin();
+    h.finish().assert_code(0);
+    for w in [n1, n2, f] {
+        w.finish().assert_code(0);
+    }
+    assert_eq!(order(&log), ["n1", "f", "n2"]);
+}
+
+/// A normal ticket that waited past --promote-after goes before a fast one that came later.
+#[test]
+fn promoted_normal_ticket_goes_before_a_later_fast_one() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = holder(&sandbox);
+    let n1 = waiter(&sandbox, &log, "n1", &[]);
+    let mut n2 = waiter(&sandbox, &log, "n2", &["--promote-after", "0.5"]);
+    n2.wait_for(Stream::Err, "promoted to the fast class");
+    let f = waiter(&sandbox, &log, "f", &["--class", "fast"]);
+    h.close_stdin();
+    h.finish().assert_code(0);
+    for w in [n1, n2, f] {
+        w.finish().assert_code(0);
+    }
+    assert_eq!(order(&log), ["n1", "n2", "f"]);
+}
+
+/// The parked head keeps touching its ticket, so another waiter's reaper never takes it for
+/// stale and jumps the queue.
+#[test]
+fn parked_head_s_ticket_survives_another_waiter_s_reaper() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = holder(&sandbox);
+    let n1 = waiter(&sandbox, &log, "n1", &[]);
+    let head = queue(&sandbox).join(tickets(&sandbox)[0].clone());
+    // Make it look abandoned, then wait (inotify, not a sleep) for its keepalive to touch it.
+    let mut watch = inotify::Inotify::init().unwrap();
+    watch
+        .watches()
+        .add(&head, inotify::WatchMask::ATTRIB)
+        .unwrap();
+    set_age(&head, Duration::from_secs(7200));
+    let mut buf = [0u8; 1024];
+    let _ = watch.read_events(&mut buf); // the ATTRIB of our own set_age
+    let mut fds = [nix::poll::PollFd::new(
+        watch.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10_000u16)).unwrap();
+    assert_eq!(n, 1, "the parked head did not touch its ticket within 10 s");
+    let n2 = waiter(&sandbox, &log, "n2", &[]);
+    assert!(
+        head.exists(),
+        "another waiter reaped the parked head's ticket"
+    );
+    h.close_stdin();
+    h.finish().assert_code(0);
+    for w in [n1, n2] {
+        w.finish().assert_code(0);
+    }
+    assert_eq!(order(&log), ["n1", "n2"]);
+}
+
+#[test]
+fn dead_and_stale_tickets_are_reaped_by_whoever_looks() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(queue(&sandbox)).unwrap();
+    std::fs::set_permissions(
+        queue(&sandbox),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead_pid = gone.id();
+    gone.wait().unwrap();
+    let dead = queue(&sandbox).join(format!("1-000000000000-{dead_pid}"));
+    std::fs::write(&dead, "").unwrap();
+    set_age(&dead, Duration::from_secs(20));
+    // Alive (pid 1 never dies) but untouched for two hours: a recycled pid.
+    let stale = queue(&sandbox).join("0-000000000001-1");
+    std::fs::write(&stale, "").unwrap();
+    set_age(&stale, Duration::from_secs(7200));
+    let done = run(lock_cmd(&sandbox, &["--wait", "30"], "echo got-it"));
+    done.assert_code(0);
+    assert_eq!(done.out, ["got-it"]);
+    assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
+}
+
+#[test]
+fn timeout_names_the_ticket_and_the_head_exits_75_and_cleans_up() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = holder(&sandbox);
+    // The only ticket queued: it is the head itself.
+    let done = run(lock_cmd(&sandbox, &["--wait", "0.3"], "echo must-not-run"));
+    done.assert_code(75);
+    done.assert_stderr_has(
+        "lock shared not acquired within 0.3 s as queue ticket 1 (normal); (no other ticket queued)",
+    );
+    // Behind a parked head.
+    let n1 = waiter(&sandbox, &log, "n1", &[]);
+    let done = run(lock_cmd(
+        &sandbox,
+        &["--wait", "0.3", "--class", "normal"],
+        "echo must-not-run",
+    ));
+    done.assert_code(75);
+    done.assert_stderr_has(
+        "not acquired within 0.3 s as queue ticket 3 (normal); head of queue is 2 (normal, pid",
+    );
+    assert!(done.out.is_empty());
+    assert_eq!(
+        tickets(&sandbox).len(),
+        1,
+        "only the parked head's ticket is left"
+    );
+    h.close_stdin();
+    h.finish().assert_code(0);
+    n1.finish().assert_code(0);
+    assert!(tickets(&sandbox).is_empty());
+}
+
+#[rstest]
+#[case(Signal::SIGTERM, 143)]
+#[case(Signal::SIGINT, 130)]
+#[case(Signal::SIGHUP, 129)]
+fn signal_while_waiting_removes_the_ticket(#[case] sig: Signal, #[case] code: i32) {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = holder(&sandbox);
+    let parked = waiter(&sandbox, &log, "parked", &[]);
+    let behind = waiter(&sandbox, &log, "behind", &[]);
+    for w in [parked, behind] {
+        signal(w.pid(), sig);
+        w.finish().assert_code(code);
+    }
+    assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
+    assert!(order(&log).is_empty());
+    h.close_stdin();
+    h.finish().assert_code(0);
+}
+
+/// SIGKILL at any point never wedges the queue: the lock is the kernel's, and a dead owner's
+/// ticket goes once it is 10 s old (aged here by hand instead of waiting).
+#[test]
+fn sigkilled_waiters_never_wedge_the_queue() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    // Killed while holding: its command dies with it and the kernel releases the lock.
+    let h = holder(&sandbox);
+    signal(h.pid(), Signal::SIGKILL);
+    h.finish();
+    // Killed while parked and while waiting behind it.
+    let mut h = holder(&sandbox);
+    let parked = waiter(&sandbox, &log, "parked", &[]);
+    let behind = waiter(&sandbox, &log, "behind", &[]);
+    for w in [parked, behind] {
+        let pid = w.pid();
+        signal(pid, Signal::SIGKILL);
+        w.finish();
+        assert!(wait_exited(pid));
+    }
+    for t in tickets(&sandbox) {
+        set_age(&queue(&sandbox).join(t), Duration::from_secs(20));
+    }
+    let next = waiter(&sandbox, &log, "next", &[]);
+    h.close_stdin();
+    h.finish().assert_code(0);
+    next.finish().assert_code(0);
+    // Killed before publishing, while holding the counter's flock.
+    let counter = queue(&sandbox).join(".seq");
+    let mut stuck = sandbox.hold_with_flock(&counter);
+    let mut late = Proc::spawn(lock_cmd(&sandbox, &[], "echo late"));
+    let stuck_pid = stuck.pid();
+    signal(stuck_pid, Signal::SIGKILL);
+    stuck.close_stdin();
+    let _ = stuck.finish();
+    late.wait_for(Stream::Out, "late");
+    late.finish().assert_code(0);
+    assert_eq!(order(&log), ["next"]);
+    assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
+}
+
+#[test]
+fn command_status_passes_through_and_signals_are_forwarded() {
+    let sandbox = Sandbox::new();
+    run(lock_cmd(&sandbox, &[], "exit 3")).assert_code(3);
+    let mut h = Proc::spawn(lock_cmd(
+        &sandbox,
+        &[],
+        "trap 'echo got-INT; exit 7' INT; echo ready $$; while :; do read line || :; done",
+    ));
+    h.wait_ready();
+    signal(h.pid(), Signal::SIGINT);
+    h.wait_for(Stream::Out, "got-INT");
+    h.finish().assert_code(130);
+}
+
+#[test]
+fn reentrant_for_descendants_and_refused_behind_a_dead_ancestor() {
+    let sandbox = Sandbox::new();
+    let nested = format!(
+        "{} --lock-dir {} lock shared -- sh -c 'echo nested \"$CCCI_HELD_LOCKS\"'",
+        crate::util::BIN,
+        sh_quote(sandbox.locks())
+    );
+    let done = run(lock_cmd(&sandbox, &[], &nested));
+    done.assert_code(0);
+    assert!(
+        done.out[0].starts_with("nested shared:"),
+        "{}",
+        done.transcript()
+    );
+    assert!(
+        done.out[0].ends_with(":2"),
+        "depth 2 expected: {}",
+        done.transcript()
+    );
+    assert!(!done.stderr().contains(WAITING));
+
+    // An entry whose holder is not holding it (this test process is no holder).
+    let mut cmd = lock_cmd(&sandbox, &[], "echo must-not-run");
+    cmd.env(
+        "CCCI_HELD_LOCKS",
+        format!("shared:{}:0:0:1:1", std::process::id()),
+    );
+    let done = run(cmd);
+    done.assert_code(125);
+    done.assert_stderr_has("no longer does; refusing to take it behind its back");
+}
+
+#[test]
+fn command_holds_no_lock_descriptor_and_locks_lists_the_queue() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = Proc::spawn(lock_cmd(
+        &sandbox,
+        &[],
+        "echo ready $$; ls /proc/$$/fd; echo fds-done; read line || :",
+    ));
+    h.wait_ready();
+    h.wait_for(Stream::Out, "fds-done");
+    let w = waiter(&sandbox, &log, "w", &["--class", "fast"]);
+    let mut cmd = sandbox.ccci();
+    cmd.args(["locks", "--json"]);
+    let listing = run(cmd);
+    listing.assert_code(0);
+    let locks: serde_json::Value = serde_json::from_str(&listing.out.join("\n")).unwrap();
+    let shared = locks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "shared")
+        .expect("the named lock is listed");
+    assert_eq!(shared["kind"], "named");
+    assert_eq!(shared["held"], true);
+    assert_eq!(shared["holder_pids"], serde_json::json!([h.pid()]));
+    let queue = shared["queue"].as_array().unwrap();
+    assert_eq!(queue.len(), 1, "{shared:#}");
+    assert_eq!(queue[0]["ticket"]["class"], "fast");
+    assert_eq!(queue[0]["ticket"]["pid"], w.pid());
+    h.close_stdin();
+    let done = h.finish();
+    done.assert_code(0);
+    let begin = done
+        .out
+        .iter()
+        .position(|l| l.starts_with("ready"))
+        .unwrap();
+    let end = done.out.iter().position(|l| l == "fds-done").unwrap();
+    assert_eq!(
+        done.out[begin + 1..end],
+        ["0", "1", "2"],
+        "{}",
+        done.transcript()
+    );
+    w.finish().assert_code(0);
+}
