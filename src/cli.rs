@@ -122,6 +122,13 @@ pub enum Command {
     Lock(LockArgs),
     /// Print the app domain of a recipe run, and its stack name on a second line.
     AppDomain(IdentityArgs),
+    /// Print shell completions.
+    Completions {
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    Man,
 }
 
 #[derive(Debug, Args)]
@@ -159,6 +166,9 @@ pub struct JanitorArgs {
     /// Also write Prometheus metrics here (node_exporter textfile collector), atomically.
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
+    /// Also remove per-run directories older than DAYS whose run is not live.
+    #[arg(long, value_name = "DAYS")]
+    pub keep_runs: Option<u64>,
 }
 
 #[derive(Debug, Args)]

@@ -204,6 +204,9 @@ pub struct SweepReport {
     pub candidates: Vec<CandidateReport>,
     pub tidied: Vec<PathBuf>,
     pub errors: Vec<String>,
+    /// Per-run directories removed by `--keep-runs` (or that would be, in a dry run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs_removed: Option<Vec<PathBuf>>,
     /// Docker list calls this sweep made (one per resource kind), when Docker was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_list_calls: Option<usize>,
@@ -687,6 +690,14 @@ pub fn render_table(report: &SweepReport) -> String {
             "would tidy"
         } else {
             "tidied"
+        };
+        let _ = writeln!(out, "{verb} {}", path.display());
+    }
+    for path in report.runs_removed.iter().flatten() {
+        let verb = if report.dry_run {
+            "would remove run dir"
+        } else {
+            "removed run dir"
         };
         let _ = writeln!(out, "{verb} {}", path.display());
     }

@@ -18,6 +18,7 @@ pub mod names;
 pub mod process;
 pub mod record;
 pub mod report;
+pub mod retention;
 pub mod run;
 pub mod rundir;
 pub mod shutdown;
@@ -33,6 +34,8 @@ use std::time::Duration;
 
 use nix::unistd::Pid;
 use tracing_subscriber::EnvFilter;
+
+use clap::CommandFactory;
 
 use crate::cli::{Cli, Command, LogFormat};
 
@@ -50,6 +53,8 @@ pub enum Error {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    #[error("failed to write to stdout: {0}")]
+    Output(std::io::Error),
     #[error("failed to list lock dir {path}: {source}")]
     LockDir {
         path: std::path::PathBuf,
@@ -62,7 +67,7 @@ impl Error {
         match self {
             Self::Invalid(_) => exit::USAGE,
             Self::Run(_) | Self::NamedLock(_) => exit::INTERNAL,
-            Self::Metrics { .. } | Self::LockDir { .. } => exit::FAILURE,
+            Self::Metrics { .. } | Self::LockDir { .. } | Self::Output(_) => exit::FAILURE,
         }
     }
 }
@@ -73,6 +78,21 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
     init_logging(&cli.global);
     let global = cli.global.validate()?;
     match cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "ccci-run",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut std::io::stdout())
+                .map_err(Error::Output)?;
+            Ok(0)
+        }
         Command::AppDomain(args) => {
             let identity = args.validate(&global.suffix)?;
             println!("{}", identity.domain);
@@ -84,7 +104,15 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
                 dry_run: args.dry_run,
                 long_held: Duration::from_secs(args.long_held),
             };
-            let report = janitor::sweep(&global, &opts);
+            let mut report = janitor::sweep(&global, &opts);
+            if let Some(days) = args.keep_runs {
+                retention::sweep(
+                    &global.runs_dir,
+                    Duration::from_secs(days * 86_400),
+                    args.dry_run,
+                    &mut report,
+                );
+            }
             if args.json {
                 println!(
                     "{}",

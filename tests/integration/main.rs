@@ -10,4 +10,5 @@ mod run_dirs;
 mod run_exit;
 mod run_guards;
 mod run_signals;
+mod shipping;
 mod util;

@@ -1,0 +1,33 @@
+#!/bin/sh
+# The recipe-CI step of .drone.yml: one supervised run of the recipe under test.
+#
+#   sh ci/recipe-ci-step.sh [COMMAND [ARGS...]]   (default: sh ci/recipe-tests.sh)
+#
+# Drone's exec runner writes a step's commands into a script for sh and, when a build is
+# cancelled, SIGKILLs that shell only. ccci-run's parent-death signal covers that case. Other
+# cancellation paths send TERM to the shell: the trap passes it to ccci-run's process group, and
+# ccci-run tears down its own. --expect-parent $$ closes the start race (a shell that died
+# before ccci-run armed its parent-death signal).
+set -eu
+
+: "${CCCI_BIN:=ccci-run}"
+: "${RECIPE:=${DRONE_REPO_NAME:?set RECIPE or DRONE_REPO_NAME}}"
+[ "$#" -gt 0 ] || set -- sh ci/recipe-tests.sh
+
+# setsid makes ccci-run the leader of a process group of its own; it stays this shell's child.
+if [ -n "${DRONE_PULL_REQUEST:-}" ]; then
+  setsid "$CCCI_BIN" run --expect-parent $$ --recipe "$RECIPE" --pr "$DRONE_PULL_REQUEST" -- "$@" &
+else
+  setsid "$CCCI_BIN" run --expect-parent $$ --recipe "$RECIPE" ${RECIPE_REF:+--ref "$RECIPE_REF"} -- "$@" &
+fi
+pid=$!
+trap 'kill -s TERM -- "-$pid" 2>/dev/null || true' TERM INT HUP
+
+status=0
+wait "$pid" || status=$?
+# A trapped signal cuts the first wait short: wait again for ccci-run's own status.
+while kill -0 "$pid" 2>/dev/null; do
+  status=0
+  wait "$pid" || status=$?
+done
+exit "$status"

@@ -1,0 +1,17 @@
+#!/bin/sh
+# What a recipe-CI run does inside ccci-run: deploy the recipe as this run's app, run the
+# recipe's own tests against it, undeploy. ccci-run provides ABRA_DIR, the recipe checkout
+# (CCCI_RECIPE_DIR), the app domain and the run-scoped state files; its teardown removes whatever
+# is left of the app, however this script ends.
+set -eu
+
+server=${CCCI_SERVER:-default}
+abra app new "$CCCI_RECIPE" --no-input --server "$server" --domain "$CCCI_APP_DOMAIN" --chaos
+abra app deploy "$CCCI_APP_DOMAIN" --no-input --chaos
+echo "$CCCI_APP_DOMAIN" >> "$CCCI_DEPLOYS_FILE"
+
+if [ -x "$CCCI_RECIPE_DIR/tests/run.sh" ]; then
+  "$CCCI_RECIPE_DIR/tests/run.sh" "$CCCI_APP_DOMAIN"
+fi
+
+abra app undeploy "$CCCI_APP_DOMAIN" --no-input

@@ -1,0 +1,85 @@
+//! Run-dir retention: `janitor --keep-runs DAYS` removes per-run directories older than DAYS
+//! whose run is not live.
+//!
+//! Invariant: a directory is removed only while we hold its guard lock (`run.lock`), so a live
+//! run's directory — its guard is held for the run's whole life — is never touched.
+
+use std::io;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use crate::janitor::SweepReport;
+use crate::lock::{LockFile, TryLock};
+use crate::names::RunId;
+use crate::record;
+use crate::rundir;
+
+/// Remove (or, in a dry run, list) finished run directories older than `keep`.
+pub fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepReport) {
+    let removed = report.runs_removed.get_or_insert_with(Vec::new);
+    let entries = match std::fs::read_dir(runs_dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return,
+        Err(err) => {
+            report.errors.push(format!(
+                "failed to list runs dir {}: {err}",
+                runs_dir.display()
+            ));
+            return;
+        }
+    };
+    let now = SystemTime::now();
+    for entry in entries.flatten() {
+        // Only real directories named like a run id: nothing followed, nothing foreign.
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let Some(_) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| RunId::parse(n).ok())
+        else {
+            continue;
+        };
+        let dir = entry.path();
+        // A run's last record write is when it finished; a directory without one, its own time.
+        let last = std::fs::metadata(dir.join(record::FILE_NAME))
+            .or_else(|_| std::fs::metadata(&dir))
+            .and_then(|m| m.modified());
+        let Ok(last) = last else { continue };
+        if now.duration_since(last).unwrap_or_default() <= keep {
+            continue;
+        }
+        let guard = match LockFile::open_existing(&dir.join(rundir::GUARD_FILE)) {
+            Ok(guard) => guard,
+            Err(err) => {
+                report
+                    .errors
+                    .push(format!("not removing {}: {err}", dir.display()));
+                continue;
+            }
+        };
+        // Held: the run is live, however old its directory looks.
+        let _held = match guard.map(LockFile::try_lock) {
+            Some(Ok(TryLock::Acquired(held))) => Some(held),
+            Some(Ok(TryLock::Busy(_))) => continue,
+            Some(Err(err)) => {
+                report
+                    .errors
+                    .push(format!("not removing {}: {err}", dir.display()));
+                continue;
+            }
+            None => None,
+        };
+        if dry_run {
+            removed.push(dir);
+            continue;
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => removed.push(dir),
+            Err(err) => report
+                .errors
+                .push(format!("failed to remove run dir {}: {err}", dir.display())),
+        }
+    }
+}

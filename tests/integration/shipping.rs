@@ -1,0 +1,410 @@
+//! What ships around the binary: the Drone step, the systemd units, the Nix files, completions,
+//! the man page, the CLI reference, and run-dir retention.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use nix::sys::signal::Signal;
+
+use crate::util::{BIN, Proc, Sandbox, run, signal};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// True when `tool` is on PATH. In CI (`CI=true`) a missing tool fails the test; elsewhere the
+/// test skips with a message.
+fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but {tool} is not installed (.ci/run installs it)"
+        );
+        eprintln!("skipping: {tool} is not installed");
+    }
+    found
+}
+
+/// The Drone step script with this sandbox's directories and the built binary.
+fn drone_step(sandbox: &Sandbox, build: &str) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.current_dir(repo())
+        .arg("ci/recipe-ci-step.sh")
+        .args(["sh", "-c", "echo ready $$; exec sleep 1000"])
+        .env("CCCI_BIN", BIN)
+        .env("DRONE_REPO_NAME", "custom-html")
+        .env("DRONE_PULL_REQUEST", "5")
+        .env("DRONE_BUILD_NUMBER", build)
+        .env("CCCI_RUNS_DIR", sandbox.runs())
+        .env("CCCI_ABRA_HOME", sandbox.abra_home())
+        .env("CCCI_APP_LOCK_DIR", sandbox.locks())
+        .env("CCCI_STATE_DIR", sandbox.state())
+        .env("CCCI_DOCKER", "off")
+        .env("CCCI_SKIP_FETCH", "0")
+        .env("CCCI_RECIPE_URL_TEMPLATE", "/nonexistent/{recipe}");
+    cmd
+}
+
+#[test]
+fn drone_yml_runs_the_step_script() {
+    let yml = std::fs::read_to_string(repo().join(".drone.yml")).unwrap();
+    assert!(yml.contains("type: exec"));
+    assert!(yml.contains("- sh ci/recipe-ci-step.sh"), "{yml}");
+    assert!(
+        !yml.contains("concurrency:"),
+        "capacity is the runner's knob, not the pipeline's"
+    );
+    if have("yamllint") {
+        let out = Command::new("yamllint")
+            .current_dir(repo())
+            .args(["--strict", ".drone.yml", ".yamllint"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+/// Cancellation through a TERM to the step shell reaches ccci-run through the trap.
+#[test]
+fn drone_step_shell_term_tears_the_run_down() {
+    let sandbox = Sandbox::new();
+    // The step fetches nothing here: --no-fetch is not in the step, so point it at a recipe
+    // staged for CCCI_SKIP_FETCH.
+    let staged = sandbox.abra_home().join("recipes/custom-html/.git");
+    std::fs::create_dir_all(&staged).unwrap();
+    let mut cmd = drone_step(&sandbox, "91");
+    cmd.env("CCCI_SKIP_FETCH", "1");
+    let mut step = Proc::spawn(cmd);
+    step.wait_ready();
+    signal(step.pid(), Signal::SIGTERM);
+    let done = step.finish();
+    done.assert_code(143);
+    done.assert_stderr_has("== SIGTERM received — tearing down ==");
+    let record = sandbox.record("91");
+    assert_eq!(record["exit_code"], 143);
+    assert_eq!(record["pr"], "5");
+}
+
+/// Drone's exec runner cancels with SIGKILL to the step shell only: the parent-death signal
+/// still brings the run down through its teardown.
+#[test]
+fn drone_step_shell_sigkill_still_tears_the_run_down() {
+    let sandbox = Sandbox::new();
+    let staged = sandbox.abra_home().join("recipes/custom-html/.git");
+    std::fs::create_dir_all(&staged).unwrap();
+    let mut cmd = drone_step(&sandbox, "92");
+    cmd.env("CCCI_SKIP_FETCH", "1");
+    let mut step = Proc::spawn(cmd);
+    step.wait_ready();
+    signal(step.pid(), Signal::SIGKILL);
+    let done = step.finish();
+    done.assert_stderr_has("== SIGTERM received — tearing down ==");
+    assert_eq!(sandbox.record("92")["exit_code"], 143);
+    assert!(sandbox.state_files().is_empty());
+}
+
+#[test]
+fn every_nix_file_parses_and_the_helpers_evaluate() {
+    if !have("nix-instantiate") {
+        return;
+    }
+    let files: Vec<PathBuf> = std::fs::read_dir(repo().join("nix"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "nix"))
+        .collect();
+    assert!(files.len() >= 3, "{files:?}");
+    for file in &files {
+        let out = Command::new("nix-instantiate")
+            .arg("--parse")
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let eval = |expr: &str| {
+        let out = Command::new("nix-instantiate")
+            .current_dir(repo())
+            .args(["--eval", "--strict", "--json", "-E", expr])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{expr}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let args = eval(
+        "(import ./nix/lib.nix).janitorArgs { longHeld = 7200; keepRunsDays = 14; metricsFile = \"/m.prom\"; }",
+    );
+    assert_eq!(
+        args,
+        serde_json::json!([
+            "janitor",
+            "--long-held",
+            "7200",
+            "--keep-runs",
+            "14",
+            "--metrics-file",
+            "/m.prom"
+        ])
+    );
+    let args = eval(
+        "(import ./nix/lib.nix).janitorArgs { longHeld = 60; keepRunsDays = null; metricsFile = null; }",
+    );
+    assert_eq!(args, serde_json::json!(["janitor", "--long-held", "60"]));
+    // Whatever the module passes must be a command line the binary accepts.
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "janitor",
+        "--long-held",
+        "60",
+        "--keep-runs",
+        "14",
+        "--help",
+    ]);
+    assert!(cmd.status().unwrap().success());
+}
+
+#[test]
+fn systemd_units_verify() {
+    if !have("systemd-analyze") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // verify insists that ExecStart exists and that Documentation= man pages resolve: point it
+    // at the built binary and at the man page it renders, and change nothing else.
+    let man = dir.path().join("man/man1");
+    std::fs::create_dir_all(&man).unwrap();
+    let page = Command::new(BIN).arg("man").output().unwrap();
+    std::fs::write(man.join("ccci-run.1"), page.stdout).unwrap();
+    for unit in ["ccci-run-janitor.service", "ccci-run-janitor.timer"] {
+        let text = std::fs::read_to_string(repo().join("systemd").join(unit)).unwrap();
+        std::fs::write(
+            dir.path().join(unit),
+            text.replace("/usr/local/bin/ccci-run", BIN),
+        )
+        .unwrap();
+    }
+    let out = Command::new("systemd-analyze")
+        .current_dir(dir.path())
+        .env("MANPATH", dir.path().join("man"))
+        .args([
+            "verify",
+            "ccci-run-janitor.service",
+            "ccci-run-janitor.timer",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn completions_parse_in_their_shells() {
+    for (shell, check) in [
+        ("bash", vec!["bash", "-n"]),
+        ("zsh", vec!["zsh", "-n"]),
+        ("fish", vec!["fish", "--no-execute"]),
+    ] {
+        let out = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ccci-run"));
+        if !have(check[0]) {
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(format!("ccci-run.{shell}"));
+        std::fs::write(&file, &out.stdout).unwrap();
+        let status = Command::new(check[0])
+            .args(&check[1..])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "{shell}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+    }
+}
+
+#[test]
+fn man_page_renders() {
+    let page = Command::new(BIN).arg("man").output().unwrap();
+    assert!(page.status.success());
+    if !have("groff") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ccci-run.1");
+    std::fs::write(&file, &page.stdout).unwrap();
+    let out = Command::new("groff")
+        .args(["-man", "-Tutf8", "-ww", "-z"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = Command::new("groff")
+        .args(["-man", "-Tutf8", "-P-cbou"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("SYNOPSIS") && text.contains("janitor"),
+        "{text}"
+    );
+}
+
+/// docs/cli.md is `--help` of every subcommand, verbatim: it cannot drift. Regenerate it with
+/// `CCCI_UPDATE_DOCS=1 cargo test cli_reference`.
+#[test]
+fn cli_reference_matches_help() {
+    let mut expected = String::from(
+        "# ccci-run command-line reference\n\n\
+         The `--help` of every subcommand, verbatim (a test keeps this file identical to it).\n",
+    );
+    for sub in [
+        None,
+        Some("run"),
+        Some("janitor"),
+        Some("locks"),
+        Some("lock"),
+        Some("app-domain"),
+        Some("completions"),
+        Some("man"),
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.env("COLUMNS", "100").env_remove("DRONE_BUILD_NUMBER");
+        for (key, _) in std::env::vars() {
+            if key.starts_with("CCCI_") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.args(sub).arg("--help");
+        let out = cmd.output().unwrap();
+        assert!(out.status.success());
+        let title = sub.map_or("ccci-run".to_owned(), |s| format!("ccci-run {s}"));
+        expected.push_str(&format!(
+            "\n## `{title}`\n\n```text\n{}```\n",
+            String::from_utf8(out.stdout).unwrap()
+        ));
+    }
+    let path = repo().join("docs/cli.md");
+    if std::env::var("CCCI_UPDATE_DOCS").as_deref() == Ok("1") {
+        std::fs::write(&path, &expected).unwrap();
+    }
+    let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        actual == expected,
+        "docs/cli.md differs from --help; regenerate it with CCCI_UPDATE_DOCS=1 cargo test cli_reference"
+    );
+}
+
+fn age(path: &Path, by: Duration) {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(SystemTime::now() - by)
+        .unwrap();
+}
+
+#[test]
+fn retention_removes_old_finished_runs_and_keeps_live_and_recent_ones() {
+    let sandbox = Sandbox::new();
+    for id in ["old", "recent"] {
+        run(sandbox.run_sh(id, &[], "true")).assert_code(0);
+    }
+    age(
+        &sandbox.runs().join("old/run.json"),
+        Duration::from_secs(20 * 86_400),
+    );
+    // A live run whose record is old all the same (a long run, or a clock step).
+    let mut live = Proc::spawn(sandbox.run_sh("live", &[], "echo ready $$; read line || :"));
+    live.wait_ready();
+    age(
+        &sandbox.runs().join("live/run.json"),
+        Duration::from_secs(20 * 86_400),
+    );
+    // Odd entries: a symlink and a file are never followed or removed.
+    std::os::unix::fs::symlink(sandbox.path(), sandbox.runs().join("link")).unwrap();
+    std::fs::write(sandbox.runs().join("stray-file"), "").unwrap();
+
+    let (report, done) = sandbox.janitor(&["--keep-runs", "14", "--dry-run"]);
+    done.assert_code(0);
+    assert_eq!(
+        report["runs_removed"],
+        serde_json::json!([sandbox.runs().join("old")])
+    );
+    assert!(
+        sandbox.runs().join("old").exists(),
+        "a dry run removed a run dir"
+    );
+
+    let (report, done) = sandbox.janitor(&["--keep-runs", "14"]);
+    done.assert_code(0);
+    assert_eq!(
+        report["runs_removed"],
+        serde_json::json!([sandbox.runs().join("old")])
+    );
+    let left = crate::util::list(&sandbox.runs());
+    assert_eq!(left, ["link", "live", "recent", "stray-file"]);
+    live.close_stdin();
+    live.finish().assert_code(0);
+}
+
+/// Every test that docs/concurrency.md's failure-mode table names exists, so the table cannot
+/// point at a test that was renamed or removed.
+#[test]
+fn failure_mode_table_names_real_tests() {
+    let doc = std::fs::read_to_string(repo().join("docs/concurrency.md")).unwrap();
+    let mut named = 0;
+    for cell in doc.split('`').skip(1).step_by(2) {
+        let Some((module, test)) = cell.split_once("::") else {
+            continue;
+        };
+        if module.contains(' ')
+            || !test
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_' || b.is_ascii_digit())
+        {
+            continue;
+        }
+        let file = repo().join(format!("tests/integration/{module}.rs"));
+        let source = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{cell}: no {}: {e}", file.display()));
+        assert!(
+            source.contains(&format!("fn {test}(")),
+            "{cell} names no test"
+        );
+        named += 1;
+    }
+    assert!(named >= 20, "the table names {named} tests");
+}
