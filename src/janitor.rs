@@ -273,10 +273,10 @@ pub fn discover_env(global: &Global, errors: &mut Vec<String>) -> BTreeMap<AppDo
                 continue;
             }
             let name = file.file_name();
-            let Some(domain) = name.to_str().and_then(|n| n.strip_suffix(".env")) else {
-                continue;
-            };
-            if let Some(domain) = AppDomain::recognise(domain, &global.pattern) {
+            if let Some(domain) = name
+                .to_str()
+                .and_then(|n| global.pattern.domain_of_env_file(n))
+            {
                 found
                     .entry(domain.clone())
                     .or_insert_with(|| Candidate {

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod docker;
 pub mod exit;
 pub mod fetch;
+mod fuzz;
 pub mod janitor;
 pub mod lock;
 pub mod locks;

@@ -305,6 +305,11 @@ impl RunAppPattern {
         AppDomain::recognise(&format!("{head}.{}", self.suffix), self)
     }
 
+    /// The domain an abra `.env` file name (`<domain>.env`) belongs to, if it is a run app.
+    pub fn domain_of_env_file(&self, file_name: &str) -> Option<AppDomain> {
+        AppDomain::recognise(file_name.strip_suffix(".env")?, self)
+    }
+
     /// The domain a lock file name belongs to, if it is a run-app lock.
     pub fn domain_of_lock_file(&self, file_name: &str) -> Option<AppDomain> {
         let domain = file_name
