@@ -26,6 +26,7 @@ use crate::names::{AppDomain, RunId};
 use crate::record::{self, RunRecord};
 use crate::report;
 use crate::rundir;
+use crate::state;
 
 /// Where a candidate was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -425,8 +426,83 @@ pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
         report.docker_list_calls = Some(seam.list_calls());
     }
     tidy(global, opts, &candidates, &mut report);
+    tidy_state_files(global, opts, &mut report);
     report.duration = started.elapsed();
     report
+}
+
+/// Remove the state files of runs that are dead: their run's guard lock is free (or gone), or
+/// held by a later run with the same id under another pid. A SIGKILLed run cannot remove its own.
+fn tidy_state_files(global: &Global, opts: &SweepOptions, report: &mut SweepReport) {
+    let Ok(entries) = std::fs::read_dir(&global.state_dir) else {
+        return;
+    };
+    let mut runs: BTreeMap<String, RunState> = BTreeMap::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((run_id, pid)) = name.to_str().and_then(state::parse_file_name) else {
+            continue;
+        };
+        if !entry
+            .file_type()
+            .is_ok_and(|t| t.is_file() || t.is_symlink())
+        {
+            continue;
+        }
+        let state = *runs
+            .entry(run_id.as_str().to_owned())
+            .or_insert_with(|| run_state(global, &run_id));
+        let dead = match state {
+            RunState::Dead => true,
+            // A later run with the same id (Drone reuses build numbers) under another pid.
+            RunState::Live(holder) => holder != pid,
+            RunState::Unknown => false,
+        };
+        if !dead {
+            continue;
+        }
+        let path = entry.path();
+        if opts.dry_run {
+            report.tidied.push(path);
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => report.tidied.push(path),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => report.errors.push(format!(
+                "failed to remove state file {}: {err}",
+                path.display()
+            )),
+        }
+    }
+}
+
+/// Whether a run id has a live run, judged by its guard lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunState {
+    /// No run with this id is live.
+    Dead,
+    /// The live run with this id has this pid.
+    Live(u32),
+    /// Live (or unreadable) but its pid unknown: keep everything rather than guess.
+    Unknown,
+}
+
+fn run_state(global: &Global, run_id: &RunId) -> RunState {
+    let guard = global
+        .runs_dir
+        .join(run_id.as_str())
+        .join(rundir::GUARD_FILE);
+    match LockFile::open_existing(&guard) {
+        Ok(None) => RunState::Dead,
+        Ok(Some(file)) => match file.try_lock() {
+            Ok(TryLock::Acquired(_)) => RunState::Dead,
+            Ok(TryLock::Busy(mut file)) => Holder::parse(&file.read_holder())
+                .map_or(RunState::Unknown, |h| RunState::Live(h.pid)),
+            Err(_) => RunState::Unknown,
+        },
+        Err(_) => RunState::Unknown,
+    }
 }
 
 /// Probe one candidate's lock and decide. A lock taken for a `reap` (or `raced`) is handed

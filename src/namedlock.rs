@@ -102,10 +102,13 @@ impl Ticket {
         };
         let seq = parts.next()?;
         let pid = parts.next()?;
+        // Only canonical names are tickets: a ticket is removed by the name it formats to, so
+        // `1-…-01` taken for pid 1 could never be removed and would wedge the queue.
         if parts.next().is_some()
             || seq.len() != 12
             || !seq.bytes().all(|b| b.is_ascii_digit())
             || pid.is_empty()
+            || pid.starts_with('0')
             || !pid.bytes().all(|b| b.is_ascii_digit())
         {
             return None;
@@ -702,6 +705,8 @@ mod tests {
     #[case("1-000000000012-42-9", None)]
     #[case(".seq", None)]
     #[case("1-00000000001a-42", None)]
+    #[case::leading_zero_pid_would_never_be_removable("1-000000000000-01", None)]
+    #[case("1-000000000000-+1", None)]
     fn ticket_names(#[case] name: &str, #[case] want: Option<(Class, u64, i32)>) {
         assert_eq!(Ticket::parse(name).map(|t| (t.class, t.seq, t.pid)), want);
     }

@@ -23,6 +23,19 @@ pub const KINDS: [(&str, &str); 4] = [
     ("depskip", "CCCI_DEPSKIP_FILE"),
 ];
 
+/// The run id and pid a state file name (`ccci-<kind>-<run-id>-<pid>`) belongs to.
+pub fn parse_file_name(name: &str) -> Option<(RunId, u32)> {
+    let rest = name.strip_prefix("ccci-")?;
+    let rest = KINDS
+        .iter()
+        .find_map(|(kind, _)| rest.strip_prefix(kind)?.strip_prefix('-'))?;
+    let (run_id, pid) = rest.rsplit_once('-')?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((RunId::parse(run_id).ok()?, pid.parse().ok()?))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("failed to create state file {path}: {source}")]
@@ -131,6 +144,25 @@ mod tests {
         }
         assert!(files.remove().is_empty());
         assert!(paths.iter().all(|p| !p.exists()));
+    }
+
+    #[test]
+    fn file_names_parse_back_to_run_and_pid() {
+        let run = RunId::parse("build-7.1").unwrap();
+        for (kind, _) in KINDS {
+            let path = StateFiles::path(Path::new("/tmp"), kind, &run, 4242);
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert_eq!(parse_file_name(name), Some((run.clone(), 4242)));
+        }
+        for bad in [
+            "ccci-deploys-",
+            "ccci-deploys-x-",
+            "ccci-other-7-1",
+            "ccci-deploys--1",
+            "x",
+        ] {
+            assert_eq!(parse_file_name(bad), None, "{bad}");
+        }
     }
 
     #[test]

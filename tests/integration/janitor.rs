@@ -607,3 +607,47 @@ fn unreachable_docker_is_never_a_reason_to_lose_an_env() {
     done.assert_code(0);
     assert!(!env.exists());
 }
+
+/// A SIGKILLed run cannot remove its own state files: the next sweep must (found by the chaos
+/// harness, seed 1). A live run's files, and a same-id successor's, stay.
+#[test]
+fn state_files_of_a_sigkilled_run_are_tidied_by_the_next_sweep() {
+    let sandbox = Sandbox::new();
+    let mut dead =
+        Proc::spawn(sandbox.run_sh("reused", &["--pr", "1"], "echo ready $$; exec sleep 1000"));
+    let command = dead.wait_ready();
+    let dead_files = sandbox.state_files();
+    assert_eq!(dead_files.len(), 4);
+    signal(dead.pid(), Signal::SIGKILL);
+    dead.finish();
+    assert!(wait_exited(command));
+    let (report, done) = sandbox.janitor(&["--dry-run"]);
+    done.assert_code(0);
+    let tidied = report["tidied"].to_string();
+    assert!(
+        dead_files.iter().all(|f| tidied.contains(f.as_str())),
+        "{report:#}"
+    );
+    assert_eq!(
+        sandbox.state_files(),
+        dead_files,
+        "a dry run removed state files"
+    );
+
+    // The next run's own start sweep removes them; its own files stay through later sweeps.
+    let mut live =
+        Proc::spawn(sandbox.run_sh("other", &["--pr", "2"], "echo ready $$; read line || :"));
+    live.wait_ready();
+    let live_files = sandbox.state_files();
+    assert_eq!(live_files.len(), 4);
+    assert!(
+        live_files.iter().all(|f| f.contains("-other-")),
+        "{live_files:?}"
+    );
+    let (_, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(sandbox.state_files(), live_files);
+    live.close_stdin();
+    live.finish().assert_code(0);
+    assert!(sandbox.state_files().is_empty());
+}

@@ -1,6 +1,7 @@
 //! The integration suite: the real `ccci-run` binary against real processes, signals and flocks.
 
 mod app_lock;
+mod chaos;
 mod cli;
 mod docker;
 mod fetch;

@@ -368,3 +368,22 @@ fn command_holds_no_lock_descriptor_and_locks_lists_the_queue() {
     );
     w.finish().assert_code(0);
 }
+
+/// A stray file that looks like a ticket but is not in canonical form (`…-01`) was taken for a
+/// live ticket of pid 1 at the head of the queue, which nobody could remove by its name: every
+/// waiter queued behind it (found by fuzzing the ticket parser). It is not a ticket at all.
+#[test]
+fn non_canonical_ticket_file_never_wedges_the_queue() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(queue(&sandbox)).unwrap();
+    std::fs::set_permissions(
+        queue(&sandbox),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let stray = queue(&sandbox).join("0-000000000000-01");
+    std::fs::write(&stray, "").unwrap();
+    let done = run(lock_cmd(&sandbox, &["--wait", "5"], "echo got-it"));
+    done.assert_code(0);
+    assert_eq!(done.out, ["got-it"]);
+}

@@ -1,0 +1,477 @@
+//! The chaos harness: randomized schedules of concurrent runs over a few domains, with janitors
+//! at random moments and faults injected at the points where they hurt — SIGKILL or SIGTERM of a
+//! run as its command starts, while it is parked on the app lock, and in the middle of its
+//! teardown; deadlines; janitors killed mid-sweep; and reboots (every process killed, the lock
+//! dir emptied). Every schedule comes from a printed seed, so a failure replays the same plan.
+//!
+//! After each schedule and a final janitor sweep it checks the promise:
+//! - no live run's app was removed while it ran (each command checks its own `.env` at its end);
+//! - no two runs of one domain overlapped (from the commands' own timestamps);
+//! - nothing of a dead run is left: `.env` files, lock files, state files, processes;
+//! - every exit code is one the contract allows.
+//!
+//! CI runs a bounded slice; the soak runs as many schedules as asked:
+//!
+//! ```sh
+//! CCCI_CHAOS_SCHEDULES=1000 CCCI_CHAOS_SEED=1 cargo test --release --test integration chaos -- --nocapture
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+
+use crate::util::{Sandbox, list, process_alive, sh_quote};
+
+/// The fault a run meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    None,
+    TermAtStart,
+    KillAtStart,
+    TermWhileParked,
+    KillWhileParked,
+    KillInTeardown,
+    Deadline,
+}
+
+const FAULTS: [Fault; 7] = [
+    Fault::None,
+    Fault::TermAtStart,
+    Fault::KillAtStart,
+    Fault::TermWhileParked,
+    Fault::KillWhileParked,
+    Fault::KillInTeardown,
+    Fault::Deadline,
+];
+
+#[derive(Debug, Clone)]
+struct RunPlan {
+    id: String,
+    pr: u8,
+    fault: Fault,
+    hold_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    seed: u64,
+    runs: Vec<RunPlan>,
+    /// Chance, after each event, that a janitor starts.
+    janitor_chance: f64,
+    /// Chance that a janitor is SIGKILLed as soon as it reports anything.
+    kill_janitor_chance: f64,
+    /// After this many events, every process is killed and the lock dir emptied.
+    reboot_after: Option<usize>,
+}
+
+impl Plan {
+    fn new(seed: u64) -> Self {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let runs = (0..rng.random_range(3..=7))
+            .map(|i| RunPlan {
+                id: format!("chaos-{seed}-{i}"),
+                pr: rng.random_range(1..=3),
+                fault: FAULTS[rng.random_range(0..FAULTS.len())],
+                hold_ms: rng.random_range(20..=250),
+            })
+            .collect();
+        Self {
+            seed,
+            runs,
+            janitor_chance: rng.random_range(0.0..0.3),
+            kill_janitor_chance: rng.random_range(0.0..0.5),
+            reboot_after: rng.random_bool(0.15).then(|| rng.random_range(3..30)),
+        }
+    }
+}
+
+/// Faults injected and schedules run, for the soak's report.
+#[derive(Debug, Default)]
+struct Tally {
+    schedules: usize,
+    faults: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    fn count(&mut self, what: &str) {
+        *self.faults.entry(what.to_owned()).or_default() += 1;
+    }
+}
+
+enum Msg {
+    Line(usize, String),
+    Closed(usize),
+}
+
+struct Spawned {
+    child: Child,
+    kind: Kind,
+    open_streams: u8,
+    status: Option<std::process::ExitStatus>,
+    killed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Run(usize),
+    Janitor,
+}
+
+impl Spawned {
+    fn is_run(&self) -> bool {
+        matches!(self.kind, Kind::Run(_))
+    }
+}
+
+fn spawn(cmd: &mut Command, index: usize, tx: &Sender<Msg>) -> Child {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+    let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+    for stream in [out, err] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(Msg::Line(index, line));
+            }
+            let _ = tx.send(Msg::Closed(index));
+        });
+    }
+    child
+}
+
+/// Signal a child that has not been waited for yet (a waited-for pid may already be reused).
+fn kill(spawned: &mut Spawned, sig: Signal) {
+    spawned.killed = true;
+    if spawned.status.is_none() {
+        let pid = nix::unistd::Pid::from_raw(spawned.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, sig);
+    }
+}
+
+/// What a schedule left for the checks.
+struct Outcome {
+    transcript: Vec<String>,
+    /// Run index → exit status (None: killed by a signal).
+    run_codes: HashMap<usize, Option<i32>>,
+    janitor_codes: Vec<Option<i32>>,
+    command_pids: Vec<i32>,
+}
+
+fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Outcome {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(plan.seed ^ 0x5eed);
+    let (tx, rx): (Sender<Msg>, Receiver<Msg>) = channel();
+    let mut procs: Vec<Spawned> = Vec::new();
+    let mut transcript = Vec::new();
+    let mut command_pids = Vec::new();
+    let mut events = 0usize;
+    let mut next_run = 0usize;
+    let mut rebooted = false;
+    let started = Instant::now();
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+
+    let start_run = |i: usize, procs: &mut Vec<Spawned>, tally: &mut Tally| {
+        let run = &plan.runs[i];
+        let script = format!(
+            "echo \"$(date +%s%N) start $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> {log}; \
+             echo \"$CCCI_RUN_ID\" > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; \
+             echo ready $$; sleep {hold}; \
+             if [ \"$(cat \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]; \
+             then r=ok; else r=LOST; fi; \
+             echo \"$(date +%s%N) $r $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> {log}",
+            log = sh_quote(log),
+            hold = if run.fault == Fault::Deadline {
+                "3".to_owned()
+            } else {
+                format!("{:.3}", run.hold_ms as f64 / 1000.0)
+            },
+        );
+        let mut extra = vec![
+            "--pr".to_owned(),
+            run.pr.to_string(),
+            "--kill-grace".into(),
+            "1".into(),
+        ];
+        if run.fault == Fault::Deadline {
+            extra.extend(["--deadline".into(), "1".into()]);
+        }
+        if run.fault == Fault::KillInTeardown {
+            extra.extend([
+                "--on-teardown".into(),
+                "echo teardown-hook; sleep 0.2".into(),
+            ]);
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let mut cmd = sandbox.run_sh(&run.id, &extra, &script);
+        let index = procs.len();
+        let child = spawn(&mut cmd, index, &tx);
+        procs.push(Spawned {
+            child,
+            kind: Kind::Run(i),
+            open_streams: 2,
+            status: None,
+            killed: false,
+        });
+        tally.count("runs");
+        if run.fault == Fault::Deadline {
+            tally.count("Deadline");
+        }
+    };
+
+    loop {
+        if started.elapsed() > Duration::from_secs(120) {
+            for p in &mut procs {
+                kill(p, Signal::SIGKILL);
+            }
+            panic!(
+                "seed {}: the schedule hung\n{}",
+                plan.seed,
+                transcript.join("\n")
+            );
+        }
+        // Start the next run once the previous one has shown it is under way.
+        let everyone_done = procs.iter().all(|p| p.open_streams == 0);
+        if next_run < plan.runs.len() && (events >= next_run * 2 || everyone_done) {
+            start_run(next_run, &mut procs, tally);
+            next_run += 1;
+            continue;
+        }
+        if next_run == plan.runs.len() && everyone_done {
+            break;
+        }
+        let msg = match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(msg) => msg,
+            Err(_) => continue,
+        };
+        events += 1;
+        // Janitors start on what runs do, never on what janitors say (that would feed itself).
+        let from_run = matches!(&msg, Msg::Line(i, _) | Msg::Closed(i) if procs[*i].is_run());
+        match msg {
+            Msg::Closed(i) => {
+                procs[i].open_streams -= 1;
+                if procs[i].open_streams == 0 {
+                    procs[i].status = Some(procs[i].child.wait().unwrap());
+                }
+            }
+            Msg::Line(i, line) => {
+                transcript.push(format!("[{i} {:?}] {line}", procs[i].kind));
+                match procs[i].kind {
+                    Kind::Run(r) => {
+                        let fault = plan.runs[r].fault;
+                        if let Some(pid) = line
+                            .strip_prefix("ready ")
+                            .and_then(|p| p.trim().parse().ok())
+                        {
+                            command_pids.push(pid);
+                        }
+                        let trigger = match fault {
+                            Fault::TermAtStart | Fault::KillAtStart => line.starts_with("ready "),
+                            Fault::TermWhileParked | Fault::KillWhileParked => {
+                                line.contains("== app lock: another run of")
+                            }
+                            Fault::KillInTeardown => line == "teardown-hook",
+                            _ => false,
+                        };
+                        if trigger && !procs[i].killed {
+                            let sig = match fault {
+                                Fault::TermAtStart | Fault::TermWhileParked => Signal::SIGTERM,
+                                _ => Signal::SIGKILL,
+                            };
+                            tally.count(&format!("{fault:?}"));
+                            kill(&mut procs[i], sig);
+                        }
+                    }
+                    Kind::Janitor => {
+                        if !procs[i].killed && rng.random_bool(plan.kill_janitor_chance) {
+                            tally.count("KillJanitor");
+                            kill(&mut procs[i], Signal::SIGKILL);
+                        }
+                    }
+                }
+            }
+        }
+        let janitors = procs.iter().filter(|p| p.kind == Kind::Janitor).count();
+        if from_run && janitors < 2 * plan.runs.len() && rng.random_bool(plan.janitor_chance) {
+            let mut cmd = sandbox.ccci();
+            cmd.args(["janitor", "--json"]);
+            let index = procs.len();
+            let child = spawn(&mut cmd, index, &tx);
+            procs.push(Spawned {
+                child,
+                kind: Kind::Janitor,
+                open_streams: 2,
+                status: None,
+                killed: false,
+            });
+            tally.count("janitors");
+        }
+        if !rebooted && plan.reboot_after.is_some_and(|n| events >= n) {
+            rebooted = true;
+            tally.count("Reboot");
+            transcript.push("-- reboot: everything killed, lock dir emptied --".to_owned());
+            for p in procs.iter_mut().filter(|p| p.open_streams > 0) {
+                kill(p, Signal::SIGKILL);
+            }
+            // Commands die by their own parent-death signal; wait until they are gone.
+            for pid in &command_pids {
+                crate::util::wait_exited(*pid);
+            }
+            while procs.iter().any(|p| p.open_streams > 0) {
+                if let Ok(Msg::Closed(i)) = rx.recv_timeout(Duration::from_secs(30)) {
+                    procs[i].open_streams -= 1;
+                    if procs[i].open_streams == 0 {
+                        procs[i].status = Some(procs[i].child.wait().unwrap());
+                    }
+                }
+            }
+            for name in list(&sandbox.locks()) {
+                let path = sandbox.locks().join(name);
+                let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
+            }
+        }
+    }
+    let mut run_codes = HashMap::new();
+    let mut janitor_codes = Vec::new();
+    for p in &procs {
+        let code = p.status.expect("every process was waited for").code();
+        match p.kind {
+            Kind::Run(r) => {
+                run_codes.insert(r, code);
+            }
+            Kind::Janitor => janitor_codes.push(code),
+        }
+    }
+    Outcome {
+        transcript,
+        run_codes,
+        janitor_codes,
+        command_pids,
+    }
+}
+
+/// Check the promise after a schedule; returns what was violated.
+fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<String> {
+    let mut violations = Vec::new();
+    // A final sweep: nothing of a dead run may survive it.
+    let (report, done) = sandbox.janitor(&[]);
+    if done.status.code() != Some(0) {
+        violations.push(format!("final janitor exited {:?}: {report}", done.status));
+    }
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut intervals: BTreeMap<String, BTreeMap<String, (u128, u128)>> = BTreeMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [at, what, run, domain] = f[..] else {
+            violations.push(format!("garbled log line {line:?}"));
+            continue;
+        };
+        let at: u128 = at.parse().unwrap_or(0);
+        if what == "LOST" {
+            violations.push(format!(
+                "{run}: its app was removed while it ran ({domain})"
+            ));
+        }
+        let span = intervals
+            .entry(domain.to_owned())
+            .or_default()
+            .entry(run.to_owned())
+            .or_insert((at, at));
+        span.0 = span.0.min(at);
+        span.1 = span.1.max(at);
+    }
+    for (domain, runs) in &intervals {
+        let spans: Vec<(&String, &(u128, u128))> = runs.iter().collect();
+        for (i, (a, sa)) in spans.iter().enumerate() {
+            for (b, sb) in &spans[i + 1..] {
+                if sa.0 <= sb.1 && sb.0 <= sa.1 {
+                    violations.push(format!("{a} and {b} overlapped on {domain}: {sa:?} {sb:?}"));
+                }
+            }
+        }
+    }
+    let envs = list(&sandbox.abra_home().join("servers/ci"));
+    if !envs.is_empty() {
+        violations.push(format!(".env files left: {envs:?}"));
+    }
+    let locks: Vec<String> = list(&sandbox.locks())
+        .into_iter()
+        .filter(|n| n.starts_with("cc-ci-app-"))
+        .collect();
+    if !locks.is_empty() {
+        violations.push(format!("lock files left: {locks:?}"));
+    }
+    let states = sandbox.state_files();
+    if !states.is_empty() {
+        violations.push(format!("state files left: {states:?}"));
+    }
+    for pid in &outcome.command_pids {
+        if process_alive(*pid) {
+            violations.push(format!("command {pid} is still running"));
+        }
+    }
+    for (r, code) in &outcome.run_codes {
+        let allowed = matches!(code, None | Some(0) | Some(142) | Some(143));
+        if !allowed {
+            violations.push(format!("{} exited {code:?}", plan.runs[*r].id));
+        }
+    }
+    for code in &outcome.janitor_codes {
+        if !matches!(code, None | Some(0)) {
+            violations.push(format!("a janitor exited {code:?}"));
+        }
+    }
+    violations
+}
+
+fn run_schedules(first_seed: u64, count: u64) -> Tally {
+    let mut tally = Tally::default();
+    for seed in first_seed..first_seed + count {
+        let plan = Plan::new(seed);
+        let sandbox = Sandbox::new();
+        let log = sandbox.path().join("events.log");
+        let outcome = execute(&plan, &sandbox, &log, &mut tally);
+        let violations = check(&plan, &sandbox, &log, &outcome);
+        assert!(
+            violations.is_empty(),
+            "chaos seed {seed} (replay: CCCI_CHAOS_SEED={seed} CCCI_CHAOS_SCHEDULES=1)\nplan: {plan:#?}\nviolations:\n  {}\nevents log:\n{}\ntranscript:\n{}",
+            violations.join("\n  "),
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            outcome.transcript.join("\n")
+        );
+        tally.schedules += 1;
+    }
+    tally
+}
+
+/// The CI slice (or, with CCCI_CHAOS_SCHEDULES, the soak).
+#[test]
+fn chaos_schedules_keep_every_invariant() {
+    let count = std::env::var("CCCI_CHAOS_SCHEDULES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12);
+    let seed = std::env::var("CCCI_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let started = Instant::now();
+    let tally = run_schedules(seed, count);
+    eprintln!(
+        "chaos: {} schedules from seed {seed} in {:.1} s, 0 violations; injected: {:?}",
+        tally.schedules,
+        started.elapsed().as_secs_f64(),
+        tally.faults
+    );
+}
