@@ -16,6 +16,8 @@ use crate::names::{
 #[command(
     name = "ccci-run",
     version,
+    // A later flag wins over an earlier one, as scripts that append overrides expect.
+    args_override_self = true,
     about = "Daemonless run supervisor for recipe CI on a Co-op Cloud host",
     long_about = "Daemonless run supervisor for recipe CI on a Co-op Cloud host.\n\n\
         A run can never outlive its CI step or its hard deadline, gets its own ABRA_DIR, \

@@ -1,6 +1,7 @@
 //! The integration suite: the real `ccci-run` binary against real processes, signals and flocks.
 
 mod app_lock;
+mod bad_input;
 mod chaos;
 mod cli;
 mod docker;

@@ -380,11 +380,16 @@ fn retention_removes_old_finished_runs_and_keeps_live_and_recent_ones() {
     live.finish().assert_code(0);
 }
 
-/// Every test that docs/concurrency.md's failure-mode table names exists, so the table cannot
-/// point at a test that was renamed or removed.
+/// Every test that docs/concurrency.md's failure-mode table and docs/bad-input.md name exists,
+/// so neither table can point at a test that was renamed or removed.
 #[test]
 fn failure_mode_table_names_real_tests() {
-    let doc = std::fs::read_to_string(repo().join("docs/concurrency.md")).unwrap();
+    for doc in ["docs/concurrency.md", "docs/bad-input.md"] {
+        check_named_tests(&std::fs::read_to_string(repo().join(doc)).unwrap());
+    }
+}
+
+fn check_named_tests(doc: &str) {
     let mut named = 0;
     for cell in doc.split('`').skip(1).step_by(2) {
         let Some((module, test)) = cell.split_once("::") else {

@@ -1,0 +1,120 @@
+//! Rows of docs/bad-input.md that no other module covers: a full disk under the run record and an
+//! unusable runs dir. Every other row names its test in the table.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::util::{Sandbox, run};
+
+/// A 16 KiB tmpfs, unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount() -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but a tmpfs cannot be mounted here"
+            );
+            eprintln!("skipping: cannot mount a tmpfs (not root?)");
+            return None;
+        }
+        Some(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Leave exactly `pages` 4 KiB pages free.
+    fn fill_leaving(&self, pages: u64) {
+        let data = vec![0u8; ((4 - pages) * 4096) as usize];
+        std::fs::write(self.path().join("fill"), data).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+fn run_on(sandbox: &Sandbox, runs_dir: &Path, run_id: &str) -> crate::util::Finished {
+    let mut cmd = sandbox.ccci();
+    cmd.args(["--runs-dir"]).arg(runs_dir).args([
+        "run",
+        "--recipe",
+        "x",
+        "--run-id",
+        run_id,
+        "--no-fetch",
+        "--",
+        "echo",
+        "must-not-run",
+    ]);
+    run(cmd)
+}
+
+#[test]
+fn full_disk_for_the_run_record_is_125_and_leaves_no_temp_file() {
+    let sandbox = Sandbox::new();
+    let Some(disk) = SmallDisk::mount() else {
+        return;
+    };
+    // Room for the run's guard lock, none for its record.
+    disk.fill_leaving(1);
+    let runs = disk.path().join("runs");
+    let done = run_on(&sandbox, &runs, "full");
+    done.assert_code(125);
+    done.assert_stderr_has("failed to write run record");
+    done.assert_stderr_has("No space left on device");
+    assert!(done.out.is_empty(), "the command ran");
+    let left = crate::util::list(&runs.join("full"));
+    assert_eq!(left, ["run.lock"], "a temp file was left behind: {left:?}");
+    // No room at all: the guard's metadata cannot be written either.
+    std::fs::remove_dir_all(&runs).unwrap();
+    disk.fill_leaving(0);
+    let done = run_on(&sandbox, &runs, "full");
+    done.assert_code(125);
+    done.assert_stderr_has("No space left on device");
+}
+
+#[test]
+fn unusable_runs_dir_is_125_naming_it() {
+    let sandbox = Sandbox::new();
+    let file = sandbox.path().join("runs-is-a-file");
+    std::fs::write(&file, "").unwrap();
+    let done = run_on(&sandbox, &file, "r1");
+    done.assert_code(125);
+    done.assert_stderr_has(&format!(
+        "failed to create run directory {}/r1",
+        file.display()
+    ));
+
+    let frozen = sandbox.path().join("frozen-runs");
+    std::fs::create_dir(&frozen).unwrap();
+    let chattr = |flag: &str| {
+        assert!(
+            Command::new("chattr")
+                .arg(flag)
+                .arg(&frozen)
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    chattr("+i");
+    let done = run_on(&sandbox, &frozen, "r2");
+    chattr("-i");
+    done.assert_code(125);
+    done.assert_stderr_has("failed to create run directory");
+    assert!(done.out.is_empty());
+}
