@@ -16,33 +16,8 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_ccci-run");
 const SUFFIX: &str = "bench.test";
 
-const COMPOSE: &str = r#"version: "3.8"
-services:
-  app:
-    image: ccci-test/busybox:latest
-    command: ["sleep", "100000"]
-    init: true
-    networks: [internal]
-    volumes: [data:/data]
-    secrets: [db_password]
-    configs: [{source: app_conf, target: /etc/app.conf}]
-    deploy: {endpoint_mode: dnsrr}
-  worker:
-    image: ccci-test/busybox:latest
-    command: ["sleep", "100000"]
-    networks: [internal]
-    volumes: [cache:/cache]
-    deploy: {endpoint_mode: dnsrr}
-networks:
-  internal: {driver: overlay}
-volumes:
-  data: {}
-  cache: {}
-secrets:
-  db_password: {file: ./secret.txt}
-configs:
-  app_conf: {file: ./conf.txt}
-"#;
+/// The same stack as the Docker tests use.
+const COMPOSE: &str = include_str!("../tests/fixtures/compose.yml");
 
 fn docker(args: &[&str]) -> String {
     let out = Command::new("docker")

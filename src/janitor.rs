@@ -122,29 +122,17 @@ pub struct SweepOptions {
     pub long_held: Duration,
 }
 
-/// What was removed for one candidate.
+/// What was removed for one candidate: its Docker resources (flattened into the contract's
+/// `removed` object), its `.env` files, its lock file.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RemovedResources {
-    pub services: Vec<String>,
-    pub containers: Vec<String>,
-    pub networks: Vec<String>,
-    pub volumes: Vec<String>,
-    pub secrets: Vec<String>,
-    pub configs: Vec<String>,
+    #[serde(flatten)]
+    pub docker: RemovedNames,
     pub env_files: Vec<PathBuf>,
     pub lock_file: bool,
 }
 
 impl RemovedResources {
-    fn set_docker(&mut self, names: RemovedNames) {
-        self.services = names.services;
-        self.containers = names.containers;
-        self.networks = names.networks;
-        self.volumes = names.volumes;
-        self.secrets = names.secrets;
-        self.configs = names.configs;
-    }
-
     /// "2 services, 1 network, 1 env file, lock file": what is there, in words.
     pub fn summary(&self) -> String {
         let parts: Vec<String> = self
@@ -174,12 +162,12 @@ impl RemovedResources {
     /// How many of each kind, in a fixed order.
     pub fn counts(&self) -> [(&'static str, usize); 8] {
         [
-            ("services", self.services.len()),
-            ("containers", self.containers.len()),
-            ("networks", self.networks.len()),
-            ("volumes", self.volumes.len()),
-            ("secrets", self.secrets.len()),
-            ("configs", self.configs.len()),
+            ("services", self.docker.services.len()),
+            ("containers", self.docker.containers.len()),
+            ("networks", self.docker.networks.len()),
+            ("volumes", self.docker.volumes.len()),
+            ("secrets", self.docker.secrets.len()),
+            ("configs", self.docker.configs.len()),
             ("env_files", self.env_files.len()),
             ("lock_files", usize::from(self.lock_file)),
         ]
@@ -411,7 +399,7 @@ pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
     };
     for ((i, lock), (names, errors)) in to_reap.into_iter().zip(docker_results) {
         let line = &mut report.candidates[i];
-        line.removed.set_docker(names);
+        line.removed.docker = names;
         if !errors.is_empty() {
             // The .env stays: it is the trace that brings the next sweep back to this stack.
             let errors: Vec<String> = errors.into_iter().map(|e| e.0).collect();
@@ -618,7 +606,7 @@ pub fn remove_app_now(global: &Global, domain: &AppDomain) -> (RemovedResources,
         match stack {
             Ok(mut results) => {
                 let (names, errors) = results.pop().unwrap_or_default();
-                removed.set_docker(names);
+                removed.docker = names;
                 if !errors.is_empty() {
                     return (removed, errors.into_iter().map(|e| e.0).collect());
                 }

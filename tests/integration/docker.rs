@@ -9,35 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::util::{Proc, Sandbox, candidate, docker, run};
+use crate::util::{Sandbox, candidate, docker, run};
 
-const COMPOSE: &str = r#"version: "3.8"
-services:
-  app:
-    image: ccci-test/busybox:latest
-    command: ["sleep", "100000"]
-    init: true
-    networks: [internal]
-    volumes: [data:/data]
-    secrets: [db_password]
-    configs: [{source: app_conf, target: /etc/app.conf}]
-    deploy: {endpoint_mode: dnsrr}
-  worker:
-    image: ccci-test/busybox:latest
-    command: ["sleep", "100000"]
-    networks: [internal]
-    volumes: [cache:/cache]
-    deploy: {endpoint_mode: dnsrr}
-networks:
-  internal: {driver: overlay}
-volumes:
-  data: {}
-  cache: {}
-secrets:
-  db_password: {file: ./secret.txt}
-configs:
-  app_conf: {file: ./conf.txt}
-"#;
+/// The test stack: two services, an overlay network, two volumes, a secret and a config.
+const COMPOSE: &str = include_str!("../fixtures/compose.yml");
 
 /// Write the test compose file (and its secret and config files) into `dir`.
 fn compose_file(dir: &Path) -> PathBuf {
@@ -156,6 +131,27 @@ impl Drop for Cleanup {
     }
 }
 
+/// What a stack leaves once its services are gone: a labelled overlay network and volume.
+fn leave_network_and_volume(stack: &str) {
+    let label = format!("com.docker.stack.namespace={stack}");
+    docker(&[
+        "network",
+        "create",
+        "--driver",
+        "overlay",
+        "--label",
+        &label,
+        &format!("{stack}_net"),
+    ]);
+    docker(&[
+        "volume",
+        "create",
+        "--label",
+        &label,
+        &format!("{stack}_data"),
+    ]);
+}
+
 fn domain(sandbox: &Sandbox, prefix: &str) -> String {
     format!("{prefix}-0d0c4e.{}", sandbox.suffix())
 }
@@ -249,23 +245,7 @@ fn stack_with_only_a_network_and_a_volume_left_is_reaped() {
     let domain = domain(&sandbox, "rest");
     let stack = Sandbox::stack(&domain);
     let _cleanup = Cleanup(stack.clone());
-    let label = format!("com.docker.stack.namespace={stack}");
-    docker(&[
-        "network",
-        "create",
-        "--driver",
-        "overlay",
-        "--label",
-        &label,
-        &format!("{stack}_net"),
-    ]);
-    docker(&[
-        "volume",
-        "create",
-        "--label",
-        &label,
-        &format!("{stack}_data"),
-    ]);
+    leave_network_and_volume(&stack);
     let (report, done) = sandbox.janitor(&[]);
     done.assert_code(0);
     let c = candidate(&report, &domain);
@@ -459,44 +439,9 @@ fn concurrent_janitors_never_fight_over_a_stack() {
         .collect();
     let _cleanup: Vec<Cleanup> = stacks.iter().map(|(s, _)| Cleanup(s.clone())).collect();
     for (stack, _) in &stacks {
-        let label = format!("com.docker.stack.namespace={stack}");
-        docker(&[
-            "network",
-            "create",
-            "--driver",
-            "overlay",
-            "--label",
-            &label,
-            &format!("{stack}_net"),
-        ]);
-        docker(&[
-            "volume",
-            "create",
-            "--label",
-            &label,
-            &format!("{stack}_data"),
-        ]);
+        leave_network_and_volume(stack);
     }
-    let janitors: Vec<Proc> = (0..3)
-        .map(|_| {
-            let mut cmd = sandbox.ccci();
-            cmd.args(["janitor", "--json"]);
-            Proc::spawn(cmd)
-        })
-        .collect();
-    let mut reaps = std::collections::BTreeMap::<String, usize>::new();
-    for j in janitors {
-        let done = j.finish();
-        done.assert_code(0);
-        let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
-        for c in report["candidates"].as_array().unwrap() {
-            if c["decision"] == "reap" {
-                *reaps
-                    .entry(c["domain"].as_str().unwrap().to_owned())
-                    .or_default() += 1;
-            }
-        }
-    }
+    let (reaps, _) = sandbox.racing_janitors(3);
     for (stack, domain) in &stacks {
         assert_eq!(reaps.get(domain), Some(&1), "{domain}: {reaps:?}");
         assert_gone(stack);

@@ -131,30 +131,12 @@ fn three_racing_janitors_reap_each_orphan_exactly_once() {
     for n in 0..ORPHANS {
         sandbox.plant_env(&format!("server{}", n % 3), &orphan(n), SECRET);
     }
-    let janitors: Vec<Proc> = (0..3)
-        .map(|_| {
-            let mut cmd = sandbox.ccci();
-            cmd.args(["janitor", "--json"]);
-            Proc::spawn(cmd)
-        })
-        .collect();
-    let mut reaps: BTreeMap<String, usize> = BTreeMap::new();
-    for janitor in janitors {
-        let done = janitor.finish();
-        done.assert_code(0);
-        let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
-        for c in report["candidates"].as_array().unwrap() {
-            let decision = c["decision"].as_str().unwrap();
-            assert!(
-                matches!(decision, "reap" | "raced" | "live"),
-                "unexpected {decision} in {report:#}"
-            );
-            if decision == "reap" {
-                *reaps
-                    .entry(c["domain"].as_str().unwrap().to_owned())
-                    .or_default() += 1;
-            }
-        }
+    let (reaps, decisions) = sandbox.racing_janitors(3);
+    for decision in &decisions {
+        assert!(
+            matches!(decision.as_str(), "reap" | "raced" | "live"),
+            "unexpected {decision}"
+        );
     }
     assert_eq!(reaps.len(), ORPHANS, "every orphan reaped");
     assert!(

@@ -45,7 +45,6 @@ fn drone_step(sandbox: &Sandbox, build: &str) -> Command {
         .env("CCCI_APP_LOCK_DIR", sandbox.locks())
         .env("CCCI_STATE_DIR", sandbox.state())
         .env("CCCI_DOCKER", "off")
-        .env("CCCI_SKIP_FETCH", "0")
         .env("CCCI_RECIPE_URL_TEMPLATE", "/nonexistent/{recipe}");
     cmd
 }
@@ -73,18 +72,21 @@ fn drone_yml_runs_the_step_script() {
     }
 }
 
+/// The step under way, its command started: the recipe is staged for CCCI_SKIP_FETCH.
+fn started_drone_step(sandbox: &Sandbox, build: &str) -> Proc {
+    std::fs::create_dir_all(sandbox.abra_home().join("recipes/custom-html/.git")).unwrap();
+    let mut cmd = drone_step(sandbox, build);
+    cmd.env("CCCI_SKIP_FETCH", "1");
+    let mut step = Proc::spawn(cmd);
+    step.wait_ready();
+    step
+}
+
 /// Cancellation through a TERM to the step shell reaches ccci-run through the trap.
 #[test]
 fn drone_step_shell_term_tears_the_run_down() {
     let sandbox = Sandbox::new();
-    // The step fetches nothing here: --no-fetch is not in the step, so point it at a recipe
-    // staged for CCCI_SKIP_FETCH.
-    let staged = sandbox.abra_home().join("recipes/custom-html/.git");
-    std::fs::create_dir_all(&staged).unwrap();
-    let mut cmd = drone_step(&sandbox, "91");
-    cmd.env("CCCI_SKIP_FETCH", "1");
-    let mut step = Proc::spawn(cmd);
-    step.wait_ready();
+    let step = started_drone_step(&sandbox, "91");
     signal(step.pid(), Signal::SIGTERM);
     let done = step.finish();
     done.assert_code(143);
@@ -99,12 +101,7 @@ fn drone_step_shell_term_tears_the_run_down() {
 #[test]
 fn drone_step_shell_sigkill_still_tears_the_run_down() {
     let sandbox = Sandbox::new();
-    let staged = sandbox.abra_home().join("recipes/custom-html/.git");
-    std::fs::create_dir_all(&staged).unwrap();
-    let mut cmd = drone_step(&sandbox, "92");
-    cmd.env("CCCI_SKIP_FETCH", "1");
-    let mut step = Proc::spawn(cmd);
-    step.wait_ready();
+    let step = started_drone_step(&sandbox, "92");
     signal(step.pid(), Signal::SIGKILL);
     let done = step.finish();
     done.assert_stderr_has("== SIGTERM received — tearing down ==");

@@ -3,6 +3,7 @@
 //!
 //! Every assertion failure prints the command line, its status and everything it printed.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -157,6 +158,35 @@ impl Sandbox {
         let report = serde_json::from_str(&done.out.join("\n"))
             .unwrap_or_else(|e| panic!("janitor printed no JSON ({e})\n{}", done.transcript()));
         (report, done)
+    }
+
+    /// Start `n` janitors at once; when all are done (each with exit 0), how many times each
+    /// domain was reaped, and every decision they made.
+    pub fn racing_janitors(&self, n: usize) -> (BTreeMap<String, usize>, Vec<String>) {
+        let janitors: Vec<Proc> = (0..n)
+            .map(|_| {
+                let mut cmd = self.ccci();
+                cmd.args(["janitor", "--json"]);
+                Proc::spawn(cmd)
+            })
+            .collect();
+        let mut reaps = BTreeMap::new();
+        let mut decisions = Vec::new();
+        for janitor in janitors {
+            let done = janitor.finish();
+            done.assert_code(0);
+            let report: Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+            for c in report["candidates"].as_array().unwrap() {
+                let decision = c["decision"].as_str().unwrap().to_owned();
+                if decision == "reap" {
+                    *reaps
+                        .entry(c["domain"].as_str().unwrap().to_owned())
+                        .or_default() += 1;
+                }
+                decisions.push(decision);
+            }
+        }
+        (reaps, decisions)
     }
 
     /// The domain `ccci-run app-domain` gives for a recipe and PR.
