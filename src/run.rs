@@ -240,6 +240,7 @@ impl Run<'_> {
         }
         self.record.enter("app-lock");
         self.save();
+        self.clear_leftovers();
 
         self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
         self.env = [
@@ -275,6 +276,23 @@ impl Run<'_> {
                     return Ok(Ok(outcome?.to_string()));
                 }
             }
+        }
+    }
+
+    /// Holding the app lock, nothing else of this domain can be alive: whatever of the app is
+    /// there now was left by a run that died while we waited (after our sweep). It goes before
+    /// the command starts, so the command never deploys over a dead run's stack.
+    fn clear_leftovers(&mut self) {
+        let domain = &self.cfg.identity.domain;
+        let (removed, errors) = janitor::remove_app_now(self.global, domain);
+        if removed.counts().iter().any(|(_, n)| *n > 0) {
+            report::line(&format!(
+                "== app lock: removed what a previous run of {domain} left: {} ==",
+                removed.summary()
+            ));
+        }
+        for err in errors {
+            tracing::warn!("failed to clear leftovers of {domain}: {err}");
         }
     }
 

@@ -225,3 +225,25 @@ fn holder_metadata_is_written_into_the_lock_file() {
     // The run never unlinks its own lock file; a later janitor tidies it.
     assert!(sandbox.lock_file(&domain).exists());
 }
+
+/// A run that dies while the next run of its domain is parked on the lock leaves its app after
+/// that run's start sweep: the new holder clears it before its command starts, so it never
+/// deploys over a dead run's leftovers.
+#[test]
+fn leftovers_of_a_holder_that_died_while_we_waited_are_cleared_before_our_command() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let first_script = "echo first > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; exec sleep 1000";
+    let mut first = Proc::spawn(sandbox.run_sh("a", &[], first_script));
+    let command = first.wait_ready();
+    let check = "if [ -e \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" ]; then echo dirty; else echo clean; fi";
+    let mut second = Proc::spawn(sandbox.run_sh("b", &[], check));
+    second.wait_for(Stream::Err, WAITING);
+    signal(first.pid(), Signal::SIGKILL);
+    first.finish();
+    let done = second.finish();
+    done.assert_code(0);
+    assert!(crate::util::wait_exited(command));
+    done.assert_stderr_has("removed what a previous run of");
+    assert_eq!(done.out, ["clean"], "{}", done.transcript());
+}
