@@ -62,6 +62,8 @@ struct RunPlan {
 #[derive(Debug, Clone)]
 struct Plan {
     seed: u64,
+    /// Apps are also a small real Docker resource: a labelled volume of the run's stack.
+    docker: bool,
     runs: Vec<RunPlan>,
     /// Chance, after each event, that a janitor starts.
     janitor_chance: f64,
@@ -72,7 +74,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(seed: u64) -> Self {
+    fn new(seed: u64, docker: bool) -> Self {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
         let runs = (0..rng.random_range(3..=7))
             .map(|i| RunPlan {
@@ -84,6 +86,7 @@ impl Plan {
             .collect();
         Self {
             seed,
+            docker,
             runs,
             janitor_chance: rng.random_range(0.0..0.3),
             kill_janitor_chance: rng.random_range(0.0..0.5),
@@ -184,11 +187,22 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
 
     let start_run = |i: usize, procs: &mut Vec<Spawned>, tally: &mut Tally| {
         let run = &plan.runs[i];
+        // The app: an .env (and in Docker mode a volume labelled as the stack's) that says whose
+        // it is; at its end the command checks it is still there and still its own.
+        let (deploy, owned) = if plan.docker {
+            (
+                "docker volume create --label com.docker.stack.namespace=$CCCI_STACK_NAME \
+                 --label ccci.run=$CCCI_RUN_ID \"${CCCI_STACK_NAME}_data\" >/dev/null; ",
+                " && [ \"$(docker volume inspect -f '{{index .Labels \"ccci.run\"}}' \"${CCCI_STACK_NAME}_data\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]",
+            )
+        } else {
+            ("", "")
+        };
         let script = format!(
             "echo \"$(date +%s%N) start $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> {log}; \
-             echo \"$CCCI_RUN_ID\" > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; \
+             echo \"$CCCI_RUN_ID\" > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; {deploy}\
              echo ready $$; sleep {hold}; \
-             if [ \"$(cat \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]; \
+             if [ \"$(cat \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]{owned}; \
              then r=ok; else r=LOST; fi; \
              echo \"$(date +%s%N) $r $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> {log}",
             log = sh_quote(log),
@@ -416,6 +430,18 @@ fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<S
     if !states.is_empty() {
         violations.push(format!("state files left: {states:?}"));
     }
+    if plan.docker {
+        let volumes = crate::util::docker(&[
+            "volume",
+            "ls",
+            "-q",
+            "--filter",
+            &format!("name={}", sandbox.suffix().replace('.', "_")),
+        ]);
+        if !volumes.trim().is_empty() {
+            violations.push(format!("Docker volumes left: {volumes:?}"));
+        }
+    }
     for pid in &outcome.command_pids {
         if process_alive(*pid) {
             violations.push(format!("command {pid} is still running"));
@@ -435,11 +461,15 @@ fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<S
     violations
 }
 
-fn run_schedules(first_seed: u64, count: u64) -> Tally {
+fn run_schedules(first_seed: u64, count: u64, docker: bool) -> Tally {
     let mut tally = Tally::default();
     for seed in first_seed..first_seed + count {
-        let plan = Plan::new(seed);
-        let sandbox = Sandbox::new();
+        let plan = Plan::new(seed, docker);
+        let sandbox = if docker {
+            Sandbox::with_docker().expect("a Docker engine")
+        } else {
+            Sandbox::new()
+        };
         let log = sandbox.path().join("events.log");
         let outcome = execute(&plan, &sandbox, &log, &mut tally);
         let violations = check(&plan, &sandbox, &log, &outcome);
@@ -467,9 +497,29 @@ fn chaos_schedules_keep_every_invariant() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
     let started = Instant::now();
-    let tally = run_schedules(seed, count);
+    let tally = run_schedules(seed, count, false);
     eprintln!(
         "chaos: {} schedules from seed {seed} in {:.1} s, 0 violations; injected: {:?}",
+        tally.schedules,
+        started.elapsed().as_secs_f64(),
+        tally.faults
+    );
+}
+
+/// A few schedules whose apps are real Docker resources too.
+#[test]
+fn chaos_schedules_with_docker_keep_every_invariant() {
+    if !crate::util::docker_available() {
+        return;
+    }
+    let count = std::env::var("CCCI_CHAOS_DOCKER_SCHEDULES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let started = Instant::now();
+    let tally = run_schedules(10_000, count, true);
+    eprintln!(
+        "chaos (Docker): {} schedules in {:.1} s, 0 violations; injected: {:?}",
         tally.schedules,
         started.elapsed().as_secs_f64(),
         tally.faults
