@@ -1,7 +1,7 @@
 //! `ccci-run run`: supervise one CI run from lifetime guards to teardown.
 //!
-//! The order is the contract's: guards, per-run `ABRA_DIR`, recipe, COMMAND in its own process
-//! group, one teardown, the run record at every phase change.
+//! The order is the contract's: guards, per-run `ABRA_DIR`, recipe, a janitor sweep, the app
+//! lock, COMMAND in its own process group, one teardown, the run record at every phase change.
 //!
 //! Invariant: every way out — the command ending, SIGTERM/SIGINT/SIGHUP, the parent dying (the
 //! parent-death signal is SIGTERM), the hard deadline — goes through [`Run::teardown`] exactly
