@@ -93,8 +93,6 @@ fn install_guards(start_ppid: Pid, cfg: &RunConfig) -> Result<SignalFunnel, RunE
 /// Run the `run` subcommand; returns the exit code.
 pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
     let funnel = install_guards(start_ppid, cfg)?;
-    // Before any helper thread exists: libgit2 calls setenv when it first starts.
-    fetch::init_git();
     let pid = std::process::id();
     let holder = Holder::this_process(cfg.run_id.as_str());
     let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
@@ -180,6 +178,8 @@ impl Run<'_> {
                 self.record.enter("fetch-copied");
             }
             Fetch::Clone { url } => {
+                // Here, before any helper thread exists: libgit2 calls setenv when it starts.
+                fetch::init_git();
                 self.record.recipe_url = Some(fetch::redact(url));
                 let spec = FetchSpec {
                     url: url.clone(),
