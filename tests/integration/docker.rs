@@ -156,14 +156,21 @@ fn domain(sandbox: &Sandbox, prefix: &str) -> String {
     format!("{prefix}-0d0c4e.{}", sandbox.suffix())
 }
 
+/// A Docker test's set-up: its sandbox, one run-app domain, its stack, and the clean-up of that
+/// stack. `None` when no engine answers (outside CI).
+fn docker_case(prefix: &str) -> Option<(Sandbox, String, String, Cleanup)> {
+    let sandbox = Sandbox::with_docker()?;
+    let domain = domain(&sandbox, prefix);
+    let stack = Sandbox::stack(&domain);
+    let cleanup = Cleanup(stack.clone());
+    Some((sandbox, domain, stack, cleanup))
+}
+
 #[test]
 fn orphan_stack_is_reaped_completely() {
-    let Some(sandbox) = Sandbox::with_docker() else {
+    let Some((sandbox, domain, stack, _cleanup)) = docker_case("orph") else {
         return;
     };
-    let domain = domain(&sandbox, "orph");
-    let stack = Sandbox::stack(&domain);
-    let _cleanup = Cleanup(stack.clone());
     deploy(&sandbox, &stack);
     let env = sandbox.plant_env("ci", &domain, "X=1\n");
     let (report, done) = sandbox.janitor(&[]);
@@ -196,12 +203,9 @@ fn orphan_stack_is_reaped_completely() {
 
 #[test]
 fn live_run_s_stack_and_dry_run_are_untouched() {
-    let Some(sandbox) = Sandbox::with_docker() else {
+    let Some((sandbox, domain, stack, _cleanup)) = docker_case("live") else {
         return;
     };
-    let domain = domain(&sandbox, "live");
-    let stack = Sandbox::stack(&domain);
-    let _cleanup = Cleanup(stack.clone());
     deploy(&sandbox, &stack);
     let before = leftovers(&stack);
 
@@ -239,12 +243,9 @@ fn stacks_outside_the_run_app_pattern_are_untouched() {
 /// volume still belong to it and are found and reaped.
 #[test]
 fn stack_with_only_a_network_and_a_volume_left_is_reaped() {
-    let Some(sandbox) = Sandbox::with_docker() else {
+    let Some((sandbox, domain, stack, _cleanup)) = docker_case("rest") else {
         return;
     };
-    let domain = domain(&sandbox, "rest");
-    let stack = Sandbox::stack(&domain);
-    let _cleanup = Cleanup(stack.clone());
     leave_network_and_volume(&stack);
     let (report, done) = sandbox.janitor(&[]);
     done.assert_code(0);
@@ -379,12 +380,9 @@ fn pump(mut from: UnixStream, mut to: UnixStream, watch: Option<Arc<AtomicBool>>
 
 #[test]
 fn daemon_dying_mid_sweep_is_a_clear_failure_and_loses_no_env() {
-    let Some(sandbox) = Sandbox::with_docker() else {
+    let Some((sandbox, domain, stack, _cleanup)) = docker_case("dies") else {
         return;
     };
-    let domain = domain(&sandbox, "dies");
-    let stack = Sandbox::stack(&domain);
-    let _cleanup = Cleanup(stack.clone());
     let label = format!("com.docker.stack.namespace={stack}");
     docker(&[
         "volume",
