@@ -109,25 +109,23 @@ fn assert_gone(stack: &str) {
     panic!("{stack} left resources behind: {left:?}");
 }
 
-/// Remove whatever a test left, so that a failed test does not leak onto the shared engine.
+/// Remove whatever a test left, so that no test leaks onto the shared engine: the stack, its
+/// containers forced out (so its volumes are free), then everything named after it.
 struct Cleanup(String);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("docker")
-            .args(["stack", "rm", &self.0])
-            .output();
-        for (kind, arg) in [("secret", "rm"), ("network", "rm")] {
-            let _ = std::process::Command::new("sh")
-                .args([
-                    "-c",
-                    &format!(
-                        "docker {kind} ls -q --filter name={}_ | xargs -r docker {kind} {arg}",
-                        self.0
-                    ),
-                ])
-                .output();
-        }
+        let stack = &self.0;
+        let script = format!(
+            "docker stack rm {stack} >/dev/null 2>&1; \
+             docker ps -aq --filter label=com.docker.stack.namespace={stack} | xargs -r docker rm -f >/dev/null 2>&1; \
+             for kind in network secret config volume; do \
+               docker $kind ls -q --filter name={stack}_ | xargs -r docker $kind rm >/dev/null 2>&1; \
+             done; true"
+        );
+        let _ = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .status();
     }
 }
 
