@@ -54,16 +54,24 @@ fn different_domains_run_in_parallel() {
     first.finish().assert_code(0);
 }
 
-#[test]
-fn lock_wait_budget_ends_with_75_and_leaves_the_holder_s_app_alone() {
-    let sandbox = Sandbox::new();
+/// Run "a" of custom-html, live (its command waits on stdin), with its app's .env deployed.
+fn live_run_with_app(sandbox: &Sandbox) -> (Proc, std::path::PathBuf) {
     let script =
         "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; read line || :";
     std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
     let mut holder = Proc::spawn(sandbox.run_sh("a", &[], script));
     holder.wait_ready();
     let domain = sandbox.domain("custom-html", None);
-    let env = sandbox.abra_home().join(format!("servers/ci/{domain}.env"));
+    (
+        holder,
+        sandbox.abra_home().join(format!("servers/ci/{domain}.env")),
+    )
+}
+
+#[test]
+fn lock_wait_budget_ends_with_75_and_leaves_the_holder_s_app_alone() {
+    let sandbox = Sandbox::new();
+    let (mut holder, env) = live_run_with_app(&sandbox);
     let hook = sandbox.path().join("hook-ran");
     let late = run(sandbox.run_sh(
         "b",
@@ -92,13 +100,7 @@ fn lock_wait_budget_ends_with_75_and_leaves_the_holder_s_app_alone() {
 #[test]
 fn signal_and_deadline_end_a_parked_wait() {
     let sandbox = Sandbox::new();
-    let script =
-        "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; read line || :";
-    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
-    let mut holder = Proc::spawn(sandbox.run_sh("a", &[], script));
-    holder.wait_ready();
-    let domain = sandbox.domain("custom-html", None);
-    let env = sandbox.abra_home().join(format!("servers/ci/{domain}.env"));
+    let (mut holder, env) = live_run_with_app(&sandbox);
 
     let mut parked = Proc::spawn(sandbox.run_sh("b", &[], "echo must-not-run"));
     parked.wait_for(Stream::Err, WAITING);

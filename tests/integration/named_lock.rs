@@ -55,6 +55,17 @@ fn set_age(path: &Path, age: Duration) {
         .unwrap();
 }
 
+/// Release the holder, let every waiter finish, and return the order they were served in.
+fn release_and_serve(holder: Proc, waiters: Vec<Proc>, log: &Path) -> Vec<String> {
+    let mut holder = holder;
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+    for w in waiters {
+        w.finish().assert_code(0);
+    }
+    order(log)
+}
+
 fn order(log: &Path) -> Vec<String> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -86,16 +97,14 @@ fn waiters_are_served_in_arrival_order() {
 fn fast_ticket_overtakes_waiting_normal_ones_behind_a_parked_head() {
     let sandbox = Sandbox::new();
     let log = sandbox.path().join("order.log");
-    let mut h = holder(&sandbox);
+    let h = holder(&sandbox);
     let n1 = waiter(&sandbox, &log, "n1", &[]);
     let n2 = waiter(&sandbox, &log, "n2", &[]);
     let f = waiter(&sandbox, &log, "f", &["--class", "fast"]);
-    h.close_stdin();
-    h.finish().assert_code(0);
-    for w in [n1, n2, f] {
-        w.finish().assert_code(0);
-    }
-    assert_eq!(order(&log), ["n1", "f", "n2"]);
+    assert_eq!(
+        release_and_serve(h, vec![n1, n2, f], &log),
+        ["n1", "f", "n2"]
+    );
 }
 
 /// A normal ticket that waited past --promote-after goes before a fast one that came later.
@@ -103,17 +112,15 @@ fn fast_ticket_overtakes_waiting_normal_ones_behind_a_parked_head() {
 fn promoted_normal_ticket_goes_before_a_later_fast_one() {
     let sandbox = Sandbox::new();
     let log = sandbox.path().join("order.log");
-    let mut h = holder(&sandbox);
+    let h = holder(&sandbox);
     let n1 = waiter(&sandbox, &log, "n1", &[]);
     let mut n2 = waiter(&sandbox, &log, "n2", &["--promote-after", "0.5"]);
     n2.wait_for(Stream::Err, "promoted to the fast class");
     let f = waiter(&sandbox, &log, "f", &["--class", "fast"]);
-    h.close_stdin();
-    h.finish().assert_code(0);
-    for w in [n1, n2, f] {
-        w.finish().assert_code(0);
-    }
-    assert_eq!(order(&log), ["n1", "n2", "f"]);
+    assert_eq!(
+        release_and_serve(h, vec![n1, n2, f], &log),
+        ["n1", "n2", "f"]
+    );
 }
 
 /// The parked head keeps touching its ticket, so another waiter's reaper never takes it for
