@@ -59,6 +59,25 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// What an operator does after `docker stack rm`: wait until the services, containers and
+/// networks matching `filter` are gone, then remove the volumes (stack rm never does).
+fn finish_by_hand(filter: &str) {
+    wait_until("stack rm: services, containers and networks gone", || {
+        count(&["service", "ls", "-q", "--filter", filter]) == 0
+            && count(&["ps", "-aq", "--filter", filter]) == 0
+            && count(&["network", "ls", "-q", "--filter", filter]) == 0
+    });
+    let volumes: Vec<String> = docker(&["volume", "ls", "-q", "--filter", filter])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    if !volumes.is_empty() {
+        let mut args = vec!["volume", "rm"];
+        args.extend(volumes.iter().map(String::as_str));
+        docker(&args);
+    }
+}
+
 fn deploy_all(dir: &Path, stacks: usize) {
     std::fs::write(dir.join("secret.txt"), "s3cret\n").unwrap();
     std::fs::write(dir.join("conf.txt"), "conf\n").unwrap();
@@ -131,18 +150,7 @@ fn main() {
     for n in 0..stacks {
         docker(&["stack", "rm", &stack(n)]);
     }
-    wait_until("stack rm: services, containers and networks gone", || {
-        count(&["service", "ls", "-q", "--filter", "name=bnch-"]) == 0
-            && count(&["ps", "-aq", "--filter", "name=bnch-"]) == 0
-            && count(&["network", "ls", "-q", "--filter", "name=bnch-"]) == 0
-    });
-    let volumes: Vec<String> = docker(&["volume", "ls", "-q", "--filter", "name=bnch-"])
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let mut args = vec!["volume", "rm"];
-    args.extend(volumes.iter().map(String::as_str));
-    docker(&args);
+    finish_by_hand("name=bnch-");
     wait_until("stack rm: nothing left", || leftovers() == 0);
     let manual = start.elapsed();
 
@@ -152,19 +160,7 @@ fn main() {
     for n in 0..stacks {
         let s = stack(n);
         docker(&["stack", "rm", &s]);
-        let name = format!("name={s}_");
-        wait_until("stack rm of one stack", || {
-            count(&["service", "ls", "-q", "--filter", &name]) == 0
-                && count(&["ps", "-aq", "--filter", &name]) == 0
-                && count(&["network", "ls", "-q", "--filter", &name]) == 0
-        });
-        let volumes: Vec<String> = docker(&["volume", "ls", "-q", "--filter", &name])
-            .lines()
-            .map(str::to_owned)
-            .collect();
-        let mut args = vec!["volume", "rm"];
-        args.extend(volumes.iter().map(String::as_str));
-        docker(&args);
+        finish_by_hand(&format!("name={s}_"));
     }
     wait_until("sequential stack rm: nothing left", || leftovers() == 0);
     let sequential = start.elapsed();

@@ -129,6 +129,18 @@ impl Drop for Cleanup {
     }
 }
 
+/// A volume of `stack`, labelled as swarm labels a stack's volumes.
+fn stack_volume(stack: &str, name: &str) {
+    let label = format!("com.docker.stack.namespace={stack}");
+    docker(&[
+        "volume",
+        "create",
+        "--label",
+        &label,
+        &format!("{stack}_{name}"),
+    ]);
+}
+
 /// What a stack leaves once its services are gone: a labelled overlay network and volume.
 fn leave_network_and_volume(stack: &str) {
     let label = format!("com.docker.stack.namespace={stack}");
@@ -141,13 +153,7 @@ fn leave_network_and_volume(stack: &str) {
         &label,
         &format!("{stack}_net"),
     ]);
-    docker(&[
-        "volume",
-        "create",
-        "--label",
-        &label,
-        &format!("{stack}_data"),
-    ]);
+    stack_volume(stack, "data");
 }
 
 fn domain(sandbox: &Sandbox, prefix: &str) -> String {
@@ -267,13 +273,7 @@ fn list_calls_do_not_grow_with_the_number_of_stacks() {
             .collect();
         let _cleanup: Vec<Cleanup> = stacks.iter().cloned().map(Cleanup).collect();
         for stack in &stacks {
-            docker(&[
-                "volume",
-                "create",
-                "--label",
-                &format!("com.docker.stack.namespace={stack}"),
-                &format!("{stack}_v"),
-            ]);
+            stack_volume(stack, "v");
         }
         let (report, done) = sandbox.janitor(&[]);
         done.assert_code(0);
@@ -381,14 +381,7 @@ fn daemon_dying_mid_sweep_is_a_clear_failure_and_loses_no_env() {
     let Some((sandbox, domain, stack, _cleanup)) = docker_case("dies") else {
         return;
     };
-    let label = format!("com.docker.stack.namespace={stack}");
-    docker(&[
-        "volume",
-        "create",
-        "--label",
-        &label,
-        &format!("{stack}_data"),
-    ]);
+    stack_volume(&stack, "data");
     let env = sandbox.plant_env("ci", &domain, "X=1\n");
     let proxy = DyingProxy::start(sandbox.path());
     let mut cmd = sandbox.ccci();

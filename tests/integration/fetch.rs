@@ -63,8 +63,8 @@ fn origin(root: &Path) -> Origin {
     }
 }
 
-/// `ccci-run run` fetching from `url`, its command printing the checked-out commit.
-fn fetch_run(sandbox: &Sandbox, run_id: &str, url: &str, extra: &[&str]) -> crate::util::Finished {
+/// `ccci-run run` of custom-html fetching from `url`; options and the command follow.
+fn fetch_cmd(sandbox: &Sandbox, run_id: &str, url: &str) -> Command {
     let mut cmd = sandbox.ccci();
     cmd.args([
         "run",
@@ -74,9 +74,14 @@ fn fetch_run(sandbox: &Sandbox, run_id: &str, url: &str, extra: &[&str]) -> crat
         run_id,
         "--recipe-url",
         url,
-    ])
-    .args(extra)
-    .args([
+    ]);
+    cmd
+}
+
+/// `ccci-run run` fetching from `url`, its command printing the checked-out commit.
+fn fetch_run(sandbox: &Sandbox, run_id: &str, url: &str, extra: &[&str]) -> crate::util::Finished {
+    let mut cmd = fetch_cmd(sandbox, run_id, url);
+    cmd.args(extra).args([
         "--",
         "sh",
         "-c",
@@ -189,17 +194,8 @@ fn sigterm_ends_a_hanging_fetch() {
     let sandbox = Sandbox::new();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/recipe.git", listener.local_addr().unwrap());
-    let mut cmd = sandbox.ccci();
-    cmd.args([
-        "run",
-        "--recipe",
-        "custom-html",
-        "--run-id",
-        "hang",
-        "--recipe-url",
-        &url,
-    ])
-    .args(["--", "echo", "must-not-run"]);
+    let mut cmd = fetch_cmd(&sandbox, "hang", &url);
+    cmd.args(["--", "echo", "must-not-run"]);
     let mut hung = Proc::spawn(cmd);
     // Readiness: the fetch has connected and waits for an answer that never comes.
     let (_connection, _) = listener.accept().unwrap();

@@ -30,6 +30,20 @@ fn have(tool: &str) -> bool {
     found
 }
 
+/// Run `cmd` and return what it printed; a failure shows the command and both streams.
+#[track_caller]
+fn succeeds(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The Drone step script with this sandbox's directories and the built binary.
 fn drone_step(sandbox: &Sandbox, build: &str) -> Command {
     let mut cmd = Command::new("sh");
@@ -59,16 +73,11 @@ fn drone_yml_runs_the_step_script() {
         "capacity is the runner's knob, not the pipeline's"
     );
     if have("yamllint") {
-        let out = Command::new("yamllint")
-            .current_dir(repo())
-            .args(["--strict", ".drone.yml", ".yamllint"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        succeeds(Command::new("yamllint").current_dir(repo()).args([
+            "--strict",
+            ".drone.yml",
+            ".yamllint",
+        ]));
     }
 }
 
@@ -121,28 +130,13 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
         .collect();
     assert!(files.len() >= 3, "{files:?}");
     for file in &files {
-        let out = Command::new("nix-instantiate")
-            .arg("--parse")
-            .arg(file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeeds(Command::new("nix-instantiate").arg("--parse").arg(file));
     }
     let eval = |expr: &str| {
-        let out = Command::new("nix-instantiate")
-            .current_dir(repo())
-            .args(["--eval", "--strict", "--json", "-E", expr])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{expr}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeeds(
+            Command::new("nix-instantiate")
+                .current_dir(repo())
+                .args(["--eval", "--strict", "--json", "-E", expr]),
         );
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
@@ -188,7 +182,7 @@ fn systemd_units_verify() {
     // at the built binary and at the man page it renders, and change nothing else.
     let man = dir.path().join("man/man1");
     std::fs::create_dir_all(&man).unwrap();
-    let page = Command::new(BIN).arg("man").output().unwrap();
+    let page = succeeds(Command::new(BIN).arg("man"));
     std::fs::write(man.join("ccci-run.1"), page.stdout).unwrap();
     for unit in ["ccci-run-janitor.service", "ccci-run-janitor.timer"] {
         let text = std::fs::read_to_string(repo().join("systemd").join(unit)).unwrap();
@@ -222,11 +216,7 @@ fn completions_parse_in_their_shells() {
         ("zsh", vec!["zsh", "-n"]),
         ("fish", vec!["fish", "--no-execute"]),
     ] {
-        let out = Command::new(BIN)
-            .args(["completions", shell])
-            .output()
-            .unwrap();
-        assert!(out.status.success());
+        let out = succeeds(Command::new(BIN).args(["completions", shell]));
         assert!(String::from_utf8_lossy(&out.stdout).contains("ccci-run"));
         if !have(check[0]) {
             continue;
@@ -234,23 +224,13 @@ fn completions_parse_in_their_shells() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join(format!("ccci-run.{shell}"));
         std::fs::write(&file, &out.stdout).unwrap();
-        let status = Command::new(check[0])
-            .args(&check[1..])
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            status.status.success(),
-            "{shell}: {}",
-            String::from_utf8_lossy(&status.stderr)
-        );
+        succeeds(Command::new(check[0]).args(&check[1..]).arg(&file));
     }
 }
 
 #[test]
 fn man_page_renders() {
-    let page = Command::new(BIN).arg("man").output().unwrap();
-    assert!(page.status.success());
+    let page = succeeds(Command::new(BIN).arg("man"));
     if !have("groff") {
         return;
     }
