@@ -46,6 +46,14 @@ pub enum DockerMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CgroupMode {
+    /// Put each run and each `lock` command in a cgroup of its own where cgroup v2 is writable.
+    Auto,
+    /// Never create cgroups: process groups, subreaping and the environment scan only.
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -95,6 +103,15 @@ pub struct GlobalArgs {
         default_value = "auto"
     )]
     pub docker: DockerMode,
+    /// Whether runs and `lock` commands get a cgroup of their own (cgroup v2, where writable).
+    #[arg(
+        long,
+        global = true,
+        value_name = "MODE",
+        env = "CCCI_CGROUP",
+        default_value = "auto"
+    )]
+    pub cgroup: CgroupMode,
     /// Diagnostics format (status lines are always plain text).
     #[arg(
         long,
@@ -149,6 +166,13 @@ pub struct LockArgs {
     /// Seconds between the forwarded signal and SIGKILL of COMMAND's process group.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds)]
     pub kill_grace: Duration,
+    /// Seconds the rest of the teardown may take after the kill grace; then whatever is left
+    /// is killed and ccci-run exits.
+    #[arg(long, value_name = "SECS", default_value = "300", value_parser = parse_budget)]
+    pub teardown_timeout: Duration,
+    /// Tear down when process PID exits; PID must be an ancestor (pass the CI step shell's $$).
+    #[arg(long, value_name = "PID", env = "CCCI_TIE_TO", value_parser = parse_pid)]
+    pub tie_to: Option<i32>,
     /// The command to run while holding the lock.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -163,13 +187,13 @@ pub struct JanitorArgs {
     #[arg(long)]
     pub json: bool,
     /// Flag (never steal) a lock held for longer than SECS.
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS)]
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS, value_parser = clap::value_parser!(u64).range(..=MAX_SECS))]
     pub long_held: u64,
     /// Also write Prometheus metrics here (node_exporter textfile collector), atomically.
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
     /// Also remove per-run directories older than DAYS whose run is not live.
-    #[arg(long, value_name = "DAYS")]
+    #[arg(long, value_name = "DAYS", value_parser = clap::value_parser!(u64).range(..=MAX_KEEP_DAYS))]
     pub keep_runs: Option<u64>,
 }
 
@@ -179,12 +203,19 @@ pub struct LocksArgs {
     #[arg(long)]
     pub json: bool,
     /// Flag a lock held for longer than SECS.
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS)]
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS, value_parser = clap::value_parser!(u64).range(..=MAX_SECS))]
     pub long_held: u64,
 }
 
 /// Twice the default hard deadline: no healthy run holds its lock that long.
 pub const DEFAULT_LONG_HELD_SECS: u64 = 7200;
+
+/// The longest any duration option may be: one year. Larger values are refused when parsed,
+/// so no arithmetic on instants can overflow later.
+pub const MAX_SECS: u64 = 365 * 86_400;
+
+/// The longest `--keep-runs` may be, in days (a century).
+pub const MAX_KEEP_DAYS: u64 = 36_500;
 
 #[derive(Debug, Args)]
 pub struct IdentityArgs {
@@ -207,7 +238,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
     /// Hard deadline for the whole run, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u32).range(1..=MAX_SECS as i64))]
     pub deadline: u32,
     /// Give up waiting for the app lock after SECS (exit 75) [default: until the deadline].
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
@@ -215,9 +246,16 @@ pub struct RunArgs {
     /// Seconds between SIGTERM and SIGKILL of the command's process group (fractions allowed).
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds)]
     pub kill_grace: Duration,
+    /// Seconds the rest of the teardown (hook, app removal) may take after the kill grace; the
+    /// whole run is bounded by deadline + kill grace + this, whatever happens.
+    #[arg(long, value_name = "SECS", default_value = "300", value_parser = parse_budget)]
+    pub teardown_timeout: Duration,
     /// Refuse to run unless our parent process is PID (pass the step shell's $$).
     #[arg(long, value_name = "PID")]
     pub expect_parent: Option<i32>,
+    /// Tear down when process PID exits; PID must be an ancestor (pass the CI step shell's $$).
+    #[arg(long, value_name = "PID", env = "CCCI_TIE_TO", value_parser = parse_pid)]
+    pub tie_to: Option<i32>,
     /// Shell command run (sh -c, with the run's environment) during teardown.
     #[arg(long, value_name = "CMD")]
     pub on_teardown: Option<String>,
@@ -241,11 +279,47 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// A number of seconds, fractions allowed, from 0 to [`MAX_SECS`].
 fn parse_seconds(value: &str) -> Result<Duration, String> {
     let secs: f64 = value
+        .trim()
         .parse()
         .map_err(|_| format!("{value:?} is not a number of seconds"))?;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{value:?} is not a usable duration"));
+    }
+    if secs > MAX_SECS as f64 {
+        return Err(format!(
+            "{value:?} is too long: at most {MAX_SECS} s (one year)"
+        ));
+    }
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{value:?} is not a usable duration"))
+}
+
+/// Like [`parse_seconds`], but at least one second: a budget of nothing would skip teardown.
+fn parse_budget(value: &str) -> Result<Duration, String> {
+    let secs = parse_seconds(value)?;
+    if secs < Duration::from_secs(1) {
+        return Err(format!(
+            "{value:?} is too short: at least 1 s, or teardown could not even start"
+        ));
+    }
+    Ok(secs)
+}
+
+/// A process id: a positive number, not 1 (init never exits: tying to it guards nothing).
+fn parse_pid(value: &str) -> Result<i32, String> {
+    let pid: i32 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not a process id"))?;
+    match pid {
+        ..=0 => Err(format!("{value:?} is not a process id")),
+        1 => Err(
+            "1 is init, which never exits: name the CI step shell's pid ($$) instead".to_owned(),
+        ),
+        pid => Ok(pid),
+    }
 }
 
 /// Settings every subcommand shares, validated.
@@ -258,6 +332,7 @@ pub struct Global {
     pub suffix: DomainSuffix,
     pub pattern: RunAppPattern,
     pub docker: DockerMode,
+    pub cgroup: CgroupMode,
 }
 
 impl GlobalArgs {
@@ -277,6 +352,7 @@ impl GlobalArgs {
             pattern: RunAppPattern::new(&suffix),
             suffix,
             docker: self.docker,
+            cgroup: self.cgroup,
         })
     }
 }
@@ -312,8 +388,10 @@ pub struct RunConfig {
     pub run_id: RunId,
     pub deadline: Duration,
     pub kill_grace: Duration,
+    pub teardown_timeout: Duration,
     pub lock_wait: Option<Duration>,
     pub expect_parent: Option<i32>,
+    pub tie_to: Option<i32>,
     pub on_teardown: Option<String>,
     pub no_teardown: bool,
     pub fetch: Fetch,
@@ -355,8 +433,10 @@ impl RunArgs {
             run_id,
             deadline: Duration::from_secs(self.deadline.into()),
             kill_grace: self.kill_grace,
+            teardown_timeout: self.teardown_timeout,
             lock_wait: self.lock_wait,
             expect_parent: self.expect_parent,
+            tie_to: self.tie_to,
             on_teardown: self.on_teardown.clone(),
             no_teardown: self.no_teardown,
             fetch,
@@ -380,5 +460,25 @@ mod tests {
         assert_eq!(parse_seconds("0.25").unwrap(), Duration::from_millis(250));
         assert!(parse_seconds("-1").is_err());
         assert!(parse_seconds("soon").is_err());
+        assert!(parse_seconds("NaN").is_err());
+        assert!(parse_seconds("inf").is_err());
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_at_parse_time() {
+        let err = parse_seconds("9223372036854775807").unwrap_err();
+        assert!(err.contains("too long"), "{err}");
+        assert!(parse_seconds(&MAX_SECS.to_string()).is_ok());
+        assert!(parse_budget("0").unwrap_err().contains("at least 1 s"));
+        assert_eq!(parse_budget("1").unwrap(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn pids_are_positive_and_not_init() {
+        assert_eq!(parse_pid("42"), Ok(42));
+        assert!(parse_pid("1").unwrap_err().contains("init"));
+        for bad in ["0", "-5", "x", "", "99999999999"] {
+            assert!(parse_pid(bad).is_err(), "{bad}");
+        }
     }
 }

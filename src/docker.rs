@@ -200,24 +200,48 @@ impl DockerSeam {
         Ok(found)
     }
 
+    /// [`remove_stacks`](Self::remove_stacks) within `budget`; past it, an error says what
+    /// did not finish.
+    pub fn remove_stacks_within(
+        &self,
+        stacks: Vec<StackResources>,
+        budget: Duration,
+    ) -> Result<Vec<(RemovedNames, Vec<DockerError>)>, DockerError> {
+        let docker = &self.docker;
+        let n = stacks.len();
+        self.runtime
+            .block_on(async { tokio::time::timeout(budget, remove_all(docker, stacks)).await })
+            .map_err(|_| {
+                DockerError(format!(
+                    "removing {n} stack(s) did not finish within {:.1} s",
+                    budget.as_secs_f64()
+                ))
+            })
+    }
+
     /// Remove several stacks, at most [`REAP_CONCURRENCY`] at a time. The results come back in
     /// the order of `stacks`.
     pub fn remove_stacks(
         &self,
         stacks: Vec<StackResources>,
     ) -> Vec<(RemovedNames, Vec<DockerError>)> {
-        let docker = &self.docker;
-        self.runtime.block_on(async {
-            let mut done: Vec<(usize, (RemovedNames, Vec<DockerError>))> =
-                stream::iter(stacks.into_iter().enumerate())
-                    .map(|(i, stack)| async move { (i, remove_stack(docker, stack).await) })
-                    .buffer_unordered(REAP_CONCURRENCY)
-                    .collect()
-                    .await;
-            done.sort_by_key(|(i, _)| *i);
-            done.into_iter().map(|(_, r)| r).collect()
-        })
+        self.runtime.block_on(remove_all(&self.docker, stacks))
     }
+}
+
+/// Remove `stacks`, at most [`REAP_CONCURRENCY`] at a time, results in their order.
+async fn remove_all(
+    docker: &Docker,
+    stacks: Vec<StackResources>,
+) -> Vec<(RemovedNames, Vec<DockerError>)> {
+    let mut done: Vec<(usize, (RemovedNames, Vec<DockerError>))> =
+        stream::iter(stacks.into_iter().enumerate())
+            .map(|(i, stack)| async move { (i, remove_stack(docker, stack).await) })
+            .buffer_unordered(REAP_CONCURRENCY)
+            .collect()
+            .await;
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Remove one stack in the order that never waits on swarm; the resources of one kind go at

@@ -19,8 +19,10 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 
 use crate::app;
+use crate::cgroup;
 use crate::cli::{DockerMode, Global};
 use crate::docker::{DockerSeam, RemovedNames, StackResources};
+use crate::leftovers;
 use crate::lock::{self, HeldLock, Holder, LockFile, TryLock};
 use crate::names::{AppDomain, RunId};
 use crate::record::{self, RunRecord};
@@ -199,6 +201,10 @@ pub struct SweepReport {
     /// Docker list calls this sweep made (one per resource kind), when Docker was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_list_calls: Option<usize>,
+    /// Cgroups of dead runs and `lock` commands, killed and removed (or that would be).
+    pub dead_cgroups: Vec<cgroup::Orphan>,
+    /// Processes of dead supervisors found by their environment, killed (or that would be).
+    pub leftover_processes: Vec<leftovers::Leftover>,
     #[serde(skip)]
     pub duration: Duration,
 }
@@ -332,6 +338,12 @@ pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
         report.duration = started.elapsed();
         return report;
     }
+    // Before any app is reaped: what dead runs still have running goes first, so no leftover
+    // deploy or test script acts on an app while (or after) it is removed.
+    let (dead_cgroups, leftover_processes) =
+        reap_dead_runs_processes(&mut report.errors, opts.dry_run);
+    report.dead_cgroups = dead_cgroups;
+    report.leftover_processes = leftover_processes;
     let Some(mut docker) = DockerState::connect(global.docker, &mut report) else {
         report.duration = started.elapsed();
         return report;
@@ -593,15 +605,50 @@ fn finish_reap(global: &Global, lock: &HeldLock, line: &mut CandidateReport) {
     }
 }
 
-/// Remove one app right now, Docker resources first: what a run's own teardown does while it
-/// still holds its app lock. Returns what went and what failed.
-pub fn remove_app_now(global: &Global, domain: &AppDomain) -> (RemovedResources, Vec<String>) {
+/// How long killing the processes of dead runs may take in one sweep.
+const DEAD_RUN_KILL_BUDGET: Duration = Duration::from_secs(10);
+
+/// Kill (unless `dry_run`) every process of a dead run or `lock` command: their cgroups first,
+/// then whatever the environment scan finds. Failures go to `errors`.
+pub fn reap_dead_runs_processes(
+    errors: &mut Vec<String>,
+    dry_run: bool,
+) -> (Vec<cgroup::Orphan>, Vec<leftovers::Leftover>) {
+    let orphans = cgroup::reap_orphans(dry_run, DEAD_RUN_KILL_BUDGET);
+    for orphan in &orphans {
+        match &orphan.error {
+            Some(err) => errors.push(err.clone()),
+            None if !dry_run => report::line(&format!(
+                "== janitor: killed {} process(es) of a dead run in {} ==",
+                orphan.processes,
+                orphan.path.display()
+            )),
+            None => {}
+        }
+    }
+    let found = leftovers::reap(dry_run);
+    if !found.is_empty() && !dry_run {
+        report::line(&format!(
+            "== janitor: killed {} leftover process(es) of dead runs ==",
+            found.len()
+        ));
+    }
+    (orphans, found)
+}
+
+/// Remove one app right now, Docker resources first, within `budget`: what a run's own
+/// teardown does while it still holds its app lock. Returns what went and what failed.
+pub fn remove_app_now(
+    global: &Global,
+    domain: &AppDomain,
+    budget: Duration,
+) -> (RemovedResources, Vec<String>) {
     let mut removed = RemovedResources::default();
     if global.docker != DockerMode::Off {
         let stack = DockerSeam::connect().and_then(|seam| {
             let mut stacks = seam.discover(&global.pattern)?;
             let stack = stacks.remove(domain).unwrap_or_default();
-            Ok(seam.remove_stacks(vec![stack]))
+            seam.remove_stacks_within(vec![stack], budget)
         });
         match stack {
             Ok(mut results) => {

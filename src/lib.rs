@@ -6,12 +6,14 @@
 
 pub mod app;
 pub mod backoff;
+pub mod cgroup;
 pub mod cli;
 pub mod docker;
 pub mod exit;
 pub mod fetch;
 mod fuzz;
 pub mod janitor;
+pub mod leftovers;
 pub mod lock;
 pub mod locks;
 pub mod namedlock;
@@ -139,9 +141,12 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
                 class: args.class,
                 promote_after: args.promote_after,
                 kill_grace: args.kill_grace,
+                teardown_timeout: args.teardown_timeout,
+                tie_to: args.tie_to,
+                cgroup: global.cgroup,
                 command: args.command,
             };
-            Ok(namedlock::run(&global.lock_dir, &opts)?)
+            Ok(namedlock::run(&global.lock_dir, &opts, start_ppid)?)
         }
         Command::Locks(args) => {
             let long_held = Duration::from_secs(args.long_held);

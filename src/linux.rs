@@ -189,6 +189,116 @@ pub fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
     Ok(found)
 }
 
+/// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`), or `None`
+/// when no such process exists. A pid plus its start time names one process for good, even
+/// after the pid is reused.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&text)
+}
+
+/// Field 22 (`starttime`) of a `/proc/<pid>/stat` line; the fields are counted after the last `)`.
+pub fn parse_start_time(text: &str) -> Option<u64> {
+    let (_, tail) = text.rsplit_once(')')?;
+    tail.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// This process's own start time.
+pub fn own_start_time() -> u64 {
+    process_start_time(std::process::id() as i32).unwrap_or(0)
+}
+
+/// A pidfd for `pid`: it turns readable when the process exits, whoever its parent is.
+pub fn pidfd_open(pid: Pid) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open(2) returns a new descriptor or -1; flags 0.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just gave us this descriptor and nobody else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// The mount point of the unified (cgroup v2) hierarchy, from `/proc/self/mountinfo`.
+pub fn cgroup2_mount(mountinfo: &str) -> Option<std::path::PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        // `<id> <parent> <maj:min> <root> <mount point> <options> [optional...] - <fstype> ...`
+        let (head, tail) = line.split_once(" - ")?;
+        if tail.split_ascii_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let mount = head.split_ascii_whitespace().nth(4)?;
+        Some(std::path::PathBuf::from(unescape_mountinfo(mount)))
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).ok();
+            if let Some(n) = digits.and_then(|d| u8::from_str_radix(d, 8).ok()) {
+                out.push(n);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// This process's path in the unified hierarchy: the `0::<path>` line of `/proc/self/cgroup`.
+pub fn cgroup2_path(proc_cgroup: &str) -> Option<String> {
+    proc_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim_end_matches(" (deleted)").to_owned())
+}
+
+/// `populated` from a `cgroup.events` file.
+pub fn cgroup_populated(events: &str) -> Option<bool> {
+    events
+        .lines()
+        .find_map(|l| match l.strip_prefix("populated ")? {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        })
+}
+
+/// The value of `key` in the environment of `pid`, as it was at exec (`/proc/<pid>/environ`).
+pub fn environ_value(pid: Pid, key: &str) -> Option<Vec<u8>> {
+    let data = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ_lookup(&data, key).map(<[u8]>::to_vec)
+}
+
+/// Look `key` up in a NUL-separated `KEY=value` block.
+pub fn environ_lookup<'a>(data: &'a [u8], key: &str) -> Option<&'a [u8]> {
+    data.split(|b| *b == 0).find_map(|entry| {
+        entry
+            .strip_prefix(key.as_bytes())
+            .and_then(|rest| rest.strip_prefix(b"="))
+    })
+}
+
+/// Every pid in `/proc`.
+pub fn all_pids() -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .map(Pid::from_raw)
+        .collect()
+}
+
 /// One line of `/proc/locks`: a flock held (or waited for) on an inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcLock {

@@ -33,6 +33,7 @@ use nix::sys::stat::{UtimensatFlags, utimensat};
 use nix::sys::time::TimeSpec;
 use nix::unistd::Pid;
 
+use crate::cli::CgroupMode;
 use crate::exit;
 use crate::linux;
 use crate::lock::{self, HeldLock, LockError, LockFile, TryLock};
@@ -41,7 +42,7 @@ use crate::process::CommandSpec;
 use crate::report;
 use crate::shutdown::Event;
 use crate::signals::SignalFunnel;
-use crate::supervise::{Supervisor, shutdown_events};
+use crate::supervise::{self, GuardOptions, Supervisor, shutdown_events};
 
 /// A ticket whose owner is dead is removed once it is this old.
 const DEAD_OWNER_AGE: Duration = Duration::from_secs(10);
@@ -326,6 +327,9 @@ pub struct LockOptions {
     pub class: Class,
     pub promote_after: Duration,
     pub kill_grace: Duration,
+    pub teardown_timeout: Duration,
+    pub tie_to: Option<i32>,
+    pub cgroup: CgroupMode,
     pub command: Vec<OsString>,
 }
 
@@ -336,11 +340,13 @@ enum Acquired {
 }
 
 /// Run `ccci-run lock`; returns the exit code.
-pub fn run(lock_dir: &Path, opts: &LockOptions) -> Result<u8, NamedLockError> {
-    let funnel = SignalFunnel::install().map_err(|e| NamedLockError::Guards(e.to_string()))?;
-    linux::set_parent_death_signal(Signal::SIGTERM)
+pub fn run(lock_dir: &Path, opts: &LockOptions, start_ppid: Pid) -> Result<u8, NamedLockError> {
+    let guards = GuardOptions {
+        tie_to: opts.tie_to,
+        ..GuardOptions::default()
+    };
+    let funnel = supervise::install_guards(start_ppid, &guards)
         .map_err(|e| NamedLockError::Guards(e.to_string()))?;
-    linux::become_subreaper().map_err(|e| NamedLockError::Guards(e.to_string()))?;
     lock::prepare_dir(lock_dir)?;
     let path = lock_dir.join(format!("ccci-{}.lock", opts.name));
 
@@ -423,17 +429,26 @@ pub fn run(lock_dir: &Path, opts: &LockOptions) -> Result<u8, NamedLockError> {
         env: vec![(HELD_VAR.to_owned(), held_entries.join(",").into())],
         cwd: None,
     };
+    let cgroups = supervise::run_cgroup(opts.cgroup, "lock", opts.name.as_str());
     let supervisor = Supervisor {
         funnel: &funnel,
         kill_grace: opts.kill_grace,
         deadline: Duration::ZERO,
         forward_signals: true,
+        teardown_timeout: opts.teardown_timeout,
+        hard_end: None,
+        leaf: cgroups.as_ref().map(|c| &c.command),
     };
     let stopped = supervisor.start_and_stop(&spec, VecDeque::new(), &mut |_| {});
     for err in stopped.errors {
         report::line(&format!("!! lock {}: {err}", opts.name));
     }
-    if let Err(err) = supervisor.kill_leftover_descendants() {
+    if let Err(err) =
+        supervisor.kill_leftovers(cgroups.as_ref().map(|c| &c.command), stopped.teardown_until)
+    {
+        report::line(&format!("!! lock {}: {err}", opts.name));
+    }
+    if let Some(Err(err)) = cgroups.as_ref().map(|c| c.cgroup.remove()) {
         report::line(&format!("!! lock {}: {err}", opts.name));
     }
     Ok(stopped.reason.exit_code())

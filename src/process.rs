@@ -114,12 +114,20 @@ impl ProcessGroup {
 ///
 /// The parent-death signal of a child fires when the *thread* that forked it exits, so this
 /// must only be called from the main thread, which lives as long as the process.
-pub fn spawn_group(spec: &CommandSpec) -> Result<(Pid, ProcessGroup), SpawnError> {
+///
+/// With `cgroup_procs` (an open `cgroup.procs` of a leaf), the child joins that cgroup before
+/// anything else, so nothing it ever starts can leave it.
+pub fn spawn_group(
+    spec: &CommandSpec,
+    cgroup_procs: Option<std::os::fd::RawFd>,
+) -> Result<(Pid, ProcessGroup), SpawnError> {
     let supervisor = nix::unistd::getpid();
     let mut command = Command::new(&spec.program);
     command
         .args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        // Names this supervisor for good, so a sweep can find what a dead one left behind.
+        .env(crate::leftovers::SUPERVISOR_VAR, supervisor_id())
         .stdin(Stdio::inherit())
         .process_group(0);
     if let Some(cwd) = &spec.cwd {
@@ -127,7 +135,12 @@ pub fn spawn_group(spec: &CommandSpec) -> Result<(Pid, ProcessGroup), SpawnError
     }
     // SAFETY: prepare_child is async-signal-safe (see its docs).
     unsafe {
-        command.pre_exec(move || linux::prepare_child(supervisor));
+        command.pre_exec(move || {
+            if let Some(fd) = cgroup_procs {
+                crate::cgroup::join_in_child(fd)?;
+            }
+            linux::prepare_child(supervisor)
+        });
     }
     let child = command.spawn().map_err(|source| SpawnError {
         program: spec.program.clone(),
@@ -136,6 +149,12 @@ pub fn spawn_group(spec: &CommandSpec) -> Result<(Pid, ProcessGroup), SpawnError
     // We reap through waitpid(-1) ourselves; dropping `child` neither waits nor kills.
     let pid = Pid::from_raw(child.id() as i32);
     Ok((pid, ProcessGroup(pid)))
+}
+
+/// `<pid>-<start>` of this process, computed once.
+fn supervisor_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(crate::leftovers::this_supervisor)
 }
 
 /// Reap every child that has already ended, without blocking.
@@ -173,7 +192,8 @@ pub fn has_children() -> bool {
 /// Daemonised descendants (`setsid` + fork) have left the command's group but were re-parented
 /// to us as subreaper, so the `/proc` walk still finds them. Gives up after `rounds` passes
 /// (a process stuck in uninterruptible sleep cannot be killed) and returns what survived.
-pub fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut()) -> Vec<Pid> {
+/// `wait_a_moment` returns false once the caller's budget is spent.
+pub fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut() -> bool) -> Vec<Pid> {
     let me = nix::unistd::getpid();
     let mut survivors = Vec::new();
     for _ in 0..rounds {
@@ -197,7 +217,9 @@ pub fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut()) -> Vec<P
                 tracing::warn!("failed to kill descendant {pid}: {err}");
             }
         }
-        wait_a_moment();
+        if !wait_a_moment() {
+            break;
+        }
     }
     survivors
 }

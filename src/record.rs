@@ -42,8 +42,13 @@ pub struct RunRecord {
     /// The commit checked out in the run's recipe tree.
     pub commit: Option<String>,
     pub command: Vec<String>,
+    /// The `--tie-to` pid, if any.
+    pub tied_to: Option<i32>,
+    /// The run's cgroup (absolute path in the cgroup file system), when it had one.
+    pub cgroup: Option<String>,
     pub phases: Vec<Phase>,
-    /// `command-ended`, `SIGTERM`, `SIGINT`, `SIGHUP` or `deadline`.
+    /// `command-ended`, `SIGTERM`, `SIGINT`, `SIGHUP`, `SIGQUIT`, `deadline`, `parent-died`,
+    /// `tied-pid-died`, or `teardown-timeout` when a teardown step ran out of its budget.
     pub shutdown_reason: Option<String>,
     /// How the command itself ended, when it was reaped.
     pub command_status: Option<serde_json::Value>,
@@ -83,8 +88,11 @@ impl RunRecord {
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    // Unique per write: the watchdog thread may write while the main thread is stuck in one.
+    static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp: PathBuf = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{n}",
         name.as_deref().unwrap_or("record"),
         std::process::id()
     ));

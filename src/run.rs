@@ -13,7 +13,6 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::cli::{DockerMode, Fetch, Global, RunConfig};
@@ -21,29 +20,24 @@ use crate::docker::{DockerError, DockerSeam};
 use crate::exit;
 use crate::fetch::{self, FetchError, FetchSpec};
 use crate::janitor::{self, Decision};
-use crate::linux;
 use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
 use crate::process::{ChildStatus, CommandSpec};
 use crate::record::RunRecord;
 use crate::report;
 use crate::rundir::{RunDir, RunDirError};
 use crate::shutdown::Event;
-use crate::signals::{InstallError, SignalFunnel};
+use crate::signals::SignalFunnel;
 use crate::state::{StateError, StateFiles};
-use crate::supervise::{Supervisor, shutdown_events};
+use crate::supervise::{
+    self, Cgroups, GuardError, GuardOptions, Supervisor, Watchdog, hook_share, shutdown_events,
+};
 use crate::worker::Worker;
 
 /// Ways a run fails before or around its command; all of them are exit 125.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("failed to set the parent-death signal: {0}")]
-    ParentDeathSignal(nix::Error),
-    #[error("failed to become a child subreaper: {0}")]
-    Subreaper(nix::Error),
     #[error(transparent)]
-    Signals(#[from] InstallError),
-    #[error("refusing to run: {0}")]
-    Orphaned(String),
+    Guards(#[from] GuardError),
     #[error(transparent)]
     RunDir(#[from] RunDirError),
     #[error(transparent)]
@@ -61,38 +55,23 @@ pub enum RunError {
     Fetch(#[from] FetchError),
 }
 
-/// Install the lifetime guards: the parent-death signal, the signal funnel, the orphan check,
-/// subreaping and the hard deadline. Nothing else may happen before this.
-fn install_guards(start_ppid: Pid, cfg: &RunConfig) -> Result<SignalFunnel, RunError> {
-    // Handlers first: a SIGTERM from a parent dying right now is then caught and funnelled
-    // instead of killing us before we could tear anything down.
-    let funnel = SignalFunnel::install()?;
-    linux::set_parent_death_signal(Signal::SIGTERM).map_err(RunError::ParentDeathSignal)?;
-    // The parent may have died before the prctl armed; then no signal will ever come.
-    let now = nix::unistd::getppid();
-    if now != start_ppid {
-        return Err(RunError::Orphaned(format!(
-            "parent process is gone (parent pid was {start_ppid} at start, is {now} now)"
-        )));
-    }
-    if now.as_raw() == 1 {
-        return Err(RunError::Orphaned(
-            "parent process is gone (re-parented to pid 1)".to_owned(),
-        ));
-    }
-    if let Some(expected) = cfg.expect_parent.filter(|p| *p != now.as_raw()) {
-        return Err(RunError::Orphaned(format!(
-            "parent pid is {now}, not the expected {expected} (--expect-parent)"
-        )));
-    }
-    linux::become_subreaper().map_err(RunError::Subreaper)?;
-    linux::arm_alarm(cfg.deadline.as_secs().try_into().unwrap_or(u32::MAX));
-    Ok(funnel)
-}
-
 /// Run the `run` subcommand; returns the exit code.
 pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
-    let funnel = install_guards(start_ppid, cfg)?;
+    let funnel = supervise::install_guards(
+        start_ppid,
+        &GuardOptions {
+            expect_parent: cfg.expect_parent,
+            tie_to: cfg.tie_to,
+            deadline: Some(cfg.deadline),
+        },
+    )?;
+    let started = Instant::now();
+    // The whole run's bound, whatever happens: deadline + kill grace + teardown budget.
+    let hard_end = started + cfg.deadline + cfg.kill_grace + cfg.teardown_timeout;
+    if matches!(cfg.fetch, Fetch::Clone { .. }) {
+        // Here, before any helper thread exists: libgit2 calls setenv when it starts.
+        fetch::init_git();
+    }
     let pid = std::process::id();
     let holder = Holder::this_process(cfg.run_id.as_str());
     let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
@@ -106,6 +85,7 @@ pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunE
         stack: identity.domain.stack_name(),
         pid,
         host: holder.host.clone(),
+        tied_to: cfg.tie_to,
         command: cfg
             .command
             .iter()
@@ -114,24 +94,43 @@ pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunE
         ..RunRecord::default()
     };
     record.enter("guards");
+    let cgroup = supervise::run_cgroup(global.cgroup, "run", cfg.run_id.as_str());
+    record.cgroup = cgroup
+        .as_ref()
+        .map(|c| c.cgroup.path().display().to_string());
+    let record_path = run_dir.record_path();
+    let watchdog = Watchdog::arm(
+        hard_end,
+        record_path.clone(),
+        cgroup.as_ref().map(|c| c.cgroup.path().to_owned()),
+    );
     let mut run = Run {
         funnel,
         global,
         cfg,
-        record_path: run_dir.record_path(),
+        record_path,
         record,
         state: StateFiles::default(),
         env: Vec::new(),
         app_lock: None,
+        teardown_timed_out: false,
+        cgroup,
+        hard_end,
+        watchdog,
     };
     let result = run.execute(&run_dir, pid);
     if let Err(err) = &result {
         run.record.error = Some(err.to_string());
+        run.record.exit_code = Some(exit::INTERNAL);
         run.record.enter("failed");
         run.save();
     }
+    run.remove_cgroup();
     result
 }
+
+/// `shutdown_reason` when a teardown step ran out of its budget.
+const TEARDOWN_TIMEOUT: &str = "teardown-timeout";
 
 struct Run<'a> {
     funnel: SignalFunnel,
@@ -143,6 +142,14 @@ struct Run<'a> {
     env: Vec<(String, OsString)>,
     /// Held from step 5 until the process exits; the run never unlinks it.
     app_lock: Option<HeldLock>,
+    /// Some teardown step ran out of its budget.
+    teardown_timed_out: bool,
+    /// The run's cgroup and its leaves, where cgroup v2 is writable.
+    cgroup: Option<Cgroups>,
+    /// No teardown step may run past this.
+    hard_end: Instant,
+    /// Ends the process at `hard_end` if the main thread is stuck.
+    watchdog: Watchdog,
 }
 
 enum LockOutcome {
@@ -178,8 +185,6 @@ impl Run<'_> {
                 self.record.enter("fetch-copied");
             }
             Fetch::Clone { url } => {
-                // Here, before any helper thread exists: libgit2 calls setenv when it starts.
-                fetch::init_git();
                 self.record.recipe_url = Some(fetch::redact(url));
                 let spec = FetchSpec {
                     url: url.clone(),
@@ -284,7 +289,11 @@ impl Run<'_> {
     /// the command starts, so the command never deploys over a dead run's stack.
     fn clear_leftovers(&mut self) {
         let domain = &self.cfg.identity.domain;
-        let (removed, errors) = janitor::remove_app_now(self.global, domain);
+        // Its processes first: a dead run's leftover deploy or test script must not act on the
+        // app while (or after) it is removed.
+        janitor::reap_dead_runs_processes(&mut Vec::new(), false);
+        let budget = self.hard_end.saturating_duration_since(Instant::now());
+        let (removed, errors) = janitor::remove_app_now(self.global, domain, budget);
         if removed.counts().iter().any(|(_, n)| *n > 0) {
             report::line(&format!(
                 "== app lock: removed what a previous run of {domain} left: {} ==",
@@ -391,6 +400,9 @@ impl Run<'_> {
             kill_grace: self.cfg.kill_grace,
             deadline: self.cfg.deadline,
             forward_signals: false,
+            teardown_timeout: self.cfg.teardown_timeout,
+            hard_end: Some(self.hard_end),
+            leaf: self.cgroup.as_ref().map(|c| &c.command),
         }
     }
 
@@ -414,13 +426,18 @@ impl Run<'_> {
         // Built from the fields it needs, so the record can be written as teardown begins.
         let record = &mut self.record;
         let record_path = &self.record_path;
+        let watchdog = &self.watchdog;
         let supervisor = Supervisor {
             funnel: &self.funnel,
             kill_grace: self.cfg.kill_grace,
             deadline: self.cfg.deadline,
             forward_signals: false,
+            teardown_timeout: self.cfg.teardown_timeout,
+            hard_end: Some(self.hard_end),
+            leaf: self.cgroup.as_ref().map(|c| &c.command),
         };
         let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
+            watchdog.set_exit_code(reason.exit_code());
             record.shutdown_reason = Some(reason.name());
             record.enter("teardown");
             if let Err(err) = record.write(record_path) {
@@ -434,7 +451,10 @@ impl Run<'_> {
         for err in stopped.errors {
             self.teardown_error(err);
         }
-        self.teardown();
+        self.teardown(stopped.teardown_until);
+        if self.teardown_timed_out {
+            self.record.shutdown_reason = Some(TEARDOWN_TIMEOUT.to_owned());
+        }
         let code = stopped.reason.exit_code();
         self.record.exit_code = Some(code);
         self.record.enter("finished");
@@ -442,23 +462,30 @@ impl Run<'_> {
         code
     }
 
-    /// Everything after the command's group is gone. Signals are reported and ignored here.
-    fn teardown(&mut self) {
-        self.kill_leftover_descendants();
+    /// Everything after the command's group is gone, within `until`: leftovers killed, the
+    /// hook (its share of the budget), app removal (the rest), state files. Signals are
+    /// reported and ignored here; they can never extend it.
+    fn teardown(&mut self, until: Instant) {
+        self.kill_leftovers(until);
         if self.app_lock.is_none() {
             // Never held the app lock: the app, if any, is another run's. Hands off.
         } else if self.cfg.no_teardown {
             report::line("== --no-teardown: keeping the app; the next janitor sweep reaps it ==");
         } else {
             if let Some(hook) = self.cfg.on_teardown.clone() {
-                self.run_hook(&hook);
-                self.kill_leftover_descendants();
+                self.run_hook(&hook, hook_share(Instant::now(), until));
+                self.kill_leftovers(until);
             }
-            let (removed, errors) = janitor::remove_app_now(self.global, &self.cfg.identity.domain);
+            let budget = until.saturating_duration_since(Instant::now());
+            let (removed, errors) =
+                janitor::remove_app_now(self.global, &self.cfg.identity.domain, budget);
             for (kind, count) in removed.counts() {
                 if count > 0 {
                     tracing::info!(kind, count, "removed the app's resources");
                 }
+            }
+            if Instant::now() >= until && !errors.is_empty() {
+                self.teardown_timed_out = true;
             }
             for err in errors {
                 self.teardown_error(err);
@@ -469,26 +496,52 @@ impl Run<'_> {
         }
     }
 
-    fn run_hook(&mut self, hook: &str) {
+    fn run_hook(&mut self, hook: &str, until: Instant) {
         let spec = CommandSpec {
             program: "sh".into(),
             args: vec!["-c".into(), hook.into()],
             env: self.env.clone(),
             cwd: None,
         };
-        match self.supervisor().run_to_end(&spec) {
+        let leaf = self.cgroup.as_ref().map(|c| &c.hook);
+        let share = until.saturating_duration_since(Instant::now());
+        match self.supervisor().run_within(&spec, leaf, until) {
             Ok(ChildStatus::Exited(0)) => {}
             Ok(status) => self.teardown_error(format!(
                 "--on-teardown command failed with exit code {}",
                 status.exit_code()
             )),
-            Err(err) => self.teardown_error(format!("--on-teardown: {err}")),
+            Err(err) => {
+                self.teardown_timed_out = true;
+                self.teardown_error(format!(
+                    "--on-teardown command {err} ({:.1} s)",
+                    share.as_secs_f64()
+                ));
+            }
         }
     }
 
-    fn kill_leftover_descendants(&mut self) {
-        if let Err(err) = self.supervisor().kill_leftover_descendants() {
+    fn kill_leftovers(&mut self, until: Instant) {
+        let result = match &self.cgroup {
+            Some(c) => self
+                .supervisor()
+                .kill_leftovers(Some(&c.command), until)
+                .and(self.supervisor().kill_leftovers(Some(&c.hook), until)),
+            None => self.supervisor().kill_leftovers(None, until),
+        };
+        if let Err(err) = result {
             self.teardown_error(err);
+        }
+    }
+
+    /// Remove the run's (empty) cgroup; it is named in the record, so say when it stays.
+    fn remove_cgroup(&mut self) {
+        let Some(cgroups) = &self.cgroup else {
+            return;
+        };
+        if let Err(err) = cgroups.cgroup.remove() {
+            let message = format!("{err}; the next janitor sweep removes it");
+            tracing::warn!("{message}");
         }
     }
 

@@ -1,5 +1,5 @@
-//! One way out. Every way a run can end — the command finishing, SIGTERM/SIGINT/SIGHUP (the
-//! parent dying arrives as SIGTERM through the parent-death signal), the hard deadline — becomes
+//! One way out. Every way a run can end — the command finishing, SIGTERM/SIGINT/SIGHUP/SIGQUIT,
+//! the parent dying, the `--tie-to` process exiting, the hard deadline — becomes
 //! one [`ShutdownReason`], and the group's stop is driven by the small pure state machine
 //! [`Escalation`]: polite SIGTERM first, SIGKILL once the grace runs out.
 //!
@@ -23,6 +23,10 @@ pub enum ShutdownReason {
     Signal(Signal),
     /// The hard deadline fired.
     Deadline,
+    /// Our parent died (the parent-death signal arrived and we were re-parented).
+    ParentDied,
+    /// The `--tie-to` process exited.
+    TiedPidDied,
 }
 
 impl ShutdownReason {
@@ -32,6 +36,9 @@ impl ShutdownReason {
             Self::CommandEnded(status) => status.exit_code(),
             Self::Signal(signal) => exit::for_signal(signal),
             Self::Deadline => exit::DEADLINE,
+            // Both are the step going away: the same code as the SIGTERM that used to bring
+            // the news.
+            Self::ParentDied | Self::TiedPidDied => exit::for_signal(Signal::SIGTERM),
         }
     }
 
@@ -41,6 +48,8 @@ impl ShutdownReason {
             Self::CommandEnded(_) => "command-ended".to_owned(),
             Self::Signal(signal) => signal.as_str().to_owned(),
             Self::Deadline => "deadline".to_owned(),
+            Self::ParentDied => "parent-died".to_owned(),
+            Self::TiedPidDied => "tied-pid-died".to_owned(),
         }
     }
 
@@ -53,6 +62,10 @@ impl ShutdownReason {
                 "== run exceeded {} hard deadline — tearing down ==",
                 humantime::format_duration(deadline)
             )),
+            Self::ParentDied => Some("== parent process died — tearing down ==".to_owned()),
+            Self::TiedPidDied => {
+                Some("== tied process exited (--tie-to) — tearing down ==".to_owned())
+            }
         }
     }
 }
@@ -70,12 +83,18 @@ pub enum Event {
     Signal(Signal),
     /// SIGALRM: the hard deadline.
     Deadline,
+    /// The parent died.
+    ParentDied,
+    /// The `--tie-to` process exited.
+    TiedPidDied,
     /// The command (the group leader) was reaped.
     CommandEnded(ChildStatus),
     /// The kill grace after SIGTERM ran out.
     GraceElapsed,
     /// No member of the command's process group is left.
     GroupEmpty,
+    /// The teardown budget ran out while the group was still being stopped.
+    BudgetElapsed,
 }
 
 /// What the supervisor must do about an event.
@@ -91,6 +110,8 @@ pub enum Action {
     KillGroup,
     /// The group is gone: go on with the rest of the teardown.
     GroupStopped,
+    /// The teardown budget ran out with members still there (unkillable): stop waiting.
+    GiveUp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,13 +169,19 @@ impl Escalation {
         match (self.state, event) {
             (State::Running, Event::Signal(signal)) => self.begin(ShutdownReason::Signal(signal)),
             (State::Running, Event::Deadline) => self.begin(ShutdownReason::Deadline),
+            (State::Running, Event::ParentDied) => self.begin(ShutdownReason::ParentDied),
+            (State::Running, Event::TiedPidDied) => self.begin(ShutdownReason::TiedPidDied),
             (State::Running, Event::CommandEnded(status)) => {
                 self.begin(ShutdownReason::CommandEnded(status))
             }
             // Without a teardown under way there is no grace and nothing to conclude.
-            (State::Running, Event::GraceElapsed | Event::GroupEmpty) => Action::None,
+            (State::Running, Event::GraceElapsed | Event::GroupEmpty | Event::BudgetElapsed) => {
+                Action::None
+            }
 
-            (_, Event::Signal(_) | Event::Deadline) => Action::Ignore(event),
+            (_, Event::Signal(_) | Event::Deadline | Event::ParentDied | Event::TiedPidDied) => {
+                Action::Ignore(event)
+            }
             // Ending during teardown is what we asked for; the reason stays the first one.
             (_, Event::CommandEnded(_)) => Action::None,
             (State::Terminating, Event::GraceElapsed) => {
@@ -167,7 +194,11 @@ impl Escalation {
                 Action::GroupStopped
             }
             (State::Killing | State::Stopped, Event::GraceElapsed) => Action::None,
-            (State::Stopped, Event::GroupEmpty) => Action::None,
+            (State::Stopped, Event::GroupEmpty | Event::BudgetElapsed) => Action::None,
+            (State::Terminating | State::Killing, Event::BudgetElapsed) => {
+                self.state = State::Stopped;
+                Action::GiveUp
+            }
         }
     }
 
@@ -230,6 +261,45 @@ mod tests {
     )]
     #[case::run_grace(State::Running, Event::GraceElapsed, Action::None, State::Running)]
     #[case::run_empty(State::Running, Event::GroupEmpty, Action::None, State::Running)]
+    #[case::run_budget(State::Running, Event::BudgetElapsed, Action::None, State::Running)]
+    #[case::run_parent(
+        State::Running,
+        Event::ParentDied,
+        Action::BeginTeardown(ShutdownReason::ParentDied),
+        State::Terminating
+    )]
+    #[case::run_tied(
+        State::Running,
+        Event::TiedPidDied,
+        Action::BeginTeardown(ShutdownReason::TiedPidDied),
+        State::Terminating
+    )]
+    #[case::term_parent(
+        State::Terminating,
+        Event::ParentDied,
+        Action::Ignore(Event::ParentDied),
+        State::Terminating
+    )]
+    #[case::term_budget(
+        State::Terminating,
+        Event::BudgetElapsed,
+        Action::GiveUp,
+        State::Stopped
+    )]
+    #[case::kill_tied(
+        State::Killing,
+        Event::TiedPidDied,
+        Action::Ignore(Event::TiedPidDied),
+        State::Killing
+    )]
+    #[case::kill_budget(State::Killing, Event::BudgetElapsed, Action::GiveUp, State::Stopped)]
+    #[case::stopped_budget(State::Stopped, Event::BudgetElapsed, Action::None, State::Stopped)]
+    #[case::stopped_parent(
+        State::Stopped,
+        Event::ParentDied,
+        Action::Ignore(Event::ParentDied),
+        State::Stopped
+    )]
     #[case::term_term(State::Terminating, TERM, Action::Ignore(TERM), State::Terminating)]
     #[case::term_int(State::Terminating, INT, Action::Ignore(INT), State::Terminating)]
     #[case::term_deadline(
@@ -308,6 +378,8 @@ mod tests {
     #[case(ShutdownReason::Signal(Signal::SIGINT), 130)]
     #[case(ShutdownReason::Signal(Signal::SIGHUP), 129)]
     #[case(ShutdownReason::Deadline, 142)]
+    #[case(ShutdownReason::ParentDied, 143)]
+    #[case(ShutdownReason::TiedPidDied, 143)]
     #[case(ShutdownReason::CommandEnded(ChildStatus::Signaled(9)), 137)]
     #[case(ShutdownReason::CommandEnded(ChildStatus::NotStarted(127)), 127)]
     fn exit_codes(#[case] reason: ShutdownReason, #[case] code: u8) {

@@ -1,109 +1,207 @@
-//! The signal funnel: SIGTERM, SIGINT, SIGHUP, SIGALRM (the hard deadline) and SIGCHLD are
-//! caught once, recorded in flags and announced through a self-pipe, so the supervisor waits for
-//! "something happened" with a timeout and then reads what.
+//! The signal funnel: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGALRM (the hard deadline) and SIGCHLD
+//! are caught once, recorded in flags and announced through a self-pipe, so the supervisor waits
+//! for "something happened" with a timeout and then reads what. The exit of a `--tie-to`
+//! process (a pidfd) is one more thing the same wait watches.
+//!
+//! No signal may end the process without a teardown: every other signal whose default action
+//! is to terminate (SIGUSR1, SIGUSR2, SIGPWR, the real-time signals, ...) is caught too, reported
+//! and ignored. Only SIGKILL (and a fault) can still end it abruptly; what a run leaves then is
+//! the janitor's.
 //!
 //! Handlers are installed without `SA_RESTART` (see `linux::clear_sa_restart`): a blocking call
 //! such as a parked `flock` returns `EINTR` when one of these signals arrives, and its caller
 //! checks [`SignalFunnel::pending`]. Every blocking call in the process must therefore handle
 //! `EINTR`.
 
+use std::cell::Cell;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 
 use crate::linux;
+use crate::report;
 
-/// The signals the funnel catches, in the order they are reported when several are pending.
-const CAUGHT: [Signal; 5] = [
+/// The signals the funnel catches and acts on, in the order they are reported when several
+/// are pending. SIGQUIT is a request to stop like the others; SIGALRM is the hard deadline;
+/// SIGCHLD only wakes the supervisor up.
+const CAUGHT: [Signal; 6] = [
     Signal::SIGTERM,
     Signal::SIGINT,
     Signal::SIGHUP,
+    Signal::SIGQUIT,
     Signal::SIGALRM,
     Signal::SIGCHLD,
 ];
 
-// One flag per caught signal; statics because the handlers outlive any value we could own.
-static FLAGS: [AtomicBool; CAUGHT.len()] = [const { AtomicBool::new(false) }; CAUGHT.len()];
+/// Signals whose default action would end the process without a teardown, and that nobody
+/// sends to stop a run: caught, reported and otherwise ignored. (The real-time signals above
+/// the kick are added at install time; SIGPIPE is already ignored by the Rust runtime.)
+const IGNORED: [Signal; 9] = [
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGVTALRM,
+    Signal::SIGPROF,
+    Signal::SIGIO,
+    Signal::SIGPWR,
+    Signal::SIGSTKFLT,
+    Signal::SIGXCPU,
+    Signal::SIGXFSZ,
+];
+
+/// One flag per signal number; statics because the handlers outlive any value we could own.
+const MAX_SIGNAL: usize = 65;
+static FLAGS: [AtomicBool; MAX_SIGNAL] = [const { AtomicBool::new(false) }; MAX_SIGNAL];
 static KICKED: AtomicBool = AtomicBool::new(false);
 
-/// Signals that arrived since the last look, in [`CAUGHT`] order.
+/// What happened since the last look: signals in [`CAUGHT`] order, and whether the tied
+/// process or our parent died.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Arrived(Vec<Signal>);
+pub struct Arrived {
+    signals: Vec<Signal>,
+    /// The `--tie-to` process exited (reported once).
+    pub tied_pid_died: bool,
+    /// The parent died: the parent-death SIGTERM arrived and we were re-parented.
+    pub parent_died: bool,
+}
 
 impl Arrived {
     pub fn iter(&self) -> impl Iterator<Item = Signal> + '_ {
-        self.0.iter().copied()
+        self.signals.iter().copied()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.signals.is_empty() && !self.tied_pid_died && !self.parent_died
     }
 
     pub fn contains(&self, signal: Signal) -> bool {
-        self.0.contains(&signal)
+        self.signals.contains(&signal)
     }
+}
+
+/// The process a run is tied to (`--tie-to`): its pidfd turns readable when it exits.
+#[derive(Debug)]
+struct Tie {
+    pid: Pid,
+    fd: OwnedFd,
+    reported: Cell<bool>,
 }
 
 /// The installed funnel. There is one per process.
 pub struct SignalFunnel {
     wake: UnixStream,
+    /// Our parent when we started: a SIGTERM that arrives once it changed is the parent-death
+    /// signal, not somebody's request.
+    start_ppid: Pid,
+    tie: Option<Tie>,
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("failed to install the {signal} handler: {source}")]
 pub struct InstallError {
-    signal: Signal,
+    signal: String,
     source: io::Error,
 }
 
 impl SignalFunnel {
-    /// Install the handlers. Call once, before any child is spawned.
-    pub fn install() -> Result<Self, InstallError> {
-        let (wake, notify) = UnixStream::pair().map_err(|source| InstallError {
-            signal: Signal::SIGTERM,
-            source,
-        })?;
-        wake.set_nonblocking(true).map_err(|source| InstallError {
-            signal: Signal::SIGTERM,
-            source,
-        })?;
-        for (signal, flag) in CAUGHT.iter().zip(&FLAGS) {
-            let err = |source| InstallError {
-                signal: *signal,
+    /// Install the handlers. Call once, before any child is spawned. `start_ppid` is the
+    /// parent as read first thing in `main`.
+    pub fn install(start_ppid: Pid) -> Result<Self, InstallError> {
+        let fail = |signal: libc::c_int| {
+            move |source| InstallError {
+                signal: signal_name(signal),
                 source,
+            }
+        };
+        let (wake, notify) = UnixStream::pair().map_err(fail(libc::SIGTERM))?;
+        wake.set_nonblocking(true).map_err(fail(libc::SIGTERM))?;
+        let kick = linux::kick_signal();
+        let realtime = (kick + 1)..=libc::SIGRTMAX();
+        let watched = CAUGHT
+            .iter()
+            .chain(&IGNORED)
+            .map(|s| *s as libc::c_int)
+            .chain(realtime);
+        for signal in watched {
+            let Some(flag) = FLAGS.get(signal as usize) else {
+                continue;
             };
-            signal_hook::flag::register(*signal as i32, flag).map_err(err)?;
-            let notify = notify.try_clone().map_err(err)?;
-            signal_hook::low_level::pipe::register(*signal as i32, notify).map_err(err)?;
-            linux::clear_sa_restart(*signal as i32).map_err(err)?;
+            signal_hook::flag::register(signal, flag).map_err(fail(signal))?;
+            let notify = notify.try_clone().map_err(fail(signal))?;
+            signal_hook::low_level::pipe::register(signal, notify).map_err(fail(signal))?;
+            linux::clear_sa_restart(signal).map_err(fail(signal))?;
         }
         // The kick only has to interrupt a helper thread's blocking call: a flag nobody reads.
-        let kick = linux::kick_signal();
-        let err = |source| InstallError {
-            signal: Signal::SIGALRM,
-            source,
-        };
-        signal_hook::flag::register(kick, &KICKED).map_err(err)?;
-        linux::clear_sa_restart(kick).map_err(err)?;
-        Ok(Self { wake })
+        signal_hook::flag::register(kick, &KICKED).map_err(fail(kick))?;
+        linux::clear_sa_restart(kick).map_err(fail(kick))?;
+        Ok(Self {
+            wake,
+            start_ppid,
+            tie: None,
+        })
     }
 
-    /// Signals that have arrived since the last call, without waiting.
+    /// Watch `pid` (an ancestor, `--tie-to`): its exit is reported as [`Arrived::tied_pid_died`].
+    pub fn tie_to(&mut self, pid: Pid, fd: OwnedFd) {
+        self.tie = Some(Tie {
+            pid,
+            fd,
+            reported: Cell::new(false),
+        });
+    }
+
+    /// True when the tied process has exited, without consuming anything pending.
+    pub fn tied_pid_exited(&self) -> bool {
+        self.tie
+            .as_ref()
+            .is_some_and(|t| readable_now(t.fd.as_fd()))
+    }
+
+    /// The pid of the tied process, if any.
+    pub fn tied_pid(&self) -> Option<Pid> {
+        self.tie.as_ref().map(|t| t.pid)
+    }
+
+    /// Signals (and deaths) that have arrived since the last call, without waiting.
     pub fn pending(&self) -> Arrived {
         self.drain_wake_pipe();
-        Arrived(
-            CAUGHT
+        for signal in IGNORED
+            .iter()
+            .map(|s| *s as libc::c_int)
+            .chain((linux::kick_signal() + 1)..=libc::SIGRTMAX())
+        {
+            if FLAGS
+                .get(signal as usize)
+                .is_some_and(|f| f.swap(false, Ordering::SeqCst))
+            {
+                report::line(&format!("== {} received — ignored ==", signal_name(signal)));
+            }
+        }
+        let mut arrived = Arrived {
+            signals: CAUGHT
                 .iter()
-                .zip(&FLAGS)
-                .filter(|(_, flag)| flag.swap(false, Ordering::SeqCst))
-                .map(|(signal, _)| *signal)
+                .filter(|s| FLAGS[**s as usize].swap(false, Ordering::SeqCst))
+                .copied()
                 .collect(),
-        )
+            ..Arrived::default()
+        };
+        if arrived.contains(Signal::SIGTERM) && nix::unistd::getppid() != self.start_ppid {
+            arrived.signals.retain(|s| *s != Signal::SIGTERM);
+            arrived.parent_died = true;
+        }
+        if let Some(tie) = &self.tie {
+            if !tie.reported.get() && readable_now(tie.fd.as_fd()) {
+                tie.reported.set(true);
+                arrived.tied_pid_died = true;
+            }
+        }
+        arrived
     }
 
     /// Wait until at least one signal arrives or `timeout` passes (`None`: no limit).
@@ -129,12 +227,17 @@ impl SignalFunnel {
                 .unwrap_or(PollTimeout::MAX),
         };
         let mut fds = vec![PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
-        fds.extend(other.map(|fd| PollFd::new(fd, PollFlags::POLLIN)));
+        let other_index = other.map(|fd| {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            fds.len() - 1
+        });
+        if let Some(tie) = self.tie.as_ref().filter(|t| !t.reported.get()) {
+            fds.push(PollFd::new(tie.fd.as_fd(), PollFlags::POLLIN));
+        }
         // EINTR is the expected way to be woken here; either way the flags below tell what.
         let _ = poll(&mut fds, timeout);
-        let other_ready = fds
-            .get(1)
-            .and_then(PollFd::revents)
+        let other_ready = other_index
+            .and_then(|i| fds[i].revents())
             .is_some_and(|r| !r.is_empty());
         (self.pending(), other_ready)
     }
@@ -143,6 +246,14 @@ impl SignalFunnel {
         let mut buf = [0u8; 64];
         // Non-blocking: stops at WouldBlock; the pipe only ever holds wake-up bytes.
         while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
+    }
+}
+
+/// `SIGUSR1`, or `SIGRTMIN+3` for a real-time signal.
+fn signal_name(signal: libc::c_int) -> String {
+    match Signal::try_from(signal) {
+        Ok(known) => known.as_str().to_owned(),
+        Err(_) => format!("SIGRTMIN+{}", signal - libc::SIGRTMIN()),
     }
 }
 

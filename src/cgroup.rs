@@ -1,0 +1,399 @@
+//! A run is a cgroup: every process a run or a `lock` command starts — the command, the
+//! teardown hook, whatever they fork, however they daemonise or change session — lives in a
+//! cgroup v2 directory of its own, and `cgroup.kill` ends all of them at once.
+//!
+//! ```text
+//! <supervisor's own cgroup>/
+//!   ccci-run-<run-id>-<pid>-<start>/     one per supervisor; <pid>-<start> names it uniquely
+//!     command/                           the supervised command and its descendants
+//!     hook/                              the --on-teardown hook, killed alone when its share ends
+//! ```
+//!
+//! The directory name carries the supervisor's pid and its start time (clock ticks since boot,
+//! `/proc/<pid>/stat`), so a sweep can tell a live supervisor's cgroup from a dead one's without
+//! any record and without trusting a reused pid: a cgroup whose supervisor is gone is killed and
+//! removed by [`reap_orphans`], which the janitor runs before it reaps any app.
+//!
+//! Invariant: only this module writes under the cgroup file system (`clippy.toml` keeps it so),
+//! and a cgroup is only ever killed when its supervisor is this process or provably dead.
+//!
+//! Where cgroup v2 is not writable (no unified hierarchy, not root, no delegation), [`RunCgroup::
+//! create`] says so and the supervisor falls back to process groups, subreaping and the
+//! environment scan of [`crate::leftovers`].
+
+use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+use crate::linux;
+
+/// Prefix of every cgroup this tool creates.
+pub const PREFIX: &str = "ccci-";
+/// The leaf the supervised command runs in.
+pub const COMMAND_LEAF: &str = "command";
+/// The leaf the teardown hook runs in.
+pub const HOOK_LEAF: &str = "hook";
+
+/// How deep [`reap_orphans`] walks the hierarchy looking for our cgroups.
+const MAX_WALK_DEPTH: usize = 12;
+
+/// The unified (v2) hierarchy's mount point: `/sys/fs/cgroup` on a pure v2 host,
+/// `/sys/fs/cgroup/unified` on a hybrid one.
+pub fn mount_point() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    linux::cgroup2_mount(&text)
+}
+
+/// This process's own cgroup v2 directory.
+fn own_cgroup() -> io::Result<PathBuf> {
+    let mount =
+        mount_point().ok_or_else(|| io::Error::other("no cgroup v2 hierarchy is mounted"))?;
+    let text = std::fs::read_to_string("/proc/self/cgroup")?;
+    let relative = linux::cgroup2_path(&text)
+        .ok_or_else(|| io::Error::other("this process is in no cgroup v2 group"))?;
+    Ok(mount.join(relative.trim_start_matches('/')))
+}
+
+/// The name of a supervisor's cgroup: `ccci-<kind>-<label>-<pid>-<start>`.
+pub fn group_name(kind: &str, label: &str, pid: u32, start: u64) -> String {
+    format!("{PREFIX}{kind}-{label}-{pid}-{start}")
+}
+
+/// The supervisor a cgroup name stands for: its pid and start time.
+pub fn parse_group_name(name: &str) -> Option<(i32, u64)> {
+    let rest = name.strip_prefix(PREFIX)?;
+    let (rest, start) = rest.rsplit_once('-')?;
+    let (_, pid) = rest.rsplit_once('-')?;
+    let pid: i32 = pid.parse().ok().filter(|p| *p > 0)?;
+    let start = start.parse().ok()?;
+    Some((pid, start))
+}
+
+/// A supervisor's cgroup, created by it and removed by it (or by a sweep once it is dead).
+#[derive(Debug)]
+pub struct RunCgroup {
+    dir: PathBuf,
+}
+
+/// A leaf of a [`RunCgroup`] that children are placed into before they exec.
+#[derive(Debug)]
+pub struct Leaf {
+    dir: PathBuf,
+    /// `cgroup.procs`, open for writing: the child writes "0" (itself) to it after fork.
+    procs: OwnedFd,
+}
+
+impl Leaf {
+    /// The descriptor a forked child writes itself into (async-signal-safe: one `write`).
+    pub fn procs_fd(&self) -> RawFd {
+        self.procs.as_raw_fd()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Kill every process in the leaf and wait (within `budget`) until it is empty.
+    pub fn kill_and_wait(&self, budget: Duration) -> io::Result<bool> {
+        kill(&self.dir)?;
+        wait_empty(&self.dir, budget)
+    }
+
+    pub fn is_populated(&self) -> bool {
+        populated(&self.dir).unwrap_or(false)
+    }
+}
+
+impl RunCgroup {
+    /// Create `<own cgroup>/<name>` with its leaves. `Err` says why cgroups cannot be used here.
+    pub fn create(name: &str) -> io::Result<Self> {
+        let parent = own_cgroup()?;
+        let dir = parent.join(name);
+        std::fs::create_dir(&dir).map_err(|e| annotate(e, "create", &dir))?;
+        let cgroup = Self { dir };
+        if !cgroup.dir.join("cgroup.kill").exists() && !cgroup.dir.join("cgroup.procs").exists() {
+            let _ = cgroup.remove();
+            return Err(io::Error::other(format!(
+                "{} is not a cgroup v2 directory",
+                cgroup.dir.display()
+            )));
+        }
+        for leaf in [COMMAND_LEAF, HOOK_LEAF] {
+            let path = cgroup.dir.join(leaf);
+            if let Err(err) = std::fs::create_dir(&path) {
+                let _ = cgroup.remove();
+                return Err(annotate(err, "create", &path));
+            }
+        }
+        Ok(cgroup)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Open a leaf for placing children into it.
+    pub fn leaf(&self, name: &str) -> io::Result<Leaf> {
+        let dir = self.dir.join(name);
+        let procs = OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_CLOEXEC)
+            .open(dir.join("cgroup.procs"))
+            .map_err(|e| annotate(e, "open", &dir.join("cgroup.procs")))?;
+        Ok(Leaf {
+            dir,
+            procs: procs.into(),
+        })
+    }
+
+    /// Kill every process of the run (all leaves) and wait within `budget` until none is left.
+    /// True when the cgroup is empty.
+    pub fn kill_and_wait(&self, budget: Duration) -> io::Result<bool> {
+        kill(&self.dir)?;
+        wait_empty(&self.dir, budget)
+    }
+
+    pub fn is_populated(&self) -> bool {
+        populated(&self.dir).unwrap_or(false)
+    }
+
+    /// Remove the (empty) cgroup: its leaves first, then itself.
+    pub fn remove(&self) -> io::Result<()> {
+        remove_tree(&self.dir)
+    }
+}
+
+/// Place the calling (forked, not yet exec'd) process into the leaf whose `cgroup.procs` is
+/// open as `fd`. Async-signal-safe: a single `write`.
+pub fn join_in_child(fd: RawFd) -> io::Result<()> {
+    // SAFETY: write(2) of a static buffer to a descriptor the parent opened for us.
+    let rc = unsafe { nix::libc::write(fd, b"0".as_ptr().cast(), 1) };
+    if rc == 1 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Kill everything in the cgroup at `dir` (the watchdog's last resort).
+pub fn kill_path(dir: &Path) -> io::Result<()> {
+    kill(dir)
+}
+
+/// `cgroup.kill` where the kernel has it (5.14+); otherwise SIGKILL each member until none is
+/// left to signal.
+fn kill(dir: &Path) -> io::Result<()> {
+    let kill_file = dir.join("cgroup.kill");
+    match OpenOptions::new().write(true).open(&kill_file) {
+        Ok(mut file) => file
+            .write_all(b"1")
+            .map_err(|e| annotate(e, "write", &kill_file)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound && dir.exists() => {
+            for pid in members(dir)? {
+                let _ = linux::signal_process(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+            Ok(())
+        }
+        Err(err) => Err(annotate(err, "open", &kill_file)),
+    }
+}
+
+/// Every process in `dir` and below.
+fn members(dir: &Path) -> io::Result<Vec<nix::unistd::Pid>> {
+    let mut pids = Vec::new();
+    let text = std::fs::read_to_string(dir.join("cgroup.procs"))?;
+    pids.extend(
+        text.lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .map(nix::unistd::Pid::from_raw),
+    );
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            pids.extend(members(&entry.path())?);
+        }
+    }
+    Ok(pids)
+}
+
+/// `populated` from `cgroup.events`: true while any process is in the cgroup or below.
+fn populated(dir: &Path) -> io::Result<bool> {
+    let text = std::fs::read_to_string(dir.join("cgroup.events"))?;
+    Ok(linux::cgroup_populated(&text).unwrap_or(true))
+}
+
+/// Wait until `cgroup.events` says `populated 0`, woken by its change notifications
+/// (`POLLPRI`), at most `budget`. A cgroup that no longer exists is empty.
+fn wait_empty(dir: &Path, budget: Duration) -> io::Result<bool> {
+    let until = Instant::now() + budget;
+    let events = dir.join("cgroup.events");
+    let file = match File::open(&events) {
+        Ok(file) => file,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(err) => return Err(annotate(err, "open", &events)),
+    };
+    loop {
+        match populated(dir) {
+            Ok(false) => return Ok(true),
+            Ok(true) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(err) => return Err(annotate(err, "read", &events)),
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        // A kernfs change notification wakes us; the short cap covers a missed edge (the file
+        // changed between our read and the poll) and kernels without notifications.
+        let wait = left.min(Duration::from_millis(50));
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&file),
+            PollFlags::POLLPRI,
+        )];
+        let timeout = PollTimeout::try_from(wait.as_millis().max(1) as i32)
+            .unwrap_or(PollTimeout::from(50u8));
+        let _ = poll(&mut fds, timeout);
+    }
+}
+
+/// Remove `dir` and the cgroups below it, deepest first.
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_tree(&entry.path())?;
+                }
+            }
+        }
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(annotate(err, "list", dir)),
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(annotate(err, "remove", dir)),
+    }
+}
+
+fn annotate(err: io::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(
+        err.kind(),
+        format!("failed to {what} cgroup {}: {err}", path.display()),
+    )
+}
+
+/// A dead supervisor's cgroup, found and dealt with by [`reap_orphans`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Orphan {
+    pub path: PathBuf,
+    /// Processes it still held when found.
+    pub processes: usize,
+    /// Whether it is gone now (killed, emptied and removed).
+    pub removed: bool,
+    pub error: Option<String>,
+}
+
+/// Find every cgroup of ours (`ccci-…-<pid>-<start>`) in the unified hierarchy whose
+/// supervisor is dead, kill what is still in it, wait (within `budget` overall) until it is
+/// empty and remove it. With `dry_run`, only report. Without cgroup v2 there is nothing to find.
+pub fn reap_orphans(dry_run: bool, budget: Duration) -> Vec<Orphan> {
+    let Some(mount) = mount_point() else {
+        return Vec::new();
+    };
+    let until = Instant::now() + budget;
+    let mut found = Vec::new();
+    find_ours(&mount, 0, &mut found);
+    let mut orphans = Vec::new();
+    for dir in found {
+        let Some((pid, start)) = dir
+            .file_name()
+            .and_then(OsStr::to_str)
+            .and_then(parse_group_name)
+        else {
+            continue;
+        };
+        if linux::process_start_time(pid) == Some(start) {
+            continue; // its supervisor is alive: never touched
+        }
+        let processes = members(&dir).map(|m| m.len()).unwrap_or(0);
+        let mut orphan = Orphan {
+            path: dir.clone(),
+            processes,
+            removed: false,
+            error: None,
+        };
+        if !dry_run {
+            let left = until.saturating_duration_since(Instant::now());
+            let result = kill(&dir)
+                .and_then(|()| wait_empty(&dir, left))
+                .and_then(|empty| {
+                    if empty {
+                        remove_tree(&dir)
+                    } else {
+                        Err(io::Error::other(format!(
+                            "cgroup {} still has processes after SIGKILL",
+                            dir.display()
+                        )))
+                    }
+                });
+            match result {
+                Ok(()) => orphan.removed = true,
+                Err(err) => orphan.error = Some(err.to_string()),
+            }
+        }
+        orphans.push(orphan);
+    }
+    orphans
+}
+
+/// Collect directories named like ours under `dir`; ours are not descended into.
+fn find_ours(dir: &Path, depth: usize, found: &mut Vec<PathBuf>) {
+    if depth > MAX_WALK_DEPTH {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = entry.file_name();
+        if name.as_bytes().starts_with(PREFIX.as_bytes()) {
+            found.push(entry.path());
+        } else {
+            find_ours(&entry.path(), depth + 1, found);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("ccci-run-42-1234-98765", Some((1234, 98765)))]
+    #[case("ccci-run-manual-7-1234-5", Some((1234, 5)))]
+    #[case("ccci-lock-pkg-cache-99-1", Some((99, 1)))]
+    #[case("ccci-run-42-0-5", None)]
+    #[case("ccci-run-x-y", None)]
+    #[case("other-run-1-2", None)]
+    #[case("ccci-", None)]
+    fn group_names_name_their_supervisor(#[case] name: &str, #[case] want: Option<(i32, u64)>) {
+        assert_eq!(parse_group_name(name), want);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        let name = group_name("run", "manual-3", 4321, 1_000_000);
+        assert_eq!(parse_group_name(&name), Some((4321, 1_000_000)));
+    }
+}
