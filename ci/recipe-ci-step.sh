@@ -3,16 +3,20 @@
 #
 #   sh ci/recipe-ci-step.sh [COMMAND [ARGS...]]   (default: sh ci/recipe-tests.sh)
 #
-# Drone's exec runner writes a step's commands into a script for sh and, when a build is
-# cancelled, SIGKILLs that shell only. ccci-run's parent-death signal covers that case. Other
-# cancellation paths send TERM to the shell: the trap passes it to ccci-run's process group, and
-# ccci-run tears down its own. --expect-parent $$ closes the start race (a shell that died
-# before ccci-run armed its parent-death signal).
+# Drone's exec runner writes a step's commands into a script for `/bin/sh -e` and, when a build
+# is cancelled, SIGKILLs that shell only. .drone.yml execs this script from that shell and sets
+# CCCI_TIE_TO to its pid: ccci-run watches that process (a pidfd) and tears the run down the
+# moment it dies, however many layers stand between them. Run by hand, the run is tied to this
+# shell. Other cancellation paths send TERM to the shell: the trap passes it to ccci-run's
+# process group. --expect-parent $$ closes the start race (a shell that died before ccci-run
+# armed its guards).
 set -eu
 
 : "${CCCI_BIN:=ccci-run}"
 : "${RECIPE:=${DRONE_REPO_NAME:?set RECIPE or DRONE_REPO_NAME}}"
 [ "$#" -gt 0 ] || set -- sh ci/recipe-tests.sh
+: "${CCCI_TIE_TO:=$$}"
+export CCCI_TIE_TO
 
 # setsid makes ccci-run the leader of a process group of its own; it stays this shell's child.
 if [ -n "${DRONE_PULL_REQUEST:-}" ]; then

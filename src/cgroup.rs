@@ -195,8 +195,10 @@ fn kill(dir: &Path) -> io::Result<()> {
         Ok(mut file) => file
             .write_all(b"1")
             .map_err(|e| annotate(e, "write", &kill_file)),
-        Err(err) if err.kind() == io::ErrorKind::NotFound && dir.exists() => {
-            for pid in members(dir)? {
+        // Removed meanwhile (its supervisor finished, or another sweep got there first).
+        Err(err) if err.kind() == io::ErrorKind::NotFound && !dir.exists() => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            for pid in members(dir).unwrap_or_default() {
                 let _ = linux::signal_process(pid, nix::sys::signal::Signal::SIGKILL);
             }
             Ok(())
@@ -319,7 +321,7 @@ pub fn reap_orphans(dry_run: bool, budget: Duration) -> Vec<Orphan> {
         else {
             continue;
         };
-        if linux::process_start_time(pid) == Some(start) {
+        if linux::is_running(pid, start) {
             continue; // its supervisor is alive: never touched
         }
         let processes = members(&dir).map(|m| m.len()).unwrap_or(0);

@@ -25,8 +25,9 @@ use crate::names::{
         nothing behind that a later janitor sweep would not reap.",
     after_help = "Exit codes: the command's own status (128+N when signal N killed it); \
         2 invalid input; 75 lock not acquired in time; 125 ccci-run failed; \
-        126/127 command not executable / not found; 129/130/143 SIGHUP/SIGINT/SIGTERM \
-        after teardown; 142 hard deadline after teardown."
+        126/127 command not executable / not found; 129/130/131/143 SIGHUP/SIGINT/SIGQUIT/SIGTERM \
+        after teardown (143 also when the parent or the --tie-to process died); \
+        142 hard deadline after teardown."
 )]
 pub struct Cli {
     #[command(flatten)]

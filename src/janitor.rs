@@ -618,7 +618,7 @@ pub fn reap_dead_runs_processes(
     for orphan in &orphans {
         match &orphan.error {
             Some(err) => errors.push(err.clone()),
-            None if !dry_run => report::line(&format!(
+            None if !dry_run && orphan.processes > 0 => report::line(&format!(
                 "== janitor: killed {} process(es) of a dead run in {} ==",
                 orphan.processes,
                 orphan.path.display()

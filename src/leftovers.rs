@@ -82,7 +82,7 @@ fn scan(spared: &HashSet<Pid>) -> Vec<Leftover> {
             let (supervisor, start) = parse_supervisor(&value)?;
             let dead = *verdicts
                 .entry((supervisor, start))
-                .or_insert_with(|| linux::process_start_time(supervisor) != Some(start));
+                .or_insert_with(|| !linux::is_running(supervisor, start));
             // A zombie has no environ to read, so what is found here is alive.
             dead.then_some(Leftover {
                 pid: pid.as_raw(),

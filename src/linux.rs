@@ -203,6 +203,15 @@ pub fn parse_start_time(text: &str) -> Option<u64> {
     tail.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
+/// True when the process `pid` that started at `start` is still running. A zombie is dead: it
+/// will never act again, whoever reaps it and when.
+pub fn is_running(pid: i32, start: u64) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    parse_start_time(&text) == Some(start) && parse_stat(&text).is_some_and(|s| !s.zombie)
+}
+
 /// This process's own start time.
 pub fn own_start_time() -> u64 {
     process_start_time(std::process::id() as i32).unwrap_or(0)

@@ -15,7 +15,7 @@ use crate::util::{Sandbox, candidate, docker, run};
 const COMPOSE: &str = include_str!("../fixtures/compose.yml");
 
 /// Write the test compose file (and its secret and config files) into `dir`.
-fn compose_file(dir: &Path) -> PathBuf {
+pub(crate) fn compose_file(dir: &Path) -> PathBuf {
     std::fs::write(dir.join("secret.txt"), "s3cret\n").unwrap();
     std::fs::write(dir.join("conf.txt"), "conf\n").unwrap();
     let path = dir.join("compose.yml");
@@ -60,7 +60,7 @@ fn running_containers(stack: &str) -> usize {
 }
 
 /// Every resource of any kind named after or labelled with `stack`, as `kind name` lines.
-fn leftovers(stack: &str) -> Vec<String> {
+pub(crate) fn leftovers(stack: &str) -> Vec<String> {
     let label = format!("label=com.docker.stack.namespace={stack}");
     let name = format!("name={stack}_");
     let mut found = Vec::new();
@@ -96,7 +96,7 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn assert_gone(stack: &str) {
+pub(crate) fn assert_gone(stack: &str) {
     let mut left = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
@@ -111,7 +111,7 @@ fn assert_gone(stack: &str) {
 
 /// Remove whatever a test left, so that no test leaks onto the shared engine: the stack, its
 /// containers forced out (so its volumes are free), then everything named after it.
-struct Cleanup(String);
+pub(crate) struct Cleanup(pub String);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {

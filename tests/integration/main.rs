@@ -7,6 +7,7 @@ mod cli;
 mod docker;
 mod fetch;
 mod janitor;
+mod lifetime;
 mod named_lock;
 mod run_dirs;
 mod run_exit;

@@ -118,7 +118,7 @@ fn parent_shell_sigkilled_tears_down_through_the_parent_death_signal() {
     signal(step.pid(), Signal::SIGKILL);
     // Output ends once ccci-run and everything it started are gone.
     let done = step.finish();
-    done.assert_stderr_has("== SIGTERM received — tearing down ==");
+    done.assert_stderr_has("== parent process died — tearing down ==");
     assert!(!done.out.iter().any(|l| l.contains("shell-survived")));
     assert!(!group_alive(pgid));
     assert!(
@@ -128,6 +128,7 @@ fn parent_shell_sigkilled_tears_down_through_the_parent_death_signal() {
     );
     let record = sandbox.record("14");
     assert_eq!(record["exit_code"], 143);
+    assert_eq!(record["shutdown_reason"], "parent-died");
     assert!(sandbox.state_files().is_empty());
 }
 

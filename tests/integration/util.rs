@@ -510,3 +510,130 @@ pub fn sh_quote(path: impl AsRef<OsStr>) -> String {
         path.as_ref().to_string_lossy().replace('\'', r"'\''")
     )
 }
+
+/// A cgroup v2 directory of the test's own, standing in for a systemd unit: processes are
+/// placed in it at spawn, and it can be signalled or killed as a whole. Removed on drop.
+pub struct TestCgroup {
+    dir: PathBuf,
+}
+
+impl TestCgroup {
+    /// `None` (with a message) where cgroup v2 is not writable; in CI that is a failure.
+    pub fn create(name: &str) -> Option<Self> {
+        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let made = (|| {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+            let mount = mountinfo.lines().find_map(|l| {
+                let (head, tail) = l.split_once(" - ")?;
+                (tail.split_whitespace().next()? == "cgroup2")
+                    .then(|| head.split_whitespace().nth(4).map(PathBuf::from))?
+            })?;
+            let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+            let own = own.lines().find_map(|l| l.strip_prefix("0::"))?.to_owned();
+            let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let dir = mount
+                .join(own.trim_start_matches('/'))
+                .join(format!("test-{name}-{}-{n}", std::process::id()));
+            std::fs::create_dir(&dir).ok()?;
+            Some(Self { dir })
+        })();
+        if made.is_none() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but cgroup v2 is not writable here"
+            );
+            eprintln!("skipping: cgroup v2 is not writable here");
+        }
+        made
+    }
+
+    /// Start `cmd` inside this cgroup.
+    pub fn place(&self, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let procs = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.procs"))
+            .unwrap();
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(procs);
+        // SAFETY: one write(2) of a static buffer between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if nix::libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+
+    fn members(dir: &Path, pids: &mut Vec<i32>) {
+        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                Self::members(&entry.path(), pids);
+            }
+        }
+    }
+
+    /// Send `sig` to every process in the cgroup and below, as systemd does on stop.
+    pub fn signal_all(&self, sig: nix::sys::signal::Signal) {
+        let mut pids = Vec::new();
+        Self::members(&self.dir, &mut pids);
+        for pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+    }
+
+    fn populated(&self) -> bool {
+        std::fs::read_to_string(self.dir.join("cgroup.events"))
+            .map(|t| t.lines().any(|l| l == "populated 1"))
+            .unwrap_or(false)
+    }
+
+    /// Wait (on `cgroup.events` change notifications) until no process is left, at most `limit`.
+    pub fn wait_empty(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let events = std::fs::File::open(self.dir.join("cgroup.events")).unwrap();
+        while self.populated() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let mut fds = [nix::poll::PollFd::new(
+                std::os::fd::AsFd::as_fd(&events),
+                nix::poll::PollFlags::POLLPRI,
+            )];
+            let wait = left.min(Duration::from_millis(100));
+            let _ = nix::poll::poll(
+                &mut fds,
+                nix::poll::PollTimeout::try_from(wait).unwrap_or(nix::poll::PollTimeout::MAX),
+            );
+        }
+        true
+    }
+
+    /// SIGKILL everything in it.
+    pub fn kill(&self) {
+        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
+        self.wait_empty(PATIENCE);
+    }
+
+    fn remove(dir: &Path) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                Self::remove(&entry.path());
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        self.kill();
+        Self::remove(&self.dir);
+    }
+}
