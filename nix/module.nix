@@ -127,6 +127,13 @@ in
 
   }
   (mkIf (cfg.droneRunnerService != null) {
+    # The runner's cgroup subtree is delegated, so each run (and each `ccci-run lock` command)
+    # gets a cgroup of its own below it and its teardown ends every process with cgroup.kill.
+    # A stop gives runs the time their teardown may take before systemd's SIGKILL.
+    systemd.services.${cfg.droneRunnerService}.serviceConfig = {
+      Delegate = "yes";
+      TimeoutStopSec = "6min";
+    };
     systemd.services.${cfg.droneRunnerService}.environment =
       helpers.environment {
         inherit (cfg) lockDir runsDir abraHome docker;

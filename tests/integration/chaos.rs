@@ -39,9 +39,11 @@ enum Fault {
     KillWhileParked,
     KillInTeardown,
     Deadline,
+    /// The teardown hook hangs: the teardown budget must end it.
+    HangingHook,
 }
 
-const FAULTS: [Fault; 7] = [
+const FAULTS: [Fault; 8] = [
     Fault::None,
     Fault::TermAtStart,
     Fault::KillAtStart,
@@ -49,6 +51,7 @@ const FAULTS: [Fault; 7] = [
     Fault::KillWhileParked,
     Fault::KillInTeardown,
     Fault::Deadline,
+    Fault::HangingHook,
 ];
 
 #[derive(Debug, Clone)]
@@ -179,6 +182,7 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
     let mut procs: Vec<Spawned> = Vec::new();
     let mut transcript = Vec::new();
     let mut command_pids = Vec::new();
+    let mut daemon_pids: Vec<i32> = Vec::new();
     let mut events = 0usize;
     let mut next_run = 0usize;
     let mut rebooted = false;
@@ -201,6 +205,7 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
         let script = format!(
             "echo \"$(date +%s%N) start $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> {log}; \
              echo \"$CCCI_RUN_ID\" > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; {deploy}\
+             setsid sh -c 'exec sleep 100000' </dev/null >/dev/null 2>&1 & echo daemon $!; \
              echo ready $$; sleep {hold}; \
              if [ \"$(cat \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]{owned}; \
              then r=ok; else r=LOST; fi; \
@@ -220,6 +225,15 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
         ];
         if run.fault == Fault::Deadline {
             extra.extend(["--deadline".into(), "1".into()]);
+        }
+        if run.fault == Fault::HangingHook {
+            extra.extend([
+                "--on-teardown".into(),
+                "echo hook-hangs; exec sleep 100000".into(),
+                "--teardown-timeout".into(),
+                "1".into(),
+            ]);
+            tally.count("HangingHook");
         }
         if run.fault == Fault::KillInTeardown {
             extra.extend([
@@ -284,11 +298,17 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
                 match procs[i].kind {
                     Kind::Run(r) => {
                         let fault = plan.runs[r].fault;
+                        // The command and the daemon it starts: nothing of a run may outlive
+                        // the final sweep, however the run ended.
                         if let Some(pid) = line
                             .strip_prefix("ready ")
+                            .or_else(|| line.strip_prefix("daemon "))
                             .and_then(|p| p.trim().parse().ok())
                         {
                             command_pids.push(pid);
+                            if line.starts_with("daemon ") {
+                                daemon_pids.push(pid);
+                            }
                         }
                         let trigger = match fault {
                             Fault::TermAtStart | Fault::KillAtStart => line.starts_with("ready "),
@@ -338,7 +358,10 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
             for p in procs.iter_mut().filter(|p| p.open_streams > 0) {
                 kill(p, Signal::SIGKILL);
             }
-            // Commands die by their own parent-death signal; wait until they are gone.
+            // A reboot ends the daemons too; commands die by their own parent-death signal.
+            for pid in &daemon_pids {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGKILL);
+            }
             for pid in &command_pids {
                 crate::util::wait_exited(*pid);
             }
@@ -444,7 +467,9 @@ fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<S
     }
     for pid in &outcome.command_pids {
         if process_alive(*pid) {
-            violations.push(format!("command {pid} is still running"));
+            violations.push(format!(
+                "process {pid} of a run (its command or its daemon) survived the final sweep"
+            ));
         }
     }
     for (r, code) in &outcome.run_codes {
