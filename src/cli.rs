@@ -245,11 +245,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub lock_wait: Option<Duration>,
     /// Seconds between SIGTERM and SIGKILL of the command's process group (fractions allowed).
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECS", env = "CCCI_KILL_GRACE", default_value = "10", value_parser = parse_seconds)]
     pub kill_grace: Duration,
     /// Seconds the rest of the teardown (hook, app removal) may take after the kill grace; the
     /// whole run is bounded by deadline + kill grace + this, whatever happens.
-    #[arg(long, value_name = "SECS", default_value = "300", value_parser = parse_budget)]
+    #[arg(long, value_name = "SECS", env = "CCCI_TEARDOWN_TIMEOUT", default_value = "300", value_parser = parse_budget)]
     pub teardown_timeout: Duration,
     /// Refuse to run unless our parent process is PID (pass the step shell's $$).
     #[arg(long, value_name = "PID")]
