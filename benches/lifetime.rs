@@ -52,7 +52,11 @@ fn read_until(out: &mut impl Read, prefix: &str) -> String {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     loop {
-        assert_eq!(out.read(&mut byte).unwrap(), 1, "output ended before {prefix:?}");
+        assert_eq!(
+            out.read(&mut byte).unwrap(),
+            1,
+            "output ended before {prefix:?}"
+        );
         if byte[0] == b'\n' {
             let text = String::from_utf8_lossy(&line).into_owned();
             if let Some(rest) = text.strip_prefix(prefix) {
@@ -145,7 +149,10 @@ fn sweep_after_supervisor_kill(dir: &Path, id: u32, daemons: usize) -> Duration 
     run.wait().unwrap();
     let mut janitor = Command::new(BIN);
     host_env(&mut janitor, dir);
-    janitor.arg("janitor").stdout(Stdio::null()).stderr(Stdio::null());
+    janitor
+        .arg("janitor")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let started = Instant::now();
     let status = janitor.status().unwrap();
     let elapsed = started.elapsed();
@@ -164,7 +171,10 @@ fn sweep_after_supervisor_kill(dir: &Path, id: u32, daemons: usize) -> Duration 
 fn empty_sweep(dir: &Path) -> Duration {
     let mut janitor = Command::new(BIN);
     host_env(&mut janitor, dir);
-    janitor.arg("janitor").stdout(Stdio::null()).stderr(Stdio::null());
+    janitor
+        .arg("janitor")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let started = Instant::now();
     assert!(janitor.status().unwrap().success());
     started.elapsed()
@@ -185,7 +195,9 @@ fn main() {
         cancel.push(cancelled_step(dir.path(), 1000 + 2 * i, true));
         term.push(cancelled_step(dir.path(), 1001 + 2 * i, false));
     }
-    println!("runner cancel (SIGKILL to the step shell) → nothing of the run left, --kill-grace 1:");
+    println!(
+        "runner cancel (SIGKILL to the step shell) → nothing of the run left, --kill-grace 1:"
+    );
     println!(
         "  median {:.1} ms, max {:.1} ms   (baseline, TERM to ccci-run itself: median {:.1} ms) → {:.2}×",
         median(cancel.clone()).as_secs_f64() * 1e3,
@@ -201,7 +213,9 @@ fn main() {
         reap.push(sweep_after_supervisor_kill(dir.path(), i, daemons));
         empty.push(empty_sweep(dir.path()));
     }
-    println!("supervisor SIGKILL with {daemons} daemonised processes → janitor sweep until every leftover is gone:");
+    println!(
+        "supervisor SIGKILL with {daemons} daemonised processes → janitor sweep until every leftover is gone:"
+    );
     println!(
         "  median {:.1} ms, max {:.1} ms   (baseline, the same sweep with nothing to kill: median {:.1} ms) → {:.2}×",
         median(reap.clone()).as_secs_f64() * 1e3,

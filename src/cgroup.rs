@@ -14,7 +14,7 @@
 //! any record and without trusting a reused pid: a cgroup whose supervisor is gone is killed and
 //! removed by [`reap_orphans`], which the janitor runs before it reaps any app.
 //!
-//! Invariant: only this module writes under the cgroup file system (`clippy.toml` keeps it so),
+//! Invariant: only this module writes under the cgroup file system,
 //! and a cgroup is only ever killed when its supervisor is this process or provably dead.
 //!
 //! Where cgroup v2 is not writable (no unified hierarchy, not root, no delegation), [`RunCgroup::

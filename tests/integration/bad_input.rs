@@ -118,3 +118,32 @@ fn unusable_runs_dir_is_125_naming_it() {
     done.assert_stderr_has("failed to create run directory");
     assert!(done.out.is_empty());
 }
+
+/// Durations no arithmetic on instants could survive are refused when parsed (exit 2, nothing
+/// written): `--kill-grace=9223372036854775807` used to panic in the middle of a teardown.
+#[rstest::rstest]
+#[case::kill_grace_overflow("--kill-grace=9223372036854775807", "too long: at most 31536000 s")]
+#[case::kill_grace_nan("--kill-grace=NaN", "is not a usable duration")]
+#[case::teardown_timeout_zero("--teardown-timeout=0", "too short: at least 1 s")]
+#[case::teardown_timeout_huge("--teardown-timeout=1e30", "too long")]
+#[case::lock_wait_huge("--lock-wait=99999999999", "too long")]
+#[case::deadline_huge("--deadline=99999999999", "--deadline")]
+fn absurd_durations_are_refused_at_parse_time(#[case] flag: &str, #[case] message: &str) {
+    let sandbox = Sandbox::new();
+    let done = run(sandbox.run_sh("absurd", &[flag], "echo command-ran"));
+    done.assert_code(2);
+    done.assert_stderr_has(message);
+    assert!(done.out.is_empty());
+    assert!(!sandbox.runs().exists(), "nothing may be written");
+}
+
+/// `--keep-runs` in days is bounded too: days × 86400 must not overflow.
+#[test]
+fn absurd_retention_is_refused_at_parse_time() {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--keep-runs", "18446744073709551615"]);
+    let done = run(cmd);
+    done.assert_code(2);
+    done.assert_stderr_has("--keep-runs");
+}
