@@ -192,11 +192,13 @@ pub fn kill_path(dir: &Path) -> io::Result<()> {
 fn kill(dir: &Path) -> io::Result<()> {
     let kill_file = dir.join("cgroup.kill");
     match OpenOptions::new().write(true).open(&kill_file) {
-        Ok(mut file) => file
-            .write_all(b"1")
-            .map_err(|e| annotate(e, "write", &kill_file)),
+        Ok(mut file) => match file.write_all(b"1") {
+            Err(err) if !is_gone(&err) => Err(annotate(err, "write", &kill_file)),
+            _ => Ok(()),
+        },
         // Removed meanwhile (its supervisor finished, or another sweep got there first).
-        Err(err) if err.kind() == io::ErrorKind::NotFound && !dir.exists() => Ok(()),
+        Err(err) if is_gone(&err) && !dir.exists() => Ok(()),
+        Err(err) if err.raw_os_error() == Some(nix::libc::ENODEV) => Ok(()),
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
             for pid in members(dir).unwrap_or_default() {
                 let _ = linux::signal_process(pid, nix::sys::signal::Signal::SIGKILL);
@@ -237,14 +239,14 @@ fn wait_empty(dir: &Path, budget: Duration) -> io::Result<bool> {
     let events = dir.join("cgroup.events");
     let file = match File::open(&events) {
         Ok(file) => file,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(err) if is_gone(&err) => return Ok(true),
         Err(err) => return Err(annotate(err, "open", &events)),
     };
     loop {
         match populated(dir) {
             Ok(false) => return Ok(true),
             Ok(true) => {}
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(err) if is_gone(&err) => return Ok(true),
             Err(err) => return Err(annotate(err, "read", &events)),
         }
         let left = until.saturating_duration_since(Instant::now());
@@ -274,14 +276,20 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
                 }
             }
         }
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(err) if is_gone(&err) => return Ok(()),
         Err(err) => return Err(annotate(err, "list", dir)),
     }
     match std::fs::remove_dir(dir) {
         Ok(()) => Ok(()),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(err) if is_gone(&err) => Ok(()),
         Err(err) => Err(annotate(err, "remove", dir)),
     }
+}
+
+/// The cgroup went away meanwhile (its supervisor or another sweep removed it): a removed
+/// kernfs node answers ENODEV to a descriptor opened before, ENOENT to a new lookup.
+fn is_gone(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::NotFound || err.raw_os_error() == Some(nix::libc::ENODEV)
 }
 
 fn annotate(err: io::Error, what: &str, path: &Path) -> io::Error {
