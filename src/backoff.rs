@@ -30,6 +30,15 @@ impl Policy {
         budget: Duration::from_secs(60),
     };
 
+    /// Polling a reap until the engine lists nothing of the stack: swarm finishes removals
+    /// within seconds, so the rounds stay short; the reap budget, not this, bounds the loop.
+    pub const CONFIRM: Policy = Policy {
+        base: Duration::from_millis(25),
+        cap: Duration::from_millis(400),
+        max_retries: u32::MAX,
+        budget: Duration::from_secs(365 * 86_400),
+    };
+
     /// The upper bound of the delay before retry `attempt` (0-based): `min(cap, base · 2^attempt)`,
     /// clamped before the multiplication could overflow.
     pub fn ceiling(&self, attempt: u32) -> Duration {

@@ -193,6 +193,10 @@ pub struct JanitorArgs {
     /// Also write Prometheus metrics here (node_exporter textfile collector), atomically.
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
+    /// How long reaping may take (the Docker side, until the engine lists nothing of each
+    /// stack); past it the stack is `reap-incomplete` and the next sweep finishes the job.
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = parse_budget)]
+    pub reap_budget: Duration,
     /// Also remove per-run directories older than DAYS whose run is not live.
     #[arg(long, value_name = "DAYS", value_parser = clap::value_parser!(u64).range(..=MAX_KEEP_DAYS))]
     pub keep_runs: Option<u64>,

@@ -13,14 +13,14 @@
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::time::Duration;
 
 use bollard::Docker;
 use bollard::errors::Error as BollardError;
 use bollard::query_parameters::{
-    ListConfigsOptions, ListContainersOptions, ListNetworksOptions, ListSecretsOptions,
-    ListServicesOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+    InspectNetworkOptions, ListConfigsOptions, ListContainersOptions, ListNetworksOptions,
+    ListSecretsOptions, ListServicesOptions, ListVolumesOptions, RemoveContainerOptions,
+    RemoveVolumeOptions,
 };
 use futures_util::stream::{self, StreamExt};
 use rand::SeedableRng;
@@ -88,6 +88,7 @@ pub struct DockerSeam {
     docker: Docker,
     runtime: tokio::runtime::Runtime,
     list_calls: Cell<usize>,
+    poll_rounds: Cell<usize>,
 }
 
 impl std::fmt::Debug for DockerSeam {
@@ -120,6 +121,7 @@ impl DockerSeam {
             docker,
             runtime,
             list_calls: Cell::new(0),
+            poll_rounds: Cell::new(0),
         })
     }
 
@@ -133,22 +135,27 @@ impl DockerSeam {
         &self,
         pattern: &RunAppPattern,
     ) -> Result<BTreeMap<AppDomain, StackResources>, DockerError> {
+        self.runtime.block_on(self.list(pattern))
+    }
+
+    /// One list call per kind, sorted into run-app stacks.
+    async fn list(
+        &self,
+        pattern: &RunAppPattern,
+    ) -> Result<BTreeMap<AppDomain, StackResources>, DockerError> {
         self.list_calls.set(self.list_calls.get() + 6);
         let d = &self.docker;
-        let (services, containers, networks, volumes, secrets, configs) =
-            self.runtime.block_on(async {
-                tokio::join!(
-                    d.list_services(Some(ListServicesOptions::default())),
-                    d.list_containers(Some(ListContainersOptions {
-                        all: true,
-                        ..Default::default()
-                    })),
-                    d.list_networks(Some(ListNetworksOptions::default())),
-                    d.list_volumes(Some(ListVolumesOptions::default())),
-                    d.list_secrets(Some(ListSecretsOptions::default())),
-                    d.list_configs(Some(ListConfigsOptions::default())),
-                )
-            });
+        let (services, containers, networks, volumes, secrets, configs) = tokio::join!(
+            d.list_services(Some(ListServicesOptions::default())),
+            d.list_containers(Some(ListContainersOptions {
+                all: true,
+                ..Default::default()
+            })),
+            d.list_networks(Some(ListNetworksOptions::default())),
+            d.list_volumes(Some(ListVolumesOptions::default())),
+            d.list_secrets(Some(ListSecretsOptions::default())),
+            d.list_configs(Some(ListConfigsOptions::default())),
+        );
         fn failed(kind: &'static str) -> impl Fn(BollardError) -> DockerError {
             move |e| DockerError(format!("failed to list {kind}: {e}"))
         }
@@ -200,70 +207,255 @@ impl DockerSeam {
         Ok(found)
     }
 
-    /// [`remove_stacks`](Self::remove_stacks) within `budget`; past it, an error says what
-    /// did not finish.
-    pub fn remove_stacks_within(
+    /// Reap `stacks` and confirm it: delete everything each stack has, then poll — one list
+    /// call per kind per round for all the stacks, full-jitter backoff between rounds — until
+    /// the engine lists nothing of a stack any more, deleting again whatever is still listed.
+    /// Past `budget` (or when all that is left is blocked by another stack) what is still
+    /// there is reported. The results come back in the order of `stacks`.
+    pub fn reap(
         &self,
-        stacks: Vec<StackResources>,
+        pattern: &RunAppPattern,
+        stacks: Vec<(AppDomain, StackResources)>,
         budget: Duration,
-    ) -> Result<Vec<(RemovedNames, Vec<DockerError>)>, DockerError> {
-        let docker = &self.docker;
-        let n = stacks.len();
+    ) -> Vec<Reaped> {
+        let deadline = tokio::time::Instant::now() + budget;
         self.runtime
-            .block_on(async { tokio::time::timeout(budget, remove_all(docker, stacks)).await })
-            .map_err(|_| {
-                DockerError(format!(
-                    "removing {n} stack(s) did not finish within {:.1} s",
-                    budget.as_secs_f64()
-                ))
-            })
+            .block_on(self.reap_until(pattern, stacks, deadline))
     }
 
-    /// Remove several stacks, at most [`REAP_CONCURRENCY`] at a time. The results come back in
-    /// the order of `stacks`.
-    pub fn remove_stacks(
+    /// How many poll rounds reaps of this seam have made.
+    pub fn poll_rounds(&self) -> usize {
+        self.poll_rounds.get()
+    }
+
+    async fn reap_until(
         &self,
-        stacks: Vec<StackResources>,
-    ) -> Vec<(RemovedNames, Vec<DockerError>)> {
-        self.runtime.block_on(remove_all(&self.docker, stacks))
+        pattern: &RunAppPattern,
+        stacks: Vec<(AppDomain, StackResources)>,
+        deadline: tokio::time::Instant,
+    ) -> Vec<Reaped> {
+        let docker = &self.docker;
+        let mut out: Vec<Reaped> = vec![Reaped::default(); stacks.len()];
+        // Everything known at once, several stacks at a time; nothing here waits on swarm.
+        let first = stream::iter(stacks.iter().enumerate())
+            .map(|(i, (_, stack))| async move { (i, delete_stack(docker, stack).await) })
+            .buffer_unordered(REAP_CONCURRENCY)
+            .collect::<Vec<_>>();
+        if let Ok(done) = tokio::time::timeout_at(deadline, first).await {
+            for (i, (removed, errors)) in done {
+                out[i].removed = removed;
+                out[i].errors = errors;
+            }
+        }
+        let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
+        let mut backoff = Backoff::new(Policy::CONFIRM, rng, MonotonicClock);
+        let mut pending: Vec<usize> = (0..stacks.len()).collect();
+        loop {
+            self.poll_rounds.set(self.poll_rounds.get() + 1);
+            let listing = match self.list(pattern).await {
+                Ok(listing) => listing,
+                Err(err) => {
+                    for &i in &pending {
+                        out[i].errors.push(err.clone());
+                    }
+                    break;
+                }
+            };
+            let mut still = Vec::new();
+            for i in pending {
+                let left = listing.get(&stacks[i].0).cloned().unwrap_or_default();
+                if left.is_empty() {
+                    out[i].confirmed = true;
+                    out[i].remaining.clear();
+                    out[i].blocked.clear();
+                    out[i].errors.clear();
+                } else {
+                    out[i].remaining = describe(&left);
+                    still.push((i, left));
+                }
+            }
+            if still.is_empty() || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            // Whatever is still listed is deleted again (idempotent); a network that only
+            // another stack's containers hold is reported, never force-detached.
+            let nudged = stream::iter(still.iter())
+                .map(|(i, left)| async move { (*i, nudge(docker, left).await) })
+                .buffer_unordered(REAP_CONCURRENCY)
+                .collect::<Vec<_>>()
+                .await;
+            for (i, (removed, errors, blocked)) in nudged {
+                out[i].removed.merge(removed);
+                out[i].errors = errors;
+                out[i].blocked = blocked;
+            }
+            pending = still.iter().map(|(i, _)| *i).collect();
+            // Nothing will change by itself when all that is left is blocked.
+            if still.iter().all(|(i, left)| {
+                left.only_networks() && out[*i].blocked.len() == left.networks.len()
+            }) {
+                break;
+            }
+            let Some(delay) = backoff.next_delay() else {
+                break;
+            };
+            let now = tokio::time::Instant::now();
+            tokio::time::sleep_until((now + delay).min(deadline)).await;
+        }
+        out
     }
 }
 
-/// Remove `stacks`, at most [`REAP_CONCURRENCY`] at a time, results in their order.
-async fn remove_all(
-    docker: &Docker,
-    stacks: Vec<StackResources>,
-) -> Vec<(RemovedNames, Vec<DockerError>)> {
-    let mut done: Vec<(usize, (RemovedNames, Vec<DockerError>))> =
-        stream::iter(stacks.into_iter().enumerate())
-            .map(|(i, stack)| async move { (i, remove_stack(docker, stack).await) })
-            .buffer_unordered(REAP_CONCURRENCY)
-            .collect()
-            .await;
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, r)| r).collect()
+/// What a reap of one stack came to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// What this reap removed.
+    pub removed: RemovedNames,
+    /// The engine was asked after the deletes and listed nothing of the stack.
+    pub confirmed: bool,
+    /// What the engine still listed when the reap stopped, as `<kind> <name>`.
+    pub remaining: Vec<String>,
+    /// Why some of it cannot go by itself.
+    pub blocked: Vec<String>,
+    /// Failed requests, when the stack is not confirmed gone.
+    pub errors: Vec<DockerError>,
 }
 
-/// Remove one stack in the order that never waits on swarm; the resources of one kind go at
-/// once. Keeps going past failures so that as much as possible is gone, and reports every one.
-async fn remove_stack(docker: &Docker, stack: StackResources) -> (RemovedNames, Vec<DockerError>) {
+impl Reaped {
+    /// Gone for good: the next deploy of the same stack can start at once.
+    pub fn gone(&self) -> bool {
+        self.confirmed && self.remaining.is_empty()
+    }
+
+    /// Everything that went wrong, in words, for a report.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems: Vec<String> = self.errors.iter().map(|e| e.0.clone()).collect();
+        if !self.remaining.is_empty() {
+            problems.push(format!("still there: {}", self.remaining.join(", ")));
+        }
+        problems.extend(self.blocked.iter().cloned());
+        problems
+    }
+}
+
+impl RemovedNames {
+    fn merge(&mut self, mut other: RemovedNames) {
+        for kind in Kind::REMOVAL_ORDER {
+            let names = std::mem::take(kind.names_mut(&mut other));
+            let mine = kind.names_mut(self);
+            for name in names {
+                if !mine.contains(&name) {
+                    mine.push(name);
+                }
+            }
+        }
+    }
+}
+
+impl StackResources {
+    fn only_networks(&self) -> bool {
+        self.services.is_empty()
+            && self.containers.is_empty()
+            && self.volumes.is_empty()
+            && self.secrets.is_empty()
+            && self.configs.is_empty()
+    }
+}
+
+/// `<kind> <name>` of every resource.
+fn describe(stack: &StackResources) -> Vec<String> {
+    Kind::REMOVAL_ORDER
+        .iter()
+        .flat_map(|kind| {
+            kind.of(stack)
+                .iter()
+                .map(move |r| format!("{} {}", kind.noun(), r.name))
+        })
+        .collect()
+}
+
+/// One delete request per resource, in the order that never waits on swarm; the resources of
+/// one kind go at once. Keeps going past failures; the confirmation decides.
+async fn delete_stack(docker: &Docker, stack: &StackResources) -> (RemovedNames, Vec<DockerError>) {
     let mut removed = RemovedNames::default();
     let mut errors = Vec::new();
     for kind in Kind::REMOVAL_ORDER {
-        let resources = kind.of(&stack);
-        let started = std::time::Instant::now();
-        let outcomes = futures_util::future::join_all(resources.iter().map(|res| {
-            retry(format!("remove {} {}", kind.noun(), res.name), move || {
-                remove_one(docker, kind, res)
-            })
-        }))
-        .await;
+        let resources = kind.of(stack);
+        let outcomes =
+            futures_util::future::join_all(resources.iter().map(|res| attempt(docker, kind, res)))
+                .await;
         for (res, outcome) in resources.iter().zip(outcomes) {
-            record(kind.names(&mut removed), &mut errors, res, outcome);
+            match outcome {
+                Ok(true) => kind.names_mut(&mut removed).push(res.name.clone()),
+                Ok(false) => {}
+                Err(err) => errors.push(err),
+            }
         }
-        tracing::debug!(kind = kind.noun(), count = resources.len(), elapsed = ?started.elapsed(), "removed");
     }
     (removed, errors)
+}
+
+/// Delete again what is still listed; a network that only containers of other stacks hold is
+/// reported as blocked.
+async fn nudge(
+    docker: &Docker,
+    left: &StackResources,
+) -> (RemovedNames, Vec<DockerError>, Vec<String>) {
+    let (removed, errors) = delete_stack(docker, left).await;
+    let mut blocked = Vec::new();
+    for network in &left.networks {
+        if removed.networks.contains(&network.name) {
+            continue;
+        }
+        let foreign = foreign_endpoints(docker, network, left).await;
+        if !foreign.is_empty() {
+            blocked.push(format!(
+                "network {} is in use by {} of another stack; not detaching it",
+                network.name,
+                foreign.join(", ")
+            ));
+        }
+    }
+    (removed, errors, blocked)
+}
+
+/// Containers attached to `network` that are not the stack's own (swarm's load-balancer
+/// endpoints `lb-…` are the network's own and do not count).
+async fn foreign_endpoints(
+    docker: &Docker,
+    network: &Resource,
+    stack: &StackResources,
+) -> Vec<String> {
+    let Ok(inspected) = docker
+        .inspect_network(&network.id, None::<InspectNetworkOptions>)
+        .await
+    else {
+        return Vec::new();
+    };
+    inspected
+        .containers
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(id, _)| !id.starts_with("lb-"))
+        .filter(|(id, _)| !stack.containers.iter().any(|c| c.id == *id))
+        .map(|(id, endpoint)| {
+            let name = endpoint.name.unwrap_or_default();
+            format!("container {name} ({})", &id[..id.len().min(12)])
+        })
+        .collect()
+}
+
+/// One delete request: `Ok(true)` removed, `Ok(false)` already gone (404).
+async fn attempt(docker: &Docker, kind: Kind, res: &Resource) -> Result<bool, DockerError> {
+    match remove_one(docker, kind, res).await {
+        Ok(()) => Ok(true),
+        Err(err) if classify(&err) == Failure::Gone => Ok(false),
+        Err(err) => Err(DockerError(format!(
+            "failed to remove {} {}: {err}",
+            kind.noun(),
+            res.name
+        ))),
+    }
 }
 
 /// The kinds of resource a stack has.
@@ -311,7 +503,7 @@ impl Kind {
         }
     }
 
-    fn names(self, removed: &mut RemovedNames) -> &mut Vec<String> {
+    fn names_mut(self, removed: &mut RemovedNames) -> &mut Vec<String> {
         match self {
             Kind::Service => &mut removed.services,
             Kind::Container => &mut removed.containers,
@@ -332,20 +524,6 @@ async fn remove_one(docker: &Docker, kind: Kind, res: &Resource) -> Result<(), B
         Kind::Secret => docker.delete_secret(&res.id).await,
         Kind::Config => docker.delete_config(&res.id).await,
         Kind::Volume => remove_volume(docker, &res.name).await,
-    }
-}
-
-/// Note one removal: only what this call really removed is listed (404s are not).
-fn record(
-    removed: &mut Vec<String>,
-    errors: &mut Vec<DockerError>,
-    resource: &Resource,
-    outcome: Result<bool, DockerError>,
-) {
-    match outcome {
-        Ok(true) => removed.push(resource.name.clone()),
-        Ok(false) => {}
-        Err(err) => errors.push(err),
     }
 }
 
@@ -433,39 +611,6 @@ fn is_connect_failure(err: &std::io::Error) -> bool {
         err.kind(),
         std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
     )
-}
-
-/// Run `op` until it succeeds (`true`), the resource turns out to be gone already (`false`), a
-/// permanent error comes, or the retry budget is spent.
-async fn retry<F, Fut>(what: String, mut op: F) -> Result<bool, DockerError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), BollardError>>,
-{
-    let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
-    let mut backoff = Backoff::new(Policy::DOCKER, rng, MonotonicClock);
-    loop {
-        let err = match op().await {
-            Ok(()) => return Ok(true),
-            Err(err) => err,
-        };
-        match classify(&err) {
-            Failure::Gone => return Ok(false),
-            Failure::Permanent => return Err(DockerError(format!("failed to {what}: {err}"))),
-            Failure::Transient => match backoff.next_delay() {
-                Some(delay) => {
-                    tracing::debug!("{what}: {err}; retrying in {delay:?}");
-                    tokio::time::sleep(delay).await;
-                }
-                None => {
-                    return Err(DockerError(format!(
-                        "failed to {what} after {} retries: {err}",
-                        backoff.retries()
-                    )));
-                }
-            },
-        }
-    }
 }
 
 #[cfg(test)]

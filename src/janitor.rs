@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::app;
 use crate::cgroup;
 use crate::cli::{DockerMode, Global};
-use crate::docker::{DockerSeam, RemovedNames, StackResources};
+use crate::docker::{DockerError, DockerSeam, Reaped, RemovedNames, StackResources};
 use crate::leftovers;
 use crate::lock::{self, HeldLock, Holder, LockFile, TryLock};
 use crate::names::{AppDomain, RunId};
@@ -68,10 +68,13 @@ pub enum Decision {
     LongHeld,
     Unreadable,
     Foreign,
+    /// Reaped, but the engine still listed some of it when the reap budget ran out (or a
+    /// network of it is held by another stack): the lock file stays for the next sweep.
+    ReapIncomplete,
 }
 
 impl Decision {
-    pub const ALL: [Decision; 7] = [
+    pub const ALL: [Decision; 8] = [
         Decision::Reap,
         Decision::WouldReap,
         Decision::Raced,
@@ -79,6 +82,7 @@ impl Decision {
         Decision::LongHeld,
         Decision::Unreadable,
         Decision::Foreign,
+        Decision::ReapIncomplete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -90,6 +94,7 @@ impl Decision {
             Self::LongHeld => "long-held",
             Self::Unreadable => "unreadable",
             Self::Foreign => "foreign",
+            Self::ReapIncomplete => "reap-incomplete",
         }
     }
 }
@@ -122,6 +127,8 @@ pub fn decide(probe: &Probe, dry_run: bool, long_held: Duration) -> Decision {
 pub struct SweepOptions {
     pub dry_run: bool,
     pub long_held: Duration,
+    /// How long the Docker side of the reaps may take, confirmation included.
+    pub reap_budget: Duration,
 }
 
 /// What was removed for one candidate: its Docker resources (flattened into the contract's
@@ -201,6 +208,9 @@ pub struct SweepReport {
     /// Docker list calls this sweep made (one per resource kind), when Docker was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_list_calls: Option<usize>,
+    /// Rounds of "is it gone yet?" polling (each one list call per kind), when Docker was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_poll_rounds: Option<usize>,
     /// Cgroups of dead runs and `lock` commands, killed and removed (or that would be).
     pub dead_cgroups: Vec<cgroup::Orphan>,
     /// Processes of dead supervisors found by their environment, killed (or that would be).
@@ -215,7 +225,8 @@ impl SweepReport {
     pub fn failed(&self) -> bool {
         !self.errors.is_empty()
             || self.candidates.iter().any(|c| {
-                c.error.is_some() && matches!(c.decision, Decision::Reap | Decision::WouldReap)
+                (c.error.is_some() && matches!(c.decision, Decision::Reap | Decision::WouldReap))
+                    || c.decision == Decision::ReapIncomplete
             })
     }
 
@@ -288,37 +299,63 @@ pub fn discover_env(global: &Global, errors: &mut Vec<String>) -> BTreeMap<AppDo
 }
 
 /// Docker as this sweep sees it.
-enum DockerState {
+enum DockerState<'a> {
     Off,
-    On(DockerSeam),
+    On(&'a DockerSeam),
     /// `--docker auto` and the engine did not answer: nothing that may have Docker resources
     /// is reaped, since deleting its `.env` would lose the trace of a stack still running.
     Unavailable(String),
 }
 
-impl DockerState {
-    fn connect(mode: DockerMode, report: &mut SweepReport) -> Option<Self> {
-        match mode {
-            DockerMode::Off => Some(Self::Off),
-            mode => match DockerSeam::connect() {
-                Ok(seam) => Some(Self::On(seam)),
-                Err(err) if mode == DockerMode::Required => {
-                    report.errors.push(format!("Docker is required: {err}"));
-                    None
-                }
-                Err(err) => {
-                    report::line(&format!(
-                        "!! janitor: {err}; apps that may have Docker resources are not reaped"
-                    ));
-                    Some(Self::Unavailable(err.0))
-                }
-            },
+impl<'a> DockerState<'a> {
+    fn connect(link: &'a DockerLink, report: &mut SweepReport) -> Option<Self> {
+        match link.get() {
+            None => Some(Self::Off),
+            Some(Ok(seam)) => Some(Self::On(seam)),
+            Some(Err(err)) if link.mode() == DockerMode::Required => {
+                report.errors.push(format!("Docker is required: {err}"));
+                None
+            }
+            Some(Err(err)) => {
+                report::line(&format!(
+                    "!! janitor: {err}; apps that may have Docker resources are not reaped"
+                ));
+                Some(Self::Unavailable(err.0.clone()))
+            }
         }
     }
 }
 
+/// One Docker connection, made on first use and kept: a run (or a janitor) negotiates the
+/// API version once, whatever it asks of the engine later.
+pub struct DockerLink {
+    mode: DockerMode,
+    seam: std::cell::OnceCell<Result<DockerSeam, DockerError>>,
+}
+
+impl DockerLink {
+    pub fn new(mode: DockerMode) -> Self {
+        Self {
+            mode,
+            seam: std::cell::OnceCell::new(),
+        }
+    }
+
+    pub fn mode(&self) -> DockerMode {
+        self.mode
+    }
+
+    /// `None` with `--docker off`; otherwise the connection, made now if it was not yet.
+    pub fn get(&self) -> Option<Result<&DockerSeam, &DockerError>> {
+        if self.mode == DockerMode::Off {
+            return None;
+        }
+        Some(self.seam.get_or_init(DockerSeam::connect).as_ref())
+    }
+}
+
 /// One sweep over every candidate, then the tidy sweep of orphaned lock files.
-pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
+pub fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepReport {
     let started = Instant::now();
     let mut report = SweepReport {
         dry_run: opts.dry_run,
@@ -344,7 +381,7 @@ pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
         reap_dead_runs_processes(&mut report.errors, opts.dry_run);
     report.dead_cgroups = dead_cgroups;
     report.leftover_processes = leftover_processes;
-    let Some(mut docker) = DockerState::connect(global.docker, &mut report) else {
+    let Some(mut docker) = DockerState::connect(link, &mut report) else {
         report.duration = started.elapsed();
         return report;
     };
@@ -372,7 +409,7 @@ pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
     }
 
     // Probe every candidate; keep the probe locks of the ones to reap.
-    let mut to_reap: Vec<(usize, HeldLock)> = Vec::new();
+    let mut to_reap: Vec<(&Candidate, usize, HeldLock)> = Vec::new();
     for candidate in candidates.values() {
         let (mut line, held) = probe(global, opts, candidate);
         if line.decision == Decision::Reap {
@@ -382,7 +419,9 @@ pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
             }
         }
         match (line.decision, held) {
-            (Decision::Reap, Some(lock)) => to_reap.push((report.candidates.len(), lock)),
+            (Decision::Reap, Some(lock)) => {
+                to_reap.push((candidate, report.candidates.len(), lock));
+            }
             // We created this lock file only to probe an app that is gone: do not leave it.
             (Decision::Raced, Some(lock)) if !opts.dry_run => {
                 let _ = lock.unlink();
@@ -393,37 +432,52 @@ pub fn sweep(global: &Global, opts: &SweepOptions) -> SweepReport {
         report.candidates.push(line);
     }
 
-    // Docker resources first, several stacks at a time, each under its own probe lock.
-    let stacks: Vec<StackResources> = to_reap
+    // Docker resources first, several stacks at a time, each under its own probe lock, and
+    // confirmed gone before anything else of the app goes or the lock is released.
+    let stacks: Vec<(AppDomain, StackResources)> = to_reap
         .iter()
-        .map(|(i, _)| {
-            let domain = &report.candidates[*i].domain;
-            candidates
-                .values()
-                .find(|c| c.domain.as_str() == domain)
-                .and_then(|c| c.docker.clone())
-                .unwrap_or_default()
+        .map(|(candidate, _, _)| {
+            (
+                candidate.domain.clone(),
+                candidate.docker.clone().unwrap_or_default(),
+            )
         })
         .collect();
-    let docker_results = match &docker {
-        DockerState::On(seam) if stacks.iter().any(|s| !s.is_empty()) => seam.remove_stacks(stacks),
-        _ => vec![Default::default(); to_reap.len()],
+    let reaped = match &docker {
+        DockerState::On(seam) if stacks.iter().any(|(_, s)| !s.is_empty()) => {
+            seam.reap(&global.pattern, stacks, opts.reap_budget)
+        }
+        _ => vec![
+            Reaped {
+                confirmed: true,
+                ..Reaped::default()
+            };
+            to_reap.len()
+        ],
     };
-    for ((i, lock), (names, errors)) in to_reap.into_iter().zip(docker_results) {
+    for ((candidate, i, lock), reaped) in to_reap.into_iter().zip(reaped) {
         let line = &mut report.candidates[i];
-        line.removed.docker = names;
-        if !errors.is_empty() {
-            // The .env stays: it is the trace that brings the next sweep back to this stack.
-            let errors: Vec<String> = errors.into_iter().map(|e| e.0).collect();
-            line.error = Some(errors.join("; "));
+        let gone = reaped.gone();
+        let problems = reaped.problems();
+        line.removed.docker = reaped.removed;
+        if gone {
+            finish_reap(global, candidate, &lock, line);
         } else {
-            finish_reap(global, &lock, line);
+            // The .env and the lock file stay: they bring the next sweep back to this stack.
+            line.decision = Decision::ReapIncomplete;
+            line.error = Some(problems.join("; "));
+            report::line(&format!(
+                "!! janitor: {} is not gone yet: {}",
+                candidate.domain,
+                problems.join("; ")
+            ));
         }
         // Releasing the probe lock: only now may a new run of this domain go on.
         drop(lock);
     }
     if let DockerState::On(seam) = &docker {
         report.docker_list_calls = Some(seam.list_calls());
+        report.docker_poll_rounds = Some(seam.poll_rounds());
     }
     tidy(global, opts, &candidates, &mut report);
     tidy_state_files(global, opts, &mut report);
@@ -578,12 +632,15 @@ fn app_present(global: &Global, domain: &AppDomain) -> bool {
 
 /// After its Docker resources are gone: remove the app's `.env`, unlink the lock file (still
 /// holding it), and mark the dead run's record.
-fn finish_reap(global: &Global, lock: &HeldLock, line: &mut CandidateReport) {
-    let Some(domain) = AppDomain::recognise(&line.domain, &global.pattern) else {
-        return;
-    };
+fn finish_reap(
+    global: &Global,
+    candidate: &Candidate,
+    lock: &HeldLock,
+    line: &mut CandidateReport,
+) {
+    let domain = &candidate.domain;
     let holder = Holder::parse(&lock.read_holder());
-    match app::remove(&global.abra_home, &domain) {
+    match app::remove(&global.abra_home, domain) {
         Ok(gone) => line.removed.env_files = gone.env_files,
         Err(err) => {
             line.error = Some(err.to_string());
@@ -601,9 +658,12 @@ fn finish_reap(global: &Global, lock: &HeldLock, line: &mut CandidateReport) {
     }
     report::line(&format!("== janitor: reaped orphaned app {domain} =="));
     if let Some(holder) = holder {
-        mark_run_reaped(global, &holder, &domain);
+        mark_run_reaped(global, &holder, domain);
     }
 }
+
+/// How long the Docker side of a reap may take by default, confirmation included.
+pub const DEFAULT_REAP_BUDGET: Duration = Duration::from_secs(120);
 
 /// How long killing the processes of dead runs may take in one sweep.
 const DEAD_RUN_KILL_BUDGET: Duration = Duration::from_secs(10);
@@ -636,27 +696,40 @@ pub fn reap_dead_runs_processes(
     (orphans, found)
 }
 
-/// Remove one app right now, Docker resources first, within `budget`: what a run's own
-/// teardown does while it still holds its app lock. Returns what went and what failed.
+/// Remove one app right now, Docker resources first and confirmed gone, within `budget`: what
+/// a run's own teardown does while it still holds its app lock. Returns what went and what
+/// failed; when the stack is not confirmed gone, the `.env` stays for a later sweep.
 pub fn remove_app_now(
     global: &Global,
+    link: &DockerLink,
     domain: &AppDomain,
     budget: Duration,
 ) -> (RemovedResources, Vec<String>) {
     let mut removed = RemovedResources::default();
-    if global.docker != DockerMode::Off {
-        let stack = DockerSeam::connect().and_then(|seam| {
+    if let Some(seam) = link.get() {
+        let reaped = seam.map_err(Clone::clone).and_then(|seam| {
             let mut stacks = seam.discover(&global.pattern)?;
-            let stack = stacks.remove(domain).unwrap_or_default();
-            seam.remove_stacks_within(vec![stack], budget)
+            Ok(match stacks.remove(domain) {
+                Some(stack) if !stack.is_empty() => seam
+                    .reap(&global.pattern, vec![(domain.clone(), stack)], budget)
+                    .pop()
+                    .unwrap_or_default(),
+                _ => Reaped {
+                    confirmed: true,
+                    ..Reaped::default()
+                },
+            })
         });
-        match stack {
-            Ok(mut results) => {
-                let (names, errors) = results.pop().unwrap_or_default();
-                removed.docker = names;
-                if !errors.is_empty() {
-                    return (removed, errors.into_iter().map(|e| e.0).collect());
-                }
+        match reaped {
+            Ok(reaped) if reaped.gone() => removed.docker = reaped.removed,
+            Ok(reaped) => {
+                let mut problems = reaped.problems();
+                problems.push(format!(
+                    "{domain} is not gone after {:.1} s; keeping its .env so the next sweep finishes the job",
+                    budget.as_secs_f64()
+                ));
+                removed.docker = reaped.removed;
+                return (removed, problems);
             }
             Err(err) => {
                 // Keep the .env: without it nothing would lead a later sweep to the stack.

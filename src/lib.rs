@@ -106,8 +106,10 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
             let opts = janitor::SweepOptions {
                 dry_run: args.dry_run,
                 long_held: Duration::from_secs(args.long_held),
+                reap_budget: args.reap_budget,
             };
-            let mut report = janitor::sweep(&global, &opts);
+            let link = janitor::DockerLink::new(global.docker);
+            let mut report = janitor::sweep(&global, &opts, &link);
             if let Some(days) = args.keep_runs {
                 retention::sweep(
                     &global.runs_dir,

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use crate::cli::{DockerMode, Fetch, Global, RunConfig};
-use crate::docker::{DockerError, DockerSeam};
+use crate::docker::DockerError;
 use crate::exit;
 use crate::fetch::{self, FetchError, FetchSpec};
-use crate::janitor::{self, Decision};
+use crate::janitor::{self, Decision, DockerLink};
 use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
 use crate::process::{ChildStatus, CommandSpec};
 use crate::record::RunRecord;
@@ -117,6 +117,7 @@ pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunE
         cgroup,
         hard_end,
         watchdog,
+        docker: DockerLink::new(global.docker),
     };
     let result = run.execute(&run_dir, pid);
     if let Err(err) = &result {
@@ -150,6 +151,8 @@ struct Run<'a> {
     hard_end: Instant,
     /// Ends the process at `hard_end` if the main thread is stuck.
     watchdog: Watchdog,
+    /// The run's one Docker connection, made on first use.
+    docker: DockerLink,
 }
 
 enum LockOutcome {
@@ -211,7 +214,9 @@ impl Run<'_> {
         ));
 
         if self.global.docker == DockerMode::Required {
-            DockerSeam::connect().map_err(RunError::DockerRequired)?;
+            if let Some(Err(err)) = self.docker.get() {
+                return Err(RunError::DockerRequired(err.clone()));
+            }
         }
         self.sweep();
         self.record.enter("janitor");
@@ -292,8 +297,9 @@ impl Run<'_> {
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
         janitor::reap_dead_runs_processes(&mut Vec::new(), false);
-        let budget = self.hard_end.saturating_duration_since(Instant::now());
-        let (removed, errors) = janitor::remove_app_now(self.global, domain, budget);
+        let budget = janitor::DEFAULT_REAP_BUDGET
+            .min(self.hard_end.saturating_duration_since(Instant::now()));
+        let (removed, errors) = janitor::remove_app_now(self.global, &self.docker, domain, budget);
         if removed.counts().iter().any(|(_, n)| *n > 0) {
             report::line(&format!(
                 "== app lock: removed what a previous run of {domain} left: {} ==",
@@ -310,8 +316,10 @@ impl Run<'_> {
         let opts = janitor::SweepOptions {
             dry_run: false,
             long_held: Duration::from_secs(crate::cli::DEFAULT_LONG_HELD_SECS),
+            reap_budget: janitor::DEFAULT_REAP_BUDGET
+                .min(self.hard_end.saturating_duration_since(Instant::now())),
         };
-        let report = janitor::sweep(self.global, &opts);
+        let report = janitor::sweep(self.global, &opts, &self.docker);
         for err in &report.errors {
             tracing::warn!("janitor: {err}");
         }
@@ -477,8 +485,12 @@ impl Run<'_> {
                 self.kill_leftovers(until);
             }
             let budget = until.saturating_duration_since(Instant::now());
-            let (removed, errors) =
-                janitor::remove_app_now(self.global, &self.cfg.identity.domain, budget);
+            let (removed, errors) = janitor::remove_app_now(
+                self.global,
+                &self.docker,
+                &self.cfg.identity.domain,
+                budget,
+            );
             for (kind, count) in removed.counts() {
                 if count > 0 {
                     tracing::info!(kind, count, "removed the app's resources");

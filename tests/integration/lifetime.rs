@@ -14,7 +14,7 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::docker::{Cleanup, assert_gone, compose_file};
+use crate::docker::{Cleanup, assert_gone_now, compose_file};
 use crate::util::{BIN, Proc, Sandbox, Stream, process_alive, run, sh_quote, signal, wait_exited};
 
 fn repo() -> PathBuf {
@@ -196,7 +196,7 @@ fn assert_nothing_of_the_run_left(
         assert!(free.success(), "the app lock is still held");
     }
     if docker {
-        assert_gone(record["stack"].as_str().unwrap());
+        assert_gone_now(record["stack"].as_str().unwrap());
     }
     if let Some(cgroup) = record["cgroup"].as_str() {
         assert!(!Path::new(cgroup).exists(), "cgroup {cgroup} was left");

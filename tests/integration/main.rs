@@ -9,6 +9,7 @@ mod fetch;
 mod janitor;
 mod lifetime;
 mod named_lock;
+mod reaped;
 mod run_dirs;
 mod run_exit;
 mod run_guards;
