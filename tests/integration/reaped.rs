@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use crate::docker::{
     Cleanup, assert_gone_now, compose_file, deploy, docker_case, eventually, running_containers,
 };
-use crate::util::{Proc, Sandbox, Stream, candidate, docker, run, signal, wait_exited};
+use crate::util::{Proc, Stream, candidate, docker, run, signal, wait_exited};
 
 const ROUNDS: usize = 3;
 
