@@ -419,8 +419,7 @@ async fn nudge(
     (removed, errors, blocked)
 }
 
-/// Containers attached to `network` that are not the stack's own (swarm's load-balancer
-/// endpoints `lb-…` are the network's own and do not count).
+/// Containers attached to `network` that are not the stack's own.
 async fn foreign_endpoints(
     docker: &Docker,
     network: &Resource,
@@ -436,7 +435,9 @@ async fn foreign_endpoints(
         .containers
         .unwrap_or_default()
         .into_iter()
-        .filter(|(id, _)| !id.starts_with("lb-"))
+        // Swarm's load-balancer endpoints (`lb-…`, `ep-…`) belong to the network itself; only
+        // container ids (hex) are containers.
+        .filter(|(id, _)| !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()))
         .filter(|(id, _)| !stack.containers.iter().any(|c| c.id == *id))
         .map(|(id, endpoint)| {
             let name = endpoint.name.unwrap_or_default();

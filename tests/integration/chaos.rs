@@ -188,16 +188,21 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
     let mut rebooted = false;
     let started = Instant::now();
     std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let compose = sandbox.path().join("chaos-stack.yml");
+    std::fs::write(&compose, include_str!("../fixtures/chaos-stack.yml")).unwrap();
 
     let start_run = |i: usize, procs: &mut Vec<Spawned>, tally: &mut Tally| {
         let run = &plan.runs[i];
         // The app: an .env (and in Docker mode a volume labelled as the stack's) that says whose
         // it is; at its end the command checks it is still there and still its own.
+        // In Docker mode the app is a real stack deployed by the command, right after whatever
+        // run of the domain came before was reaped: a deploy into a stack that is still going
+        // away fails, and that is logged as a violation.
         let (deploy, owned) = if plan.docker {
             (
-                "docker volume create --label com.docker.stack.namespace=$CCCI_STACK_NAME \
-                 --label ccci.run=$CCCI_RUN_ID \"${CCCI_STACK_NAME}_data\" >/dev/null; ",
-                " && [ \"$(docker volume inspect -f '{{index .Labels \"ccci.run\"}}' \"${CCCI_STACK_NAME}_data\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]",
+                "docker stack deploy --resolve-image never -c \"$CHAOS_COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null 2>\"$ABRA_DIR/deploy.err\" \
+                 || echo \"$(date +%s%N) DEPLOYFAIL $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> \"$CHAOS_LOG\"; ",
+                " && [ \"$(docker network inspect -f '{{index .Labels \"ccci.run\"}}' \"${CCCI_STACK_NAME}_internal\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]",
             )
         } else {
             ("", "")
@@ -243,6 +248,7 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
         }
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let mut cmd = sandbox.run_sh(&run.id, &extra, &script);
+        cmd.env("CHAOS_LOG", log).env("CHAOS_COMPOSE", &compose);
         let index = procs.len();
         let child = spawn(&mut cmd, index, &tx);
         procs.push(Spawned {
@@ -415,6 +421,11 @@ fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<S
             continue;
         };
         let at: u128 = at.parse().unwrap_or(0);
+        if what == "DEPLOYFAIL" {
+            violations.push(format!(
+                "{run}: deploying its stack failed: the previous one of {domain} was not gone"
+            ));
+        }
         if what == "LOST" {
             violations.push(format!(
                 "{run}: its app was removed while it ran ({domain})"
@@ -454,15 +465,12 @@ fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<S
         violations.push(format!("state files left: {states:?}"));
     }
     if plan.docker {
-        let volumes = crate::util::docker(&[
-            "volume",
-            "ls",
-            "-q",
-            "--filter",
-            &format!("name={}", sandbox.suffix().replace('.', "_")),
-        ]);
-        if !volumes.trim().is_empty() {
-            violations.push(format!("Docker volumes left: {volumes:?}"));
+        let prefix = format!("name={}", sandbox.suffix().replace('.', "_"));
+        for kind in ["service", "network", "volume"] {
+            let left = crate::util::docker(&[kind, "ls", "-q", "--filter", &prefix]);
+            if !left.trim().is_empty() {
+                violations.push(format!("Docker {kind}s left: {left:?}"));
+            }
         }
     }
     for pid in &outcome.command_pids {
