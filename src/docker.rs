@@ -35,8 +35,8 @@ pub const STACK_LABEL: &str = "com.docker.stack.namespace";
 /// How long one Docker API request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How many stacks are removed at once.
-pub const REAP_CONCURRENCY: usize = 4;
+/// How many delete requests are in flight at once.
+pub const REAP_CONCURRENCY: usize = 16;
 
 /// A Docker resource: its id (what the API removes by) and its name (what people read).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -236,17 +236,18 @@ impl DockerSeam {
     ) -> Vec<Reaped> {
         let docker = &self.docker;
         let mut out: Vec<Reaped> = vec![Reaped::default(); stacks.len()];
-        // Everything known at once, several stacks at a time; nothing here waits on swarm.
-        let first = stream::iter(stacks.iter().enumerate())
-            .map(|(i, (_, stack))| async move { (i, delete_stack(docker, stack).await) })
-            .buffer_unordered(REAP_CONCURRENCY)
-            .collect::<Vec<_>>();
-        if let Ok(done) = tokio::time::timeout_at(deadline, first).await {
-            for (i, (removed, errors)) in done {
+        // Everything known, kind by kind across all the stacks: every service goes first, so
+        // swarm's own asynchronous clean-up of every stack overlaps with the container
+        // removals (which the daemon serialises). Nothing here waits on swarm.
+        let started = std::time::Instant::now();
+        let all: Vec<&StackResources> = stacks.iter().map(|(_, stack)| stack).collect();
+        if let Ok(done) = tokio::time::timeout_at(deadline, delete_all(docker, &all)).await {
+            for (i, (removed, errors)) in done.into_iter().enumerate() {
                 out[i].removed = removed;
                 out[i].errors = errors;
             }
         }
+        tracing::debug!(stacks = stacks.len(), elapsed = ?started.elapsed(), "reap: deletes sent");
         let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
         let mut backoff = Backoff::new(Policy::CONFIRM, rng, MonotonicClock);
         let mut pending: Vec<usize> = (0..stacks.len()).collect();
@@ -271,19 +272,23 @@ impl DockerSeam {
                     out[i].errors.clear();
                 } else {
                     out[i].remaining = describe(&left);
+                    tracing::trace!(stack = %stacks[i].0, left = ?out[i].remaining, "reap: still listed");
                     still.push((i, left));
                 }
             }
+            tracing::debug!(pending = still.len(), elapsed = ?started.elapsed(), "reap: poll round");
             if still.is_empty() || tokio::time::Instant::now() >= deadline {
                 break;
             }
             // Whatever is still listed is deleted again (idempotent); a network that only
             // another stack's containers hold is reported, never force-detached.
-            let nudged = stream::iter(still.iter())
-                .map(|(i, left)| async move { (*i, nudge(docker, left).await) })
-                .buffer_unordered(REAP_CONCURRENCY)
-                .collect::<Vec<_>>()
-                .await;
+            let lefts: Vec<&StackResources> = still.iter().map(|(_, left)| left).collect();
+            let deleted = delete_all(docker, &lefts).await;
+            let mut nudged = Vec::new();
+            for ((i, left), (removed, errors)) in still.iter().zip(deleted) {
+                let blocked = blocked_networks(docker, left, &removed.networks).await;
+                nudged.push((*i, (removed, errors, blocked)));
+            }
             for (i, (removed, errors, blocked)) in nudged {
                 out[i].removed.merge(removed);
                 out[i].errors = errors;
@@ -374,37 +379,44 @@ fn describe(stack: &StackResources) -> Vec<String> {
         .collect()
 }
 
-/// One delete request per resource, in the order that never waits on swarm; the resources of
-/// one kind go at once. Keeps going past failures; the confirmation decides.
-async fn delete_stack(docker: &Docker, stack: &StackResources) -> (RemovedNames, Vec<DockerError>) {
-    let mut removed = RemovedNames::default();
-    let mut errors = Vec::new();
+/// One delete request per resource of every stack, kind by kind in the order that never waits
+/// on swarm, the resources of one kind all at once (up to [`REAP_CONCURRENCY`] requests in
+/// flight). Keeps going past failures; the confirmation decides. Results in the stacks' order.
+async fn delete_all(
+    docker: &Docker,
+    stacks: &[&StackResources],
+) -> Vec<(RemovedNames, Vec<DockerError>)> {
+    let mut out: Vec<(RemovedNames, Vec<DockerError>)> = vec![Default::default(); stacks.len()];
     for kind in Kind::REMOVAL_ORDER {
-        let resources = kind.of(stack);
-        let outcomes =
-            futures_util::future::join_all(resources.iter().map(|res| attempt(docker, kind, res)))
-                .await;
-        for (res, outcome) in resources.iter().zip(outcomes) {
+        let requests = stacks
+            .iter()
+            .enumerate()
+            .flat_map(|(i, stack)| kind.of(stack).iter().map(move |res| (i, res)));
+        let outcomes: Vec<(usize, &Resource, Result<bool, DockerError>)> = stream::iter(requests)
+            .map(|(i, res)| async move { (i, res, attempt(docker, kind, res).await) })
+            .buffer_unordered(REAP_CONCURRENCY)
+            .collect()
+            .await;
+        for (i, res, outcome) in outcomes {
             match outcome {
-                Ok(true) => kind.names_mut(&mut removed).push(res.name.clone()),
+                Ok(true) => kind.names_mut(&mut out[i].0).push(res.name.clone()),
                 Ok(false) => {}
-                Err(err) => errors.push(err),
+                Err(err) => out[i].1.push(err),
             }
         }
     }
-    (removed, errors)
+    out
 }
 
-/// Delete again what is still listed; a network that only containers of other stacks hold is
-/// reported as blocked.
-async fn nudge(
+/// The networks still listed that only containers of other stacks hold, as report lines.
+async fn blocked_networks(
     docker: &Docker,
     left: &StackResources,
-) -> (RemovedNames, Vec<DockerError>, Vec<String>) {
-    let (removed, errors) = delete_stack(docker, left).await;
+    just_removed: &[String],
+) -> Vec<String> {
     let mut blocked = Vec::new();
     for network in &left.networks {
-        if removed.networks.contains(&network.name) {
+        if just_removed.contains(&network.name) {
             continue;
         }
         let foreign = foreign_endpoints(docker, network, left).await;
@@ -416,7 +428,7 @@ async fn nudge(
             ));
         }
     }
-    (removed, errors, blocked)
+    blocked
 }
 
 /// Containers attached to `network` that are not the stack's own.
