@@ -35,8 +35,11 @@ pub const STACK_LABEL: &str = "com.docker.stack.namespace";
 /// How long one Docker API request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How many delete requests are in flight at once.
+/// How many delete requests of one kind are in flight at once.
 pub const REAP_CONCURRENCY: usize = 16;
+
+/// How many stacks have their containers and the rest removed at once.
+const STACKS_AT_ONCE: usize = 4;
 
 /// A Docker resource: its id (what the API removes by) and its name (what people read).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -379,33 +382,63 @@ fn describe(stack: &StackResources) -> Vec<String> {
         .collect()
 }
 
-/// One delete request per resource of every stack, kind by kind in the order that never waits
-/// on swarm, the resources of one kind all at once (up to [`REAP_CONCURRENCY`] requests in
-/// flight). Keeps going past failures; the confirmation decides. Results in the stacks' order.
+/// One delete request per resource of every stack, in the order that never waits on swarm.
+/// Every stack's services go first, all at once: from then on nothing restarts, and swarm's own
+/// asynchronous clean-up of every stack has begun. Then stack after stack (four at a time): its
+/// containers forced out, its networks, secrets, configs, volumes. The daemon serialises
+/// container removals anyway; going stack by stack lets the first stacks' network clean-up
+/// (swarm's, queued, one network after another) overlap with the later stacks' removals.
+/// Keeps going past failures; the confirmation decides. Results in the stacks' order.
 async fn delete_all(
     docker: &Docker,
     stacks: &[&StackResources],
 ) -> Vec<(RemovedNames, Vec<DockerError>)> {
     let mut out: Vec<(RemovedNames, Vec<DockerError>)> = vec![Default::default(); stacks.len()];
-    for kind in Kind::REMOVAL_ORDER {
-        let requests = stacks
-            .iter()
-            .enumerate()
-            .flat_map(|(i, stack)| kind.of(stack).iter().map(move |res| (i, res)));
-        let outcomes: Vec<(usize, &Resource, Result<bool, DockerError>)> = stream::iter(requests)
-            .map(|(i, res)| async move { (i, res, attempt(docker, kind, res).await) })
-            .buffer_unordered(REAP_CONCURRENCY)
-            .collect()
-            .await;
-        for (i, res, outcome) in outcomes {
-            match outcome {
-                Ok(true) => kind.names_mut(&mut out[i].0).push(res.name.clone()),
-                Ok(false) => {}
-                Err(err) => out[i].1.push(err),
+    let services = delete_kind(docker, Kind::Service, stacks).await;
+    let rest: Vec<Vec<Deleted<'_>>> = stream::iter(stacks.iter().enumerate())
+        .map(|(i, stack)| async move {
+            let mut done = Vec::new();
+            for kind in &Kind::REMOVAL_ORDER[1..] {
+                let one = delete_kind(docker, *kind, &[stack]).await;
+                done.extend(
+                    one.into_iter()
+                        .map(|(_, kind, res, outcome)| (i, kind, res, outcome)),
+                );
             }
+            done
+        })
+        .buffer_unordered(STACKS_AT_ONCE)
+        .collect()
+        .await;
+    for (i, kind, res, outcome) in services.into_iter().chain(rest.into_iter().flatten()) {
+        match outcome {
+            Ok(true) => kind.names_mut(&mut out[i].0).push(res.name.clone()),
+            Ok(false) => {}
+            Err(err) => out[i].1.push(err),
         }
     }
     out
+}
+
+/// One delete request's outcome: the stack's index, the kind, the resource, what happened.
+type Deleted<'a> = (usize, Kind, &'a Resource, Result<bool, DockerError>);
+
+/// Delete every resource of `kind` of `stacks` at once (up to [`REAP_CONCURRENCY`] requests
+/// in flight); the index is the stack's in `stacks`.
+async fn delete_kind<'a>(
+    docker: &Docker,
+    kind: Kind,
+    stacks: &[&'a StackResources],
+) -> Vec<Deleted<'a>> {
+    let requests = stacks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, stack)| kind.of(stack).iter().map(move |res| (i, res)));
+    stream::iter(requests)
+        .map(|(i, res)| async move { (i, kind, res, attempt(docker, kind, res).await) })
+        .buffer_unordered(REAP_CONCURRENCY)
+        .collect()
+        .await
 }
 
 /// The networks still listed that only containers of other stacks hold, as report lines.

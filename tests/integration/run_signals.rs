@@ -72,8 +72,9 @@ fn second_signal_during_a_slow_teardown_is_ignored() {
 #[test]
 fn group_that_ignores_sigterm_is_killed_after_the_grace() {
     let sandbox = Sandbox::new();
-    // `read` blocks on the test's stdin pipe, which stays open: only SIGKILL ends this.
-    let script = "trap '' TERM; echo ready $$; read line";
+    // `read` blocks on the test's stdin pipe; when the test closes it, a sleep that inherited
+    // the ignored TERM takes over: only SIGKILL ends this, whenever the pipe closes.
+    let script = "trap '' TERM; echo ready $$; read line; exec sleep 100000";
     let mut run = Proc::spawn(sandbox.run_sh("12", &["--kill-grace", "0.3"], script));
     let pgid = run.wait_ready();
     signal(run.pid(), Signal::SIGTERM);
