@@ -488,9 +488,18 @@ pub fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepRe
 /// Remove the state files of runs that are dead: their run's guard lock is free (or gone), or
 /// held by a later run with the same id under another pid. A SIGKILLed run cannot remove its own.
 fn tidy_state_files(global: &Global, opts: &SweepOptions, report: &mut SweepReport) {
-    let Ok(entries) = std::fs::read_dir(&global.state_dir) else {
-        return;
+    let entries = match std::fs::read_dir(&global.state_dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return,
+        Err(err) => {
+            report.errors.push(format!(
+                "failed to list state dir {} (--state-dir, CCCI_STATE_DIR): {err}",
+                global.state_dir.display()
+            ));
+            return;
+        }
     };
+    let us = nix::unistd::Uid::effective().as_raw();
     let mut runs: BTreeMap<String, RunState> = BTreeMap::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -500,6 +509,13 @@ fn tidy_state_files(global: &Global, opts: &SweepOptions, report: &mut SweepRepo
         if !entry
             .file_type()
             .is_ok_and(|t| t.is_file() || t.is_symlink())
+        {
+            continue;
+        }
+        // Only our own files: in a shared /tmp a name alone proves nothing.
+        if std::fs::symlink_metadata(entry.path())
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) != us)
+            .unwrap_or(true)
         {
             continue;
         }

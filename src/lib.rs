@@ -82,24 +82,22 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
     let global = cli.global.validate()?;
     match cli.command {
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "ccci-run",
-                &mut std::io::stdout(),
-            );
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "ccci-run", &mut out);
+            emit(&out)?;
             Ok(0)
         }
         Command::Man => {
+            let mut out = Vec::new();
             clap_mangen::Man::new(Cli::command())
-                .render(&mut std::io::stdout())
+                .render(&mut out)
                 .map_err(Error::Output)?;
+            emit(&out)?;
             Ok(0)
         }
         Command::AppDomain(args) => {
             let identity = args.validate(&global.suffix)?;
-            println!("{}", identity.domain);
-            println!("{}", identity.domain.stack_name());
+            emit(format!("{}\n{}\n", identity.domain, identity.domain.stack_name()).as_bytes())?;
             Ok(0)
         }
         Command::Janitor(args) => {
@@ -118,14 +116,8 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
                     &mut report,
                 );
             }
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).expect("serialisable")
-                );
-            } else {
-                print!("{}", janitor::render_table(&report));
-            }
+            // What the sweep did is recorded before anything is printed: a closed or full
+            // stdout must not lose the metrics.
             if let Some(path) = &args.metrics_file {
                 if !args.dry_run {
                     janitor::write_metrics(path, &report).map_err(|source| Error::Metrics {
@@ -134,6 +126,12 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
                     })?;
                 }
             }
+            let text = if args.json {
+                format!("{}\n", json(&report))
+            } else {
+                janitor::render_table(&report)
+            };
+            emit(text.as_bytes())?;
             Ok(if report.failed() { exit::FAILURE } else { 0 })
         }
         Command::Lock(args) => {
@@ -162,14 +160,12 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
                     });
                 }
             };
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&locks).expect("serialisable")
-                );
+            let text = if args.json {
+                format!("{}\n", json(&locks))
             } else {
-                print!("{}", locks::render_table(&locks));
-            }
+                locks::render_table(&locks)
+            };
+            emit(text.as_bytes())?;
             Ok(0)
         }
         Command::Run(args) => {
@@ -177,6 +173,22 @@ pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
             Ok(run::run(&global, &cfg, start_ppid)?)
         }
     }
+}
+
+/// Write `bytes` to stdout. A closed stdout (`| head`) ends the output quietly, as coreutils
+/// do; any other write error (a full disk) is a clear error. Never a panic.
+fn emit(bytes: &[u8]) -> Result<(), Error> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(Error::Output),
+    }
+}
+
+/// Pretty JSON of a report made of plain data.
+fn json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
 fn init_logging(global: &cli::GlobalArgs) {

@@ -38,6 +38,11 @@ pub enum LockError {
     NotRegular { path: PathBuf },
     #[error("refusing lock file {path}: it is owned by uid {owner}, not by us (uid {us})")]
     ForeignOwner { path: PathBuf, owner: u32, us: u32 },
+    #[error(
+        "refusing lock file {path}: it has {links} hard links (a lock file has exactly one; \
+         another name could make us write through it)"
+    )]
+    HardLinked { path: PathBuf, links: u64 },
     #[error("refusing lock directory {path}: {why}")]
     UnsafeDir { path: PathBuf, why: String },
     #[error("failed to {what} lock file {path}: {source}")]
@@ -62,7 +67,10 @@ impl LockError {
     pub fn is_foreign(&self) -> bool {
         matches!(
             self,
-            Self::Symlink { .. } | Self::NotRegular { .. } | Self::ForeignOwner { .. }
+            Self::Symlink { .. }
+                | Self::NotRegular { .. }
+                | Self::ForeignOwner { .. }
+                | Self::HardLinked { .. }
         )
     }
 }
@@ -214,6 +222,15 @@ impl LockFile {
                 path: path.to_owned(),
                 owner: meta.uid(),
                 us,
+            });
+        }
+        // Checked on the opened descriptor: a second name for the inode (a hard link planted in
+        // a world-writable lock dir, where fs.protected_hardlinks is off) would have us write
+        // holder metadata into whatever file it really is.
+        if meta.nlink() > 1 {
+            return Err(LockError::HardLinked {
+                path: path.to_owned(),
+                links: meta.nlink(),
             });
         }
         // Anyone who can open a lock file can flock it: keep our own files private. A probe

@@ -33,6 +33,8 @@ pub enum RunDirError {
         dir: PathBuf,
         holder: String,
     },
+    #[error("refusing run directory {dir}: {why}")]
+    Unsafe { dir: PathBuf, why: String },
     #[error(transparent)]
     Lock(#[from] LockError),
     #[error("failed to {what} {path}: {source}")]
@@ -59,11 +61,37 @@ pub struct RunDir {
     _guard: HeldLock,
 }
 
+/// The run directory must be a real directory of ours: a symbolic link planted under that
+/// name (by anyone who can write to the runs dir) would have us wipe and write through it.
+fn check_own_dir(dir: &Path) -> Result<(), RunDirError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir).map_err(io_err("inspect run directory", dir))?;
+    let unsafe_dir = |why: String| RunDirError::Unsafe {
+        dir: dir.to_owned(),
+        why,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(unsafe_dir("it is a symbolic link".to_owned()));
+    }
+    if !meta.is_dir() {
+        return Err(unsafe_dir("it is not a directory".to_owned()));
+    }
+    let us = nix::unistd::Uid::effective().as_raw();
+    if meta.uid() != us {
+        return Err(unsafe_dir(format!(
+            "it is owned by uid {}, not by us (uid {us})",
+            meta.uid()
+        )));
+    }
+    Ok(())
+}
+
 impl RunDir {
     /// Create (or reuse, when its last run has ended) `<runs-dir>/<run-id>/` and take its guard.
     pub fn claim(runs_dir: &Path, run_id: &RunId, holder: &str) -> Result<Self, RunDirError> {
         let dir = runs_dir.join(run_id.as_str());
         std::fs::create_dir_all(&dir).map_err(io_err("create run directory", &dir))?;
+        check_own_dir(&dir)?;
         let guard = match LockFile::open(&dir.join(GUARD_FILE))?.try_lock()? {
             TryLock::Acquired(guard) => guard,
             TryLock::Busy(mut file) => {

@@ -7,6 +7,7 @@
 
 use std::fs::OpenOptions;
 use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -63,6 +64,17 @@ impl StateFiles {
     /// Create every kind, empty and 0600. A leftover from a dead run that had our pid is
     /// replaced if it is our own regular file, refused otherwise (it may be a planted symlink).
     pub fn create(dir: &Path, run_id: &RunId, pid: u32) -> Result<Self, StateError> {
+        // A missing state dir is created like the other dirs (root-only when we make it).
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|source| StateError::Create {
+                    path: dir.to_owned(),
+                    source,
+                })?;
+        }
         let mut created = Self::default();
         for (kind, var) in KINDS {
             let path = Self::path(dir, kind, run_id, pid);

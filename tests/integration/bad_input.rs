@@ -147,3 +147,57 @@ fn absurd_retention_is_refused_at_parse_time() {
     done.assert_code(2);
     done.assert_stderr_has("--keep-runs");
 }
+
+/// `ccci-run ARGS` with this sandbox's directories and stdout on `stdout`.
+fn with_stdout(
+    sandbox: &Sandbox,
+    args: &[&str],
+    stdout: std::process::Stdio,
+) -> std::process::Output {
+    let mut cmd = sandbox.ccci();
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(std::process::Stdio::piped());
+    cmd.output().unwrap()
+}
+
+/// Every subcommand that prints, against a stdout whose reader is already gone (`| head -c0`)
+/// and against a full disk (`> /dev/full`): a closed pipe ends quietly, a write error is a
+/// clear error with exit 1 — never a panic (exit 101).
+#[rstest::rstest]
+#[case::locks(&["locks"])]
+#[case::locks_json(&["locks", "--json"])]
+#[case::app_domain(&["app-domain", "--recipe", "custom-html"])]
+#[case::janitor(&["janitor"])]
+#[case::janitor_json(&["janitor", "--json"])]
+#[case::completions(&["completions", "bash"])]
+#[case::man(&["man"])]
+fn closed_or_full_stdout_is_never_a_panic(#[case] args: &[&str]) {
+    let sandbox = Sandbox::new();
+    // A pipe whose read end is closed before the process starts: every write gets EPIPE.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let closed = with_stdout(&sandbox, args, writer.into());
+    let stderr = String::from_utf8_lossy(&closed.stderr);
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    assert_eq!(
+        closed.status.code(),
+        Some(0),
+        "{args:?} into a closed pipe: {stderr}"
+    );
+
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let done = with_stdout(&sandbox, args, full.into());
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    assert_eq!(
+        done.status.code(),
+        Some(1),
+        "{args:?} into /dev/full: {stderr}"
+    );
+    assert!(stderr.contains("failed to write to stdout"), "{stderr}");
+}
