@@ -53,35 +53,75 @@ pub enum FetchError {
     Start(io::Error),
 }
 
-/// `url` with any password (and user) replaced, fit for messages and records.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((_, host)) => format!("{scheme}://***@{host}{path}"),
-        None => url.to_owned(),
-    }
+/// The parts of a recipe URL that may carry a secret: the user information (`user:pass@`, in
+/// `scheme://` URLs and scp-style `user:pass@host:path` alike), the query string and the
+/// fragment (tokens travel there too).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SecretParts<'a> {
+    userinfo: Option<&'a str>,
+    query: Option<&'a str>,
+    fragment: Option<&'a str>,
 }
 
-/// The secret parts of a URL's user information, to scrub from messages libgit2 composes.
-fn secrets_of(url: &str) -> Vec<String> {
-    let Some((_, rest)) = url.split_once("://") else {
-        return Vec::new();
-    };
-    let authority = rest.split('/').next().unwrap_or("");
-    let Some((userinfo, _)) = authority.rsplit_once('@') else {
-        return Vec::new();
-    };
-    let mut secrets = vec![userinfo.to_owned()];
-    if let Some((_, password)) = userinfo.split_once(':') {
-        secrets.push(password.to_owned());
+fn secret_parts(url: &str) -> SecretParts<'_> {
+    let mut parts = SecretParts::default();
+    if let Some((_, rest)) = url.split_once("://") {
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        parts.userinfo = rest[..end].rsplit_once('@').map(|(info, _)| info);
+        let after = &rest[end..];
+        let (before_fragment, fragment) = match after.split_once('#') {
+            Some((b, f)) => (b, Some(f)),
+            None => (after, None),
+        };
+        parts.fragment = fragment;
+        parts.query = before_fragment.split_once('?').map(|(_, q)| q);
+    } else if let Some((info, host)) = url.rsplit_once('@') {
+        // scp-style `user[:secret]@host:path`; a local path with an `@` in it has a `/` before.
+        if !info.contains('/') && host.contains(':') {
+            parts.userinfo = Some(info);
+        }
     }
-    secrets.retain(|s| !s.is_empty());
+    parts
+}
+
+/// `url` with its user information, query string and fragment replaced by `***`, fit for
+/// messages, logs and records.
+pub fn redact(url: &str) -> String {
+    let parts = secret_parts(url);
+    let mut shown = url.to_owned();
+    if let Some(info) = parts.userinfo.filter(|i| !i.is_empty()) {
+        shown = shown.replacen(&format!("{info}@"), "***@", 1);
+    }
+    if let Some(query) = parts.query.filter(|q| !q.is_empty()) {
+        shown = shown.replacen(&format!("?{query}"), "?***", 1);
+    }
+    if let Some(fragment) = parts.fragment.filter(|f| !f.is_empty()) {
+        shown = shown.replacen(&format!("#{fragment}"), "#***", 1);
+    }
+    shown
+}
+
+/// Every secret piece of a URL, to scrub from messages libgit2 composes.
+fn secrets_of(url: &str) -> Vec<String> {
+    let parts = secret_parts(url);
+    let mut secrets = Vec::new();
+    if let Some(info) = parts.userinfo {
+        secrets.push(info.to_owned());
+        if let Some((_, password)) = info.split_once(':') {
+            secrets.push(password.to_owned());
+        }
+    }
+    for piece in [parts.query, parts.fragment].into_iter().flatten() {
+        secrets.push(piece.to_owned());
+        // `token=SECRET&x=y`: each value on its own, in case a message quotes only that.
+        secrets.extend(
+            piece
+                .split('&')
+                .filter_map(|kv| kv.split_once('=').map(|(_, v)| v.to_owned())),
+        );
+    }
+    secrets.retain(|s| s.len() >= 3);
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     secrets
 }
 
@@ -350,6 +390,16 @@ mod tests {
     #[case("https://git.example.org/r.git", "https://git.example.org/r.git")]
     #[case("https://u:p@ss@host:8443", "https://***@host:8443")]
     #[case("/srv/git/r.git", "/srv/git/r.git")]
+    #[case("https://host/x.git?token=SECRET", "https://host/x.git?***")]
+    #[case("https://u:p@host/x.git#SECRET", "https://***@host/x.git#***")]
+    #[case(
+        "https://host/x.git?a=1&token=SECRET#frag",
+        "https://host/x.git?***#***"
+    )]
+    #[case("https://host?token=SECRET", "https://host?***")]
+    #[case("user:SECRET@host:x.git", "***@host:x.git")]
+    #[case("git@host:coop-cloud/x.git", "***@host:coop-cloud/x.git")]
+    #[case("/srv/a@b/x.git", "/srv/a@b/x.git")]
     #[case("file:///srv/git/r.git", "file:///srv/git/r.git")]
     fn urls_are_redacted(#[case] url: &str, #[case] shown: &str) {
         assert_eq!(redact(url), shown);

@@ -128,9 +128,48 @@ fn proc_lines(value: &str) {
     let _ = linux::parse_proc_lock(value);
 }
 
+/// Recipe URLs: redaction never panics and never lets a query, fragment or password through.
+fn urls(value: &str) {
+    let shown = crate::fetch::redact(value);
+    if let Some((_, rest)) = value.split_once("://") {
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        if let Some((info, _)) = rest[..end].rsplit_once('@') {
+            if info.len() >= 3 && !shown.contains("***@") {
+                panic!("userinfo {info:?} of {value:?} shown: {shown:?}");
+            }
+        }
+        if let Some((_, fragment)) = rest[end..].split_once('#') {
+            assert!(
+                fragment.is_empty() || shown.ends_with("#***"),
+                "{value:?} → {shown:?}"
+            );
+        }
+    }
+}
+
+/// Outside text made safe for a terminal: no control character survives.
+fn escapes(value: &str) {
+    let shown = crate::names::escape_outside(value.as_bytes());
+    assert!(
+        !shown.chars().any(char::is_control),
+        "{value:?} → {shown:?}"
+    );
+}
+
 type Target = (&'static str, fn(&str), &'static [&'static str]);
 
-const TARGETS: [Target; 6] = [
+const TARGETS: [Target; 8] = [
+    (
+        "urls",
+        urls,
+        &[
+            "https://u:p@host/x.git?token=s#frag",
+            "user:secret@host:x.git",
+            "https://host?t=1",
+            "/srv/a@b/x.git",
+        ],
+    ),
+    ("escapes", escapes, &["\u{1b}[31mred\n", "plain", "a\\b"]),
     (
         "names",
         names,

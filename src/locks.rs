@@ -13,6 +13,8 @@ use std::time::{Duration, SystemTime};
 use nix::fcntl::OFlag;
 use serde::Serialize;
 
+use crate::names::escape_outside;
+
 use crate::linux::{self, ProcLock};
 use crate::lock::Holder;
 use crate::namedlock::{Queue, QueuedTicket};
@@ -29,6 +31,7 @@ pub enum LockKind {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LockInfo {
+    #[serde(serialize_with = "crate::names::serialize_path_escaped")]
     pub path: PathBuf,
     pub kind: LockKind,
     /// The domain (app locks) or the lock name (named locks).
@@ -49,17 +52,18 @@ pub struct LockInfo {
     pub queue: Option<Vec<QueuedTicket>>,
 }
 
-fn classify(file_name: &str) -> Option<(LockKind, &str)> {
+/// The kind and the name (escaped: file names come from outside) of a lock file.
+fn classify(file_name: &[u8]) -> Option<(LockKind, String)> {
     if let Some(domain) = file_name
-        .strip_prefix(LOCK_FILE_PREFIX)
-        .and_then(|n| n.strip_suffix(LOCK_FILE_SUFFIX))
+        .strip_prefix(LOCK_FILE_PREFIX.as_bytes())
+        .and_then(|n| n.strip_suffix(LOCK_FILE_SUFFIX.as_bytes()))
     {
-        return Some((LockKind::App, domain));
+        return Some((LockKind::App, escape_outside(domain)));
     }
     file_name
-        .strip_prefix("ccci-")
-        .and_then(|n| n.strip_suffix(".lock"))
-        .map(|name| (LockKind::Named, name))
+        .strip_prefix(b"ccci-")
+        .and_then(|n| n.strip_suffix(b".lock"))
+        .map(|name| (LockKind::Named, escape_outside(name)))
 }
 
 /// Describe every lock file in `dir`.
@@ -72,13 +76,14 @@ pub fn list(dir: &Path, long_held: Duration) -> std::io::Result<Vec<LockInfo>> {
     for entry in std::fs::read_dir(dir)? {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name();
-        let Some((kind, lock_name)) = name.to_str().and_then(classify) else {
+        let Some((kind, lock_name)) = classify(std::os::unix::ffi::OsStrExt::as_bytes(&*name))
+        else {
             continue;
         };
         found.push(describe(
             &entry.path(),
             kind,
-            lock_name,
+            &lock_name,
             &proc_locks,
             long_held,
         ));
@@ -187,11 +192,14 @@ pub fn render_table(locks: &[LockInfo]) -> String {
             .map(|s| humantime::format_duration(Duration::from_secs(s)).to_string())
             .unwrap_or_else(|| "-".to_owned());
         let holder = match (&l.holder, &l.holder_raw) {
-            (Some(h), _) => format!(
-                "run {} pid {} on {} since {}",
-                h.run_id, h.pid, h.host, h.started_at
+            (Some(h), _) => escape_outside(
+                format!(
+                    "run {} pid {} on {} since {}",
+                    h.run_id, h.pid, h.host, h.started_at
+                )
+                .as_bytes(),
             ),
-            (None, Some(raw)) => format!("unparsed: {}", raw.escape_debug()),
+            (None, Some(raw)) => format!("unparsed: {}", escape_outside(raw.as_bytes())),
             (None, None) => String::new(),
         };
         let mut notes = Vec::new();

@@ -201,3 +201,37 @@ fn closed_or_full_stdout_is_never_a_panic(#[case] args: &[&str]) {
     );
     assert!(stderr.contains("failed to write to stdout"), "{stderr}");
 }
+
+/// Names planted in a world-writable lock dir reach the operator's terminal only escaped: no
+/// escape sequence, no raw newline, and a name that is not UTF-8 is shown, not dropped.
+#[test]
+fn planted_lock_file_names_are_escaped_in_every_listing() {
+    use std::os::unix::ffi::OsStrExt;
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.locks()).unwrap();
+    for name in [
+        &b"cc-ci-app-\x1b[31mevil\nline.lock"[..],
+        &b"ccci-bad\xffname.lock"[..],
+    ] {
+        std::fs::write(sandbox.locks().join(std::ffi::OsStr::from_bytes(name)), "").unwrap();
+    }
+    let mut cmd = sandbox.ccci();
+    cmd.arg("locks");
+    let table = run(cmd);
+    table.assert_code(0);
+    let text = table.out.join("\n");
+    assert!(!text.contains('\x1b'), "{text:?}");
+    assert_eq!(
+        table.out.len(),
+        3,
+        "one header and one line per file, no raw newline: {text:?}"
+    );
+    assert!(text.contains("\\u{1b}[31mevil\\nline"), "{text}");
+    assert!(text.contains("bad\\xffname"), "{text}");
+    let mut cmd = sandbox.ccci();
+    cmd.args(["locks", "--json"]);
+    let json = run(cmd);
+    json.assert_code(0);
+    let listed: serde_json::Value = serde_json::from_str(&json.out.join("\n")).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed:#}");
+}

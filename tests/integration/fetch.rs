@@ -273,3 +273,26 @@ fn skip_fetch_copies_in_isolation() {
         "?? staged-change.txt"
     );
 }
+
+/// Tokens outside the user information — in a query string, a fragment, or scp-style
+/// `user:secret@host:path` — never reach a message, the record or a `-vvv` log either.
+#[rstest::rstest]
+#[case::query("https://127.0.0.1:1/recipe.git?token=SECRETQUERY", "SECRETQUERY")]
+#[case::fragment("https://u:p4ss@127.0.0.1:1/recipe.git#SECRETFRAG", "SECRETFRAG")]
+#[case::scp("user:SECRETSCP@127.0.0.1:recipe.git", "SECRETSCP")]
+fn tokens_outside_the_userinfo_are_redacted_everywhere(#[case] url: &str, #[case] secret: &str) {
+    let sandbox = Sandbox::new();
+    let done = fetch_run(&sandbox, "tok", url, &["-vvv"]);
+    done.assert_code(125);
+    let everything = format!(
+        "{}\n{}\n{}",
+        done.out.join("\n"),
+        done.stderr(),
+        std::fs::read_to_string(sandbox.runs().join("tok/run.json")).unwrap()
+    );
+    assert!(!everything.contains(secret), "{everything}");
+    assert!(
+        everything.contains("***"),
+        "the redacted URL is still shown: {everything}"
+    );
+}
