@@ -319,6 +319,35 @@ impl RunAppPattern {
     }
 }
 
+/// Text from outside (a file name planted in a world-writable dir, a lock file's contents) made
+/// safe for a terminal: control characters, escape sequences and backslashes are escaped, and
+/// bytes that are not UTF-8 are shown as `\xNN` instead of being dropped.
+pub fn escape_outside(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() || c == '\\' {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// Serialise a path from outside as escaped text (JSON cannot carry non-UTF-8 bytes).
+pub fn serialize_path_escaped<S: serde::Serializer>(
+    path: &std::path::Path,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use std::os::unix::ffi::OsStrExt;
+    serializer.serialize_str(&escape_outside(path.as_os_str().as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,33 +505,4 @@ mod tests {
             let _ = pattern.domain_of_resource(&value);
         }
     }
-}
-
-/// Text from outside (a file name planted in a world-writable dir, a lock file's contents) made
-/// safe for a terminal: control characters, escape sequences and backslashes are escaped, and
-/// bytes that are not UTF-8 are shown as `\xNN` instead of being dropped.
-pub fn escape_outside(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if c.is_control() || c == '\\' {
-                out.extend(c.escape_default());
-            } else {
-                out.push(c);
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
-/// Serialise a path from outside as escaped text (JSON cannot carry non-UTF-8 bytes).
-pub fn serialize_path_escaped<S: serde::Serializer>(
-    path: &std::path::Path,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    use std::os::unix::ffi::OsStrExt;
-    serializer.serialize_str(&escape_outside(path.as_os_str().as_bytes()))
 }
