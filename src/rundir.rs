@@ -23,6 +23,11 @@ use crate::record;
 
 pub const GUARD_FILE: &str = "run.lock";
 
+/// How long a run waits for a janitor's probe of its guard to end before calling it live.
+const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often it looks again meanwhile.
+const PROBE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
     #[error(
@@ -88,23 +93,55 @@ fn check_own_dir(dir: &Path) -> Result<(), RunDirError> {
 
 impl RunDir {
     /// Create (or reuse, when its last run has ended) `<runs-dir>/<run-id>/` and take its guard.
+    ///
+    /// A guard held by someone who wrote no holder line is a janitor's probe (retention, the
+    /// record of a reap), held for moments: wait for it rather than refuse. If retention removed
+    /// the directory meanwhile, the lock we got is on an unlinked file: start over.
     pub fn claim(runs_dir: &Path, run_id: &RunId, holder: &str) -> Result<Self, RunDirError> {
         let dir = runs_dir.join(run_id.as_str());
-        std::fs::create_dir_all(&dir).map_err(io_err("create run directory", &dir))?;
-        check_own_dir(&dir)?;
-        let guard = match LockFile::open(&dir.join(GUARD_FILE))?.try_lock()? {
-            TryLock::Acquired(guard) => guard,
-            TryLock::Busy(mut file) => {
-                return Err(RunDirError::Live {
-                    run_id: run_id.clone(),
-                    dir,
-                    holder: file.read_holder(),
-                });
+        let started = std::time::Instant::now();
+        loop {
+            // Retention may remove the directory between any two of these steps (it holds the
+            // old guard while it does): a vanished directory means "go round again".
+            let gone = |err: &RunDirError| {
+                let source = match err {
+                    RunDirError::Io { source, .. } => source,
+                    RunDirError::Lock(LockError::Io { source, .. }) => source,
+                    _ => return false,
+                };
+                source.kind() == io::ErrorKind::NotFound && started.elapsed() < PROBE_PATIENCE
+            };
+            let opened = std::fs::create_dir_all(&dir)
+                .map_err(io_err("create run directory", &dir))
+                .and_then(|()| check_own_dir(&dir))
+                .and_then(|()| Ok(LockFile::open(&dir.join(GUARD_FILE))?));
+            let opened = match opened {
+                Ok(file) => file,
+                Err(err) if gone(&err) => continue,
+                Err(err) => return Err(err),
+            };
+            match opened.try_lock()? {
+                TryLock::Acquired(mut guard) => {
+                    if !guard.identity_matches()? {
+                        continue;
+                    }
+                    guard.write_holder(holder)?;
+                    return Ok(Self { dir, _guard: guard });
+                }
+                TryLock::Busy(mut file) => {
+                    let held_by = file.read_holder();
+                    if held_by.trim().is_empty() && started.elapsed() < PROBE_PATIENCE {
+                        std::thread::sleep(PROBE_POLL);
+                        continue;
+                    }
+                    return Err(RunDirError::Live {
+                        run_id: run_id.clone(),
+                        dir,
+                        holder: held_by,
+                    });
+                }
             }
-        };
-        let mut guard = guard;
-        guard.write_holder(holder)?;
-        Ok(Self { dir, _guard: guard })
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -199,3 +199,46 @@ fn teardown_removes_the_app_env_files_but_no_other_app_s() {
     done.assert_code(0);
     assert!(server.join(format!("{domain}.env")).exists());
 }
+
+/// `janitor --keep-runs 0` racing runs that are starting: retention never deletes a directory a
+/// run is creating or about to take, and a run is never refused because a janitor's probe held
+/// its guard for a moment.
+#[test]
+fn retention_racing_starting_runs_never_refuses_or_wipes_them() {
+    let sandbox = crate::util::Sandbox::new();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let janitors: Vec<_> = (0..2)
+        .map(|_| {
+            let mut cmd = sandbox.ccci();
+            cmd.args(["janitor", "--keep-runs", "0"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut sweeps = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    cmd.status().unwrap();
+                    sweeps += 1;
+                }
+                sweeps
+            })
+        })
+        .collect();
+    for wave in 0..10 {
+        let runs: Vec<_> = (0..8)
+            .map(|i| {
+                // Ids repeat across waves: a later run reuses a directory retention may be
+                // removing right now.
+                let id = format!("ret-{}", (wave * 8 + i) % 12);
+                crate::util::Proc::spawn(sandbox.run_sh(&id, &[], "test -d \"$ABRA_DIR/recipes\""))
+            })
+            .collect();
+        for run in runs {
+            let done = run.finish();
+            done.assert_code(0);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sweeps: usize = janitors.into_iter().map(|j| j.join().unwrap()).sum();
+    assert!(sweeps > 0);
+}
