@@ -409,9 +409,28 @@ pub fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepRe
     }
 
     // Probe every candidate; keep the probe locks of the ones to reap.
+    let live_runs = rundir::live_domains(&global.runs_dir);
     let mut to_reap: Vec<(&Candidate, usize, HeldLock)> = Vec::new();
     for candidate in candidates.values() {
-        let (mut line, held) = probe(global, opts, candidate);
+        let (mut line, mut held) = probe(global, opts, candidate);
+        // Defense in depth: a free app lock is not the last word while the runs dir says a live
+        // run owns the domain (its lock file deleted by hand, or a lock dir that differs between
+        // the run and this janitor).
+        if matches!(line.decision, Decision::Reap | Decision::WouldReap) {
+            if let Some(run_id) = live_runs.get(candidate.domain.as_str()) {
+                let detail = format!("held by run {run_id} under another lock dir");
+                report::line(&format!(
+                    "!! janitor: {}: its lock under {} is free, but run {run_id} is live and owns it \
+                     (lock file deleted by hand, or a lock dir that differs between runs and \
+                     janitor?); not reaping",
+                    candidate.domain,
+                    global.lock_dir.display()
+                ));
+                line.decision = Decision::Live;
+                line.error = Some(detail);
+                held = None;
+            }
+        }
         if line.decision == Decision::Reap {
             if let DockerState::Unavailable(why) = &docker {
                 line.decision = Decision::WouldReap;

@@ -633,3 +633,42 @@ fn state_files_of_a_sigkilled_run_are_tidied_by_the_next_sweep() {
     live.finish().assert_code(0);
     assert!(sandbox.state_files().is_empty());
 }
+
+/// Defense in depth: a live run's app is never reaped, whatever the lock dir says — its lock
+/// file deleted by hand, or a janitor started with another lock dir than the run (a drifted
+/// CCCI_APP_LOCK_DIR). The runs dir knows the run is live; the mismatch is reported.
+#[rstest::rstest]
+#[case::lock_file_deleted_by_hand(false)]
+#[case::janitor_with_another_lock_dir(true)]
+fn live_run_is_never_reaped_whatever_the_lock_dir_says(#[case] other_lock_dir: bool) {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let script =
+        "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; read line || :";
+    let mut holder = crate::util::Proc::spawn(sandbox.run_sh("dd", &[], script));
+    holder.wait_ready();
+    let domain = sandbox.domain("custom-html", None);
+    let env = sandbox.abra_home().join(format!("servers/ci/{domain}.env"));
+    let mut janitor = sandbox.ccci();
+    if other_lock_dir {
+        janitor
+            .arg("--lock-dir")
+            .arg(sandbox.path().join("drifted-locks"));
+    } else {
+        std::fs::remove_file(sandbox.lock_file(&domain)).unwrap();
+    }
+    janitor.args(["janitor", "--json"]);
+    let done = crate::util::run(janitor);
+    done.assert_code(0);
+    let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let c = crate::util::candidate(&report, &domain);
+    assert_eq!(c["decision"], "live", "{report:#}");
+    assert_eq!(
+        c["error"], "held by run dd under another lock dir",
+        "{report:#}"
+    );
+    done.assert_stderr_has("not reaping");
+    assert!(env.exists(), "a live run's app was reaped");
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+}
