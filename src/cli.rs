@@ -271,8 +271,9 @@ pub struct RunArgs {
     /// Leave $ABRA_DIR/recipes empty instead of fetching the recipe.
     #[arg(long, conflicts_with = "skip_fetch")]
     pub no_fetch: bool,
-    /// Copy the staged <abra-home>/recipes/<recipe> (with its .git) instead of fetching.
-    #[arg(long, env = "CCCI_SKIP_FETCH", value_parser = clap::builder::BoolishValueParser::new())]
+    /// Copy the staged <abra-home>/recipes/<recipe> (with its .git) instead of fetching
+    /// [also CCCI_SKIP_FETCH=1; 0, false or empty mean no].
+    #[arg(long)]
     pub skip_fetch: bool,
     /// Where to clone the recipe from (https, a path or file://)
     /// [default: $CCCI_RECIPE_URL_TEMPLATE with {recipe} filled in, else
@@ -282,6 +283,20 @@ pub struct RunArgs {
     /// The command to supervise.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// A yes/no environment value: empty, `0`, `false`, `no`, `off` are no; `1`, `true`, `yes`,
+/// `on` are yes (any case); anything else is a usage error naming the variable.
+fn parse_boolish(var: &'static str, value: &str) -> Result<bool, NameError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" | "n" | "f" => Ok(false),
+        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
+        _ => Err(NameError {
+            what: var,
+            value: value.to_owned(),
+            rule: "must be 1/true/yes/on or 0/false/no/off (or empty)".to_owned(),
+        }),
+    }
 }
 
 /// A number of seconds, fractions allowed, from 0 to [`MAX_SECS`].
@@ -419,9 +434,16 @@ impl RunArgs {
         let identity = self.identity.validate(&global.suffix)?;
         let drone_build = std::env::var("DRONE_BUILD_NUMBER").ok();
         let run_id = RunId::resolve(self.run_id.as_deref(), drone_build.as_deref())?;
+        // The flag wins over the environment: CCCI_SKIP_FETCH set for every step never turns a
+        // `--no-fetch` into a usage error.
+        let skip_from_env = std::env::var("CCCI_SKIP_FETCH")
+            .ok()
+            .map(|v| parse_boolish("CCCI_SKIP_FETCH", &v))
+            .transpose()?
+            .unwrap_or(false);
         let fetch = if self.no_fetch {
             Fetch::Skip
-        } else if self.skip_fetch {
+        } else if self.skip_fetch || skip_from_env {
             Fetch::CopyStaged
         } else {
             let template = std::env::var("CCCI_RECIPE_URL_TEMPLATE").ok();

@@ -356,10 +356,31 @@ pub fn run(lock_dir: &Path, opts: &LockOptions, start_ppid: Pid) -> Result<u8, N
         .filter(|e| !e.is_empty())
         .map(str::to_owned)
         .collect();
-    let depth = match held_entries
+    let mut mine = held_entries
         .iter()
-        .position(|e| e.split(':').next() == Some(opts.name.as_str()))
-    {
+        .position(|e| e.split(':').next() == Some(opts.name.as_str()));
+    // An entry whose pid is not even our ancestor was not inherited from a holder: it says
+    // nothing about us (forged, or leaked into an unrelated environment). Queue normally.
+    if let Some(i) = mine {
+        let claimed: Option<i32> = held_entries[i]
+            .split(':')
+            .nth(1)
+            .and_then(|p| p.parse().ok());
+        let ancestor = claimed
+            .filter(|p| *p > 1)
+            .is_some_and(|p| linux::is_ancestor(Pid::from_raw(p)));
+        if !ancestor {
+            report::line(&format!(
+                "!! lock {}: ignoring {HELD_VAR} entry {:?}: its pid is not an ancestor of this \
+                 process; queueing normally",
+                opts.name,
+                crate::names::escape_outside(held_entries[i].as_bytes())
+            ));
+            held_entries.remove(i);
+            mine = None;
+        }
+    }
+    let depth = match mine {
         Some(i) => {
             let (pid, depth) = verify_ancestor(&held_entries[i], &path).ok_or_else(|| {
                 NamedLockError::StaleAncestor {

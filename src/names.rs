@@ -127,8 +127,14 @@ impl Recipe {
 }
 
 impl PrNumber {
+    /// Digits, normalised: `00001` and `1` are the same pull request, so they hash (and
+    /// serialise) alike.
     pub fn parse(value: &str) -> Result<Self, NameError> {
-        PR.check(value).map(|()| Self(value.to_owned()))
+        PR.check(value)?;
+        let trimmed = value.trim_start_matches('0');
+        Ok(Self(
+            if trimmed.is_empty() { "0" } else { trimmed }.to_owned(),
+        ))
     }
 }
 

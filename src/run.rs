@@ -172,7 +172,7 @@ impl Run<'_> {
         let abra_dir = run_dir.prepare_abra_dir(&self.global.abra_home)?;
         self.record.abra_dir = abra_dir.display().to_string();
         self.record.enter("abra-dir");
-        self.save();
+        self.save_durably()?;
 
         let identity = &self.cfg.identity;
         let recipe_dir = abra_dir.join("recipes").join(identity.recipe.as_str());
@@ -249,7 +249,7 @@ impl Run<'_> {
             }
         }
         self.record.enter("app-lock");
-        self.save();
+        self.save_durably()?;
         self.clear_leftovers();
 
         self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
@@ -266,8 +266,30 @@ impl Run<'_> {
         .chain(self.state.env().map(|(k, p)| (k.to_owned(), p.into())))
         .collect();
 
-        let early = shutdown_events(&self.funnel.pending()).collect();
+        let early: VecDeque<Event> = shutdown_events(&self.funnel.pending()).collect();
+        if early.is_empty() {
+            // The command starts only once the record says so, durably: a run that cannot
+            // record itself (a full disk) does not run at all (125).
+            self.record.enter("command");
+            if let Err(err) = self.save_durably() {
+                for problem in self.state.remove() {
+                    tracing::warn!("{problem}");
+                }
+                return Err(err);
+            }
+        }
         Ok(self.supervise_and_tear_down(early))
+    }
+
+    /// Write the run record, or fail the run: before its command starts, a run must be able
+    /// to record itself.
+    fn save_durably(&self) -> Result<(), RunError> {
+        self.record
+            .write(&self.record_path)
+            .map_err(|source| RunError::Record {
+                path: self.record_path.clone(),
+                source,
+            })
     }
 
     /// Step 3: clone on a worker thread; a signal or the deadline ends a hanging fetch at once.
@@ -427,10 +449,6 @@ impl Run<'_> {
             env: self.env.clone(),
             cwd: None,
         };
-        if early.is_empty() {
-            self.record.enter("command");
-            self.save();
-        }
         // Built from the fields it needs, so the record can be written as teardown begins.
         let record = &mut self.record;
         let record_path = &self.record_path;

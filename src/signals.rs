@@ -55,6 +55,9 @@ const IGNORED: [Signal; 9] = [
     Signal::SIGXFSZ,
 ];
 
+/// How early a SIGALRM may come and still be the hard deadline's.
+const ALARM_SLACK: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// One flag per signal number; statics because the handlers outlive any value we could own.
 const MAX_SIGNAL: usize = 65;
 static FLAGS: [AtomicBool; MAX_SIGNAL] = [const { AtomicBool::new(false) }; MAX_SIGNAL];
@@ -100,6 +103,8 @@ pub struct SignalFunnel {
     /// signal, not somebody's request.
     start_ppid: Pid,
     tie: Option<Tie>,
+    /// When the hard deadline's alarm is due; a SIGALRM before it is somebody else's.
+    deadline: Option<std::time::Instant>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,7 +149,14 @@ impl SignalFunnel {
             wake,
             start_ppid,
             tie: None,
+            deadline: None,
         })
+    }
+
+    /// The hard deadline was armed to fire at `at`: a SIGALRM that comes earlier (sent by
+    /// someone else) is reported and ignored rather than taken for it.
+    pub fn expect_deadline_at(&mut self, at: std::time::Instant) {
+        self.deadline = Some(at);
     }
 
     /// Watch `pid` (an ancestor, `--tie-to`): its exit is reported as [`Arrived::tied_pid_died`].
@@ -191,6 +203,17 @@ impl SignalFunnel {
                 .collect(),
             ..Arrived::default()
         };
+        if arrived.contains(Signal::SIGALRM) {
+            // The alarm's clock started just after `deadline` was computed, so a real expiry
+            // is never early; allow for nothing but scheduling noise.
+            let due = self
+                .deadline
+                .is_some_and(|at| std::time::Instant::now() + ALARM_SLACK >= at);
+            if !due {
+                arrived.signals.retain(|s| *s != Signal::SIGALRM);
+                report::line("== SIGALRM received before the hard deadline — ignored ==");
+            }
+        }
         if arrived.contains(Signal::SIGTERM) && nix::unistd::getppid() != self.start_ppid {
             arrived.signals.retain(|s| *s != Signal::SIGTERM);
             arrived.parent_died = true;

@@ -103,6 +103,7 @@ pub fn install_guards(start_ppid: Pid, opts: &GuardOptions) -> Result<SignalFunn
     }
     linux::become_subreaper().map_err(GuardError::Subreaper)?;
     if let Some(deadline) = opts.deadline {
+        funnel.expect_deadline_at(std::time::Instant::now() + deadline);
         linux::arm_alarm(deadline.as_secs().try_into().unwrap_or(u32::MAX));
     }
     Ok(funnel)

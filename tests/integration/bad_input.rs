@@ -87,6 +87,30 @@ fn full_disk_for_the_run_record_is_125_and_leaves_no_temp_file() {
     done.assert_stderr_has("No space left on device");
 }
 
+/// The disk fills after the run's first record write: the command does not start without a
+/// durable record (125), and the record on disk stays whole at its last durable phase.
+#[test]
+fn full_disk_after_the_first_record_write_stops_the_run_before_its_command() {
+    let sandbox = Sandbox::new();
+    let Some(disk) = SmallDisk::mount() else {
+        return;
+    };
+    // Room for the guard's metadata and one record: the next write has nowhere to go.
+    disk.fill_leaving(2);
+    let runs = disk.path().join("runs");
+    let done = run_on(&sandbox, &runs, "later");
+    done.assert_code(125);
+    done.assert_stderr_has("failed to write run record");
+    assert!(
+        done.out.is_empty(),
+        "the command ran without a durable record"
+    );
+    let text = std::fs::read_to_string(runs.join("later/run.json")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(record["phases"][0]["name"], "guards", "{record:#}");
+    assert!(sandbox.state_files().is_empty());
+}
+
 #[test]
 fn unusable_runs_dir_is_125_naming_it() {
     let sandbox = Sandbox::new();
@@ -234,4 +258,100 @@ fn planted_lock_file_names_are_escaped_in_every_listing() {
     json.assert_code(0);
     let listed: serde_json::Value = serde_json::from_str(&json.out.join("\n")).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 2, "{listed:#}");
+}
+
+/// A hard link planted as an app lock file (a world-writable lock dir, fs.protected_hardlinks
+/// off) is refused like a symlink: 125 for a run, `foreign` for the janitor, and the file it
+/// points at is never written through.
+#[test]
+fn hard_linked_lock_file_is_refused_and_never_written_through() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.locks()).unwrap();
+    let victim = sandbox.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let domain = sandbox.domain("custom-html", None);
+    std::fs::hard_link(&victim, sandbox.lock_file(&domain)).unwrap();
+    let done = run(sandbox.run_sh("hl", &[], "echo command-ran"));
+    done.assert_code(125);
+    done.assert_stderr_has("hard links");
+    assert!(!done.out.iter().any(|l| l == "command-ran"));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    sandbox.plant_env("ci", &domain, "X=1\n");
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(
+        crate::util::candidate(&report, &domain)["decision"],
+        "foreign",
+        "{report:#}"
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+}
+
+/// `<runs-dir>/<run-id>` planted as a symlink: refused (125), nothing deleted or written under
+/// the link's target.
+#[test]
+fn symlinked_run_dir_is_refused_and_its_target_untouched() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.runs()).unwrap();
+    let target = sandbox.path().join("target");
+    std::fs::create_dir_all(target.join("abra")).unwrap();
+    std::fs::write(target.join("abra/keep"), "mine\n").unwrap();
+    std::os::unix::fs::symlink(&target, sandbox.runs().join("sl")).unwrap();
+    let done = run(sandbox.run_sh("sl", &[], "echo command-ran"));
+    done.assert_code(125);
+    done.assert_stderr_has("refusing run directory");
+    done.assert_stderr_has("symbolic link");
+    assert_eq!(
+        std::fs::read_to_string(target.join("abra/keep")).unwrap(),
+        "mine\n"
+    );
+    assert!(!target.join("run.json").exists() && !target.join("run.lock").exists());
+}
+
+/// The janitor tidies only its own state files: another user's file with a state-file name
+/// stays; a state dir that is a regular file is a clear error (exit 1), not silence.
+#[test]
+fn state_files_of_others_stay_and_an_unusable_state_dir_is_an_error() {
+    let sandbox = Sandbox::new();
+    let theirs = sandbox.state().join("ccci-deploys-someone-4242");
+    std::fs::write(&theirs, "").unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let (_, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert!(theirs.exists(), "another user's file was removed");
+
+    let file = sandbox.path().join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.arg("--state-dir")
+        .arg(&file)
+        .args(["janitor", "--json"]);
+    let done = run(cmd);
+    done.assert_code(1);
+    assert!(
+        done.out.join("\n").contains("failed to list state dir"),
+        "{}",
+        done.transcript()
+    );
+}
+
+/// Small things that must just work: CCCI_SKIP_FETCH=0/false/empty beside `--no-fetch` is no
+/// usage error, and `--pr 00001` is PR 1 (same domain, so the two serialise).
+#[test]
+fn skip_fetch_env_and_padded_pr_numbers_are_understood() {
+    let sandbox = Sandbox::new();
+    for value in ["0", "false", "", "1"] {
+        let mut cmd = sandbox.run_sh(&format!("sf{}", value.len()), &[], "true");
+        cmd.env("CCCI_SKIP_FETCH", value);
+        run(cmd).assert_code(0);
+    }
+    let mut cmd = sandbox.run_sh("sfbad", &[], "true");
+    cmd.env("CCCI_SKIP_FETCH", "maybe");
+    let done = run(cmd);
+    done.assert_code(2);
+    done.assert_stderr_has("invalid CCCI_SKIP_FETCH \"maybe\"");
+    assert_eq!(
+        sandbox.domain("custom-html", Some("00001")),
+        sandbox.domain("custom-html", Some("1"))
+    );
 }

@@ -476,3 +476,25 @@ fn stray_signals_never_kill_the_supervisor_silently() {
     done.assert_stderr_has("== SIGQUIT received — tearing down ==");
     assert_eq!(sandbox.record("stray")["exit_code"], 131);
 }
+
+/// A SIGALRM from outside is not the hard deadline: it is reported and ignored, the run goes on
+/// and ends for its own reason (here a SIGTERM, 143 — not 142).
+#[test]
+fn external_sigalrm_is_not_taken_for_the_deadline() {
+    let sandbox = Sandbox::new();
+    let mut proc = Proc::spawn(sandbox.run_sh(
+        "alrm",
+        &["--deadline", "600"],
+        "echo ready $$; read line || :",
+    ));
+    proc.wait_ready();
+    signal(proc.pid(), Signal::SIGALRM);
+    proc.wait_for(
+        Stream::Err,
+        "== SIGALRM received before the hard deadline — ignored ==",
+    );
+    signal(proc.pid(), Signal::SIGTERM);
+    let done = proc.finish();
+    done.assert_code(143);
+    assert_eq!(sandbox.record("alrm")["shutdown_reason"], "SIGTERM");
+}

@@ -394,3 +394,34 @@ fn non_canonical_ticket_file_never_wedges_the_queue() {
     done.assert_code(0);
     assert_eq!(done.out, ["got-it"]);
 }
+
+/// A `CCCI_HELD_LOCKS` entry naming a process that is not our ancestor (forged, or leaked into
+/// an unrelated environment) is never a grant, and never a reason to refuse: the lock is
+/// queued for normally, and the forged entry is not passed on.
+#[test]
+fn forged_held_locks_entry_of_a_non_ancestor_queues_normally() {
+    let sandbox = Sandbox::new();
+    let mut stranger = std::process::Command::new("sleep")
+        .arg("100000")
+        .spawn()
+        .unwrap();
+    let mut cmd = lock_cmd(&sandbox, &[], "echo ran \"$CCCI_HELD_LOCKS\"");
+    cmd.env(
+        "CCCI_HELD_LOCKS",
+        format!("shared:{}:0:0:1:1", stranger.id()),
+    );
+    let done = run(cmd);
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
+    done.assert_code(0);
+    done.assert_stderr_has("ignoring CCCI_HELD_LOCKS entry");
+    let line = done
+        .out
+        .iter()
+        .find(|l| l.starts_with("ran "))
+        .expect("the command ran");
+    assert!(
+        !line.contains(&format!(":{}:", stranger.id())),
+        "the forged entry was passed on: {line}"
+    );
+}
