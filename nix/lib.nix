@@ -7,13 +7,15 @@
     ++ (if keepRunsDays == null then [ ] else [ "--keep-runs" (toString keepRunsDays) ])
     ++ (if metricsFile == null then [ ] else [ "--metrics-file" metricsFile ]);
 
-  # The environment every ccci-run on the host shares.
-  environment =
+  # /etc/ccci-run/config.toml: the one place the host's paths are set. Every ccci-run on the
+  # host reads it (the Drone step, the janitor's timer, an operator's shell), so they cannot drift.
+  configToml =
     { lockDir, runsDir, abraHome, docker }:
-    {
-      CCCI_APP_LOCK_DIR = lockDir;
-      CCCI_RUNS_DIR = runsDir;
-      CCCI_ABRA_HOME = abraHome;
-      CCCI_DOCKER = docker;
-    };
+    ''
+      # Written by the NixOS module services.ccci-run; `ccci-run config` shows what is in force.
+      lock_dir = "${lockDir}"
+      runs_dir = "${runsDir}"
+      abra_home = "${abraHome}"
+      docker = "${docker}"
+    '';
 }

@@ -92,6 +92,11 @@ in
   config = mkIf cfg.enable (lib.mkMerge [ {
     environment.systemPackages = [ cfg.package ];
 
+    # One source of configuration for every ccci-run on the host.
+    environment.etc."ccci-run/config.toml".text = helpers.configToml {
+      inherit (cfg) lockDir runsDir abraHome docker;
+    };
+
     systemd.tmpfiles.rules = [
       "d ${cfg.runsDir} 0755 root root -"
     ] ++ lib.optional (cfg.janitor.metricsFile != null)
@@ -101,9 +106,7 @@ in
       description = "ccci-run janitor: reap apps of dead recipe-CI runs";
       after = [ "docker.service" ];
       wants = [ "docker.service" ];
-      environment = helpers.environment {
-        inherit (cfg) lockDir runsDir abraHome docker;
-      };
+      restartTriggers = [ config.environment.etc."ccci-run/config.toml".source ];
       serviceConfig = {
         Type = "oneshot";
         Nice = 10;
@@ -134,12 +137,8 @@ in
       Delegate = "yes";
       TimeoutStopSec = "6min";
     };
-    systemd.services.${cfg.droneRunnerService}.environment =
-      helpers.environment {
-        inherit (cfg) lockDir runsDir abraHome docker;
-      }
-      // {
-        DRONE_RUNNER_CAPACITY = toString cfg.runnerCapacity;
-      };
+    systemd.services.${cfg.droneRunnerService}.environment = {
+      DRONE_RUNNER_CAPACITY = toString cfg.runnerCapacity;
+    };
   }) ]);
 }

@@ -8,8 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::names::{
-    AppDomain, DEFAULT_DOMAIN_SUFFIX, DomainSuffix, GitRef, NameError, PrNumber, Recipe,
-    RunAppPattern, RunId,
+    AppDomain, DomainSuffix, GitRef, NameError, PrNumber, Recipe, RunAppPattern, RunId,
 };
 
 #[derive(Debug, Parser)]
@@ -36,7 +35,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum DockerMode {
     /// Use Docker when the daemon answers; warn once and leave Docker apps alone when it does not.
     Auto,
@@ -46,7 +46,8 @@ pub enum DockerMode {
     Off,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum CgroupMode {
     /// Put each run and each `lock` command in a cgroup of its own where cgroup v2 is writable.
     Auto,
@@ -54,7 +55,8 @@ pub enum CgroupMode {
     Off,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum LogFormat {
     Text,
     Json,
@@ -62,66 +64,36 @@ pub enum LogFormat {
 
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
-    /// Directory of the app-domain lock files and named-lock files.
-    #[arg(
-        long,
-        global = true,
-        value_name = "DIR",
-        env = "CCCI_APP_LOCK_DIR",
-        default_value = "/run/lock"
-    )]
-    pub lock_dir: PathBuf,
+    /// Configuration file (TOML: lock_dir, abra_home, runs_dir, state_dir, domain_suffix,
+    /// docker, log_format, cgroup) [default: /etc/ccci-run/config.toml when it exists].
+    /// Precedence: flag > environment > file > built-in default.
+    #[arg(long, global = true, value_name = "FILE", env = "CCCI_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Directory of the app-domain lock files and named-lock files [default: /run/lock].
+    #[arg(long, global = true, value_name = "DIR", env = "CCCI_APP_LOCK_DIR")]
+    pub lock_dir: Option<PathBuf>,
     /// The canonical abra directory (servers/, catalogue/, recipes/) [default: $HOME/.abra].
     #[arg(long, global = true, value_name = "DIR", env = "CCCI_ABRA_HOME")]
     pub abra_home: Option<PathBuf>,
-    /// Directory of the per-run directories and run records.
-    #[arg(
-        long,
-        global = true,
-        value_name = "DIR",
-        env = "CCCI_RUNS_DIR",
-        default_value = "/var/lib/cc-ci-runs"
-    )]
-    pub runs_dir: PathBuf,
-    /// Directory of the run-scoped state files.
-    #[arg(
-        long,
-        global = true,
-        value_name = "DIR",
-        env = "CCCI_STATE_DIR",
-        default_value = "/tmp"
-    )]
-    pub state_dir: PathBuf,
-    /// Run-app domains end in `.SUFFIX`.
-    #[arg(long, global = true, value_name = "SUFFIX", env = "CCCI_DOMAIN_SUFFIX", default_value = DEFAULT_DOMAIN_SUFFIX)]
-    pub domain_suffix: String,
-    /// Whether to touch Docker; DOCKER_HOST is honoured.
-    #[arg(
-        long,
-        global = true,
-        value_name = "MODE",
-        env = "CCCI_DOCKER",
-        default_value = "auto"
-    )]
-    pub docker: DockerMode,
-    /// Whether runs and `lock` commands get a cgroup of their own (cgroup v2, where writable).
-    #[arg(
-        long,
-        global = true,
-        value_name = "MODE",
-        env = "CCCI_CGROUP",
-        default_value = "auto"
-    )]
-    pub cgroup: CgroupMode,
-    /// Diagnostics format (status lines are always plain text).
-    #[arg(
-        long,
-        global = true,
-        value_name = "F",
-        env = "CCCI_LOG_FORMAT",
-        default_value = "text"
-    )]
-    pub log_format: LogFormat,
+    /// Directory of the per-run directories and run records [default: /var/lib/cc-ci-runs].
+    #[arg(long, global = true, value_name = "DIR", env = "CCCI_RUNS_DIR")]
+    pub runs_dir: Option<PathBuf>,
+    /// Directory of the run-scoped state files [default: /tmp].
+    #[arg(long, global = true, value_name = "DIR", env = "CCCI_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Run-app domains end in `.SUFFIX` [default: ci.commoninternet.net].
+    #[arg(long, global = true, value_name = "SUFFIX", env = "CCCI_DOMAIN_SUFFIX")]
+    pub domain_suffix: Option<String>,
+    /// Whether to touch Docker; DOCKER_HOST is honoured [default: auto].
+    #[arg(long, global = true, value_name = "MODE", env = "CCCI_DOCKER")]
+    pub docker: Option<DockerMode>,
+    /// Whether runs and `lock` commands get a cgroup of their own (cgroup v2, where writable)
+    /// [default: auto].
+    #[arg(long, global = true, value_name = "MODE", env = "CCCI_CGROUP")]
+    pub cgroup: Option<CgroupMode>,
+    /// Diagnostics format (status lines are always plain text) [default: text].
+    #[arg(long, global = true, value_name = "F", env = "CCCI_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
     /// More diagnostics (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -149,6 +121,8 @@ pub enum Command {
     },
     /// Print the man page (roff).
     Man,
+    /// Print the effective configuration: each setting and where it came from.
+    Config(ConfigArgs),
 }
 
 #[derive(Debug, Args)]
@@ -200,6 +174,13 @@ pub struct JanitorArgs {
     /// Also remove per-run directories older than DAYS whose run is not live.
     #[arg(long, value_name = "DAYS", value_parser = clap::value_parser!(u64).range(..=MAX_KEEP_DAYS))]
     pub keep_runs: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Print the settings as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -355,24 +336,19 @@ pub struct Global {
     pub cgroup: CgroupMode,
 }
 
-impl GlobalArgs {
-    pub fn validate(&self) -> Result<Global, NameError> {
-        let suffix = DomainSuffix::parse(&self.domain_suffix)?;
-        let abra_home = self.abra_home.clone().unwrap_or_else(|| {
-            std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("/root"))
-                .join(".abra")
-        });
+impl Global {
+    /// Validate the resolved settings (flags, environment, file, defaults).
+    pub fn from_resolved(resolved: &crate::config::Resolved) -> Result<Self, NameError> {
+        let suffix = DomainSuffix::parse(&resolved.domain_suffix)?;
         Ok(Global {
-            lock_dir: self.lock_dir.clone(),
-            abra_home,
-            runs_dir: self.runs_dir.clone(),
-            state_dir: self.state_dir.clone(),
+            lock_dir: resolved.lock_dir.clone(),
+            abra_home: resolved.abra_home.clone(),
+            runs_dir: resolved.runs_dir.clone(),
+            state_dir: resolved.state_dir.clone(),
             pattern: RunAppPattern::new(&suffix),
             suffix,
-            docker: self.docker,
-            cgroup: self.cgroup,
+            docker: resolved.docker,
+            cgroup: resolved.cgroup,
         })
     }
 }

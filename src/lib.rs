@@ -8,6 +8,7 @@ pub mod app;
 pub mod backoff;
 pub mod cgroup;
 pub mod cli;
+pub mod config;
 pub mod docker;
 pub mod exit;
 pub mod fetch;
@@ -77,10 +78,24 @@ impl Error {
 
 /// Run the parsed command line. `start_ppid` is our parent pid as read first thing in `main`,
 /// so the orphan check can tell whether the parent died while we were starting.
-pub fn run(cli: Cli, start_ppid: Pid) -> Result<u8, Error> {
-    init_logging(&cli.global);
-    let global = cli.global.validate()?;
+pub fn run(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8, Error> {
+    let resolved = config::resolve(&cli.global, matches)?;
+    init_logging(&cli.global, resolved.log_format);
+    let global = cli::Global::from_resolved(&resolved)?;
     match cli.command {
+        Command::Config(args) => {
+            let text = if args.json {
+                format!("{}\n", json(&resolved.settings))
+            } else {
+                let mut out = String::new();
+                for s in &resolved.settings {
+                    out.push_str(&format!("{:<14} {:<40} {}\n", s.key, s.value, s.origin));
+                }
+                out
+            };
+            emit(text.as_bytes())?;
+            Ok(0)
+        }
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "ccci-run", &mut out);
@@ -191,7 +206,7 @@ fn json(value: &impl serde::Serialize) -> String {
     serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
-fn init_logging(global: &cli::GlobalArgs) {
+fn init_logging(global: &cli::GlobalArgs, format: LogFormat) {
     let level = match (global.quiet, global.verbose) {
         (q, _) if q > 0 => "error",
         (_, 0) => "warn",
@@ -205,7 +220,7 @@ fn init_logging(global: &cli::GlobalArgs) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false);
-    let _ = match global.log_format {
+    let _ = match format {
         LogFormat::Text => builder.without_time().try_init(),
         LogFormat::Json => builder.json().try_init(),
     };

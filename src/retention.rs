@@ -50,7 +50,16 @@ pub fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepR
         if now.duration_since(last).unwrap_or_default() <= keep {
             continue;
         }
-        let guard = match LockFile::open_existing(&dir.join(rundir::GUARD_FILE)) {
+        // Nothing is removed without holding the run's guard: a directory without one may be a
+        // run's that is being created right now, so the guard is made (a dry run changes
+        // nothing and only looks).
+        let guard_path = dir.join(rundir::GUARD_FILE);
+        let opened = if dry_run {
+            LockFile::open_existing(&guard_path)
+        } else {
+            LockFile::open(&guard_path).map(Some)
+        };
+        let guard = match opened {
             Ok(guard) => guard,
             Err(err) => {
                 report
@@ -61,7 +70,14 @@ pub fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepR
         };
         // Held: the run is live, however old its directory looks.
         let _held = match guard.map(LockFile::try_lock) {
-            Some(Ok(TryLock::Acquired(held))) => Some(held),
+            Some(Ok(TryLock::Acquired(held))) => {
+                // The path must still name the inode we locked (another janitor may have removed
+                // the directory, and a new run made it anew).
+                if !held.identity_matches().unwrap_or(false) {
+                    continue;
+                }
+                Some(held)
+            }
             Some(Ok(TryLock::Busy(_))) => continue,
             Some(Err(err)) => {
                 report

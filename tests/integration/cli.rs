@@ -124,3 +124,97 @@ fn help_lists_the_exit_codes() {
         done.transcript()
     );
 }
+
+/// One source of configuration: flag > environment > file > default, each value's origin shown
+/// by `ccci-run config`, relative paths made absolute, typos in the file refused (exit 2).
+#[test]
+fn config_file_precedence_origins_and_absolute_paths() {
+    let sandbox = Sandbox::new();
+    let file = sandbox.path().join("config.toml");
+    std::fs::write(
+        &file,
+        "runs_dir = \"/srv/from-file\"\ndocker = \"off\"\nstate_dir = \"/srv/state\"\n",
+    )
+    .unwrap();
+    let mut cmd = std::process::Command::new(crate::util::BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CCCI_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.current_dir(sandbox.path())
+        .env("CCCI_CONFIG", &file)
+        .env("CCCI_STATE_DIR", "/srv/from-env")
+        .args(["--lock-dir", "rel/locks", "config", "--json"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let settings: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let find = |key: &str| {
+        settings
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["key"] == key)
+            .cloned()
+            .unwrap_or_else(|| panic!("{key} missing: {settings:#}"))
+    };
+    let lock = find("lock_dir");
+    assert_eq!(lock["origin"]["kind"], "flag");
+    assert_eq!(
+        lock["value"],
+        sandbox.path().join("rel/locks").display().to_string(),
+        "relative paths are made absolute"
+    );
+    assert_eq!(find("state_dir")["value"], "/srv/from-env");
+    assert_eq!(find("state_dir")["origin"]["kind"], "environment");
+    assert_eq!(find("runs_dir")["value"], "/srv/from-file");
+    assert_eq!(find("runs_dir")["origin"]["kind"], "file");
+    assert_eq!(find("docker")["value"], "off");
+    assert_eq!(find("domain_suffix")["origin"]["kind"], "default");
+
+    std::fs::write(&file, "lock_dri = \"/x\"\n").unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.arg("--config").arg(&file).arg("config");
+    let done = run(cmd);
+    done.assert_code(2);
+    done.assert_stderr_has("unknown field `lock_dri`");
+}
+
+/// A relative runs dir reaches the command as an absolute ABRA_DIR, so a `cd` in the command
+/// cannot break it.
+#[test]
+fn relative_paths_reach_the_command_absolute() {
+    let sandbox = Sandbox::new();
+    let cmd = sandbox.run_sh(
+        "relp",
+        &[],
+        "cd / && test -d \"$ABRA_DIR/recipes\" && echo \"$ABRA_DIR\"",
+    );
+    // A later flag wins: a relative --runs-dir goes in just before the command.
+    let mut fixed = std::process::Command::new(cmd.get_program());
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let split = args.iter().position(|a| a == "--").unwrap();
+    fixed
+        .args(&args[..split])
+        .args(["--runs-dir", "runs-rel"])
+        .args(&args[split..])
+        .current_dir(sandbox.path())
+        .env("CCCI_CONFIG", "/dev/null");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CCCI_") && key != "CCCI_CONFIG" {
+            fixed.env_remove(key);
+        }
+    }
+    let done = run(fixed);
+    done.assert_code(0);
+    assert_eq!(
+        done.out,
+        vec![
+            sandbox
+                .path()
+                .join("runs-rel/relp/abra")
+                .display()
+                .to_string()
+        ]
+    );
+}

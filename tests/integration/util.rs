@@ -97,6 +97,8 @@ impl Sandbox {
                 cmd.env_remove(&*key);
             }
         }
+        // No host configuration file leaks into a test (an empty file is an empty TOML table).
+        cmd.env("CCCI_CONFIG", "/dev/null");
         cmd.arg("--runs-dir")
             .arg(self.runs())
             .arg("--abra-home")
