@@ -296,4 +296,27 @@ mod tests {
         assert!(err.to_string().contains("lock_dri"), "{err}");
         assert!(parse("docker = \"sometimes\"\n", path).is_err());
     }
+
+    #[test]
+    fn a_named_file_must_exist_and_etcd_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = <crate::cli::Cli as clap::Parser>::parse_from(["ccci-run", "man"]).global;
+        args.config = Some(dir.path().join("missing.toml"));
+        let err = load(&args).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("cannot be read (--config, CCCI_CONFIG)"),
+            "{err}"
+        );
+        let file = dir.path().join("etcd.toml");
+        std::fs::write(&file, "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n").unwrap();
+        args.config = Some(file);
+        let matches = <crate::cli::Cli as clap::CommandFactory>::command()
+            .get_matches_from(["ccci-run", "man"]);
+        let err = resolve(&args, &matches).unwrap_err();
+        assert!(
+            err.to_string().contains("only the local flock backend"),
+            "{err}"
+        );
+    }
 }

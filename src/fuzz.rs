@@ -156,9 +156,28 @@ fn escapes(value: &str) {
     );
 }
 
+/// Configuration files: any text parses to settings or to an error naming the file, never a
+/// panic.
+fn config_files(value: &str) {
+    let path = std::path::Path::new("/etc/ccci-run/config.toml");
+    if let Err(err) = crate::config::parse(value, path) {
+        assert!(err.to_string().contains("config.toml"), "{err}");
+    }
+}
+
 type Target = (&'static str, fn(&str), &'static [&'static str]);
 
-const TARGETS: [Target; 8] = [
+const TARGETS: [Target; 9] = [
+    (
+        "config",
+        config_files,
+        &[
+            "lock_dir = \"/run/lock\"\ndocker = \"auto\"\n",
+            "runs_dir = 5\n",
+            "[table]\nx = 1\n",
+            "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n",
+        ],
+    ),
     (
         "urls",
         urls,
