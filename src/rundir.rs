@@ -66,6 +66,26 @@ pub struct RunDir {
     _guard: HeldLock,
 }
 
+/// The runs dir must not let others replace our entries: writable by others is only acceptable
+/// with the sticky bit (then nobody but us can rename or remove what we made there).
+fn check_runs_dir(runs_dir: &Path) -> Result<(), RunDirError> {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(runs_dir) else {
+        return Ok(()); // created below, by us
+    };
+    let mode = meta.permissions().mode();
+    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return Err(RunDirError::Unsafe {
+            dir: runs_dir.to_owned(),
+            why: format!(
+                "mode {:o} lets others replace run directories (--runs-dir, CCCI_RUNS_DIR)",
+                mode & 0o7777
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The run directory must be a real directory of ours: a symbolic link planted under that
 /// name (by anyone who can write to the runs dir) would have us wipe and write through it.
 fn check_own_dir(dir: &Path) -> Result<(), RunDirError> {
@@ -137,6 +157,7 @@ impl RunDir {
     /// the directory meanwhile, the lock we got is on an unlinked file: start over.
     pub fn claim(runs_dir: &Path, run_id: &RunId, holder: &str) -> Result<Self, RunDirError> {
         let dir = runs_dir.join(run_id.as_str());
+        check_runs_dir(runs_dir)?;
         let started = std::time::Instant::now();
         loop {
             // Retention may remove the directory between any two of these steps (it holds the

@@ -355,3 +355,18 @@ fn skip_fetch_env_and_padded_pr_numbers_are_understood() {
         sandbox.domain("custom-html", Some("1"))
     );
 }
+
+/// A runs dir others can write to without the sticky bit would let them swap a run's directory
+/// for a link after we looked: refused (125), naming the option.
+#[test]
+fn runs_dir_writable_by_others_without_sticky_bit_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.runs()).unwrap();
+    std::fs::set_permissions(sandbox.runs(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let done = run(sandbox.run_sh("ww", &[], "echo command-ran"));
+    done.assert_code(125);
+    done.assert_stderr_has("lets others replace run directories (--runs-dir, CCCI_RUNS_DIR)");
+    std::fs::set_permissions(sandbox.runs(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    run(sandbox.run_sh("ww", &[], "true")).assert_code(0);
+}
