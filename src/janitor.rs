@@ -409,7 +409,9 @@ pub fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepRe
     }
 
     // Probe every candidate; keep the probe locks of the ones to reap.
-    let live_runs = rundir::live_domains(&global.runs_dir);
+    // Asked only when something is about to be reaped: reading /proc/locks waits for an RCU
+    // grace period (~15 ms), too much for every run start.
+    let mut live_runs: Option<BTreeMap<String, String>> = None;
     let mut to_reap: Vec<(&Candidate, usize, HeldLock)> = Vec::new();
     for candidate in candidates.values() {
         let (mut line, mut held) = probe(global, opts, candidate);
@@ -417,7 +419,8 @@ pub fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepRe
         // run owns the domain (its lock file deleted by hand, or a lock dir that differs between
         // the run and this janitor).
         if matches!(line.decision, Decision::Reap | Decision::WouldReap) {
-            if let Some(run_id) = live_runs.get(candidate.domain.as_str()) {
+            let live = live_runs.get_or_insert_with(|| rundir::live_domains(&global.runs_dir));
+            if let Some(run_id) = live.get(candidate.domain.as_str()) {
                 let detail = format!("held by run {run_id} under another lock dir");
                 report::line(&format!(
                     "!! janitor: {}: its lock under {} is free, but run {run_id} is live and owns it \
@@ -659,6 +662,20 @@ fn probe(
         _ => {}
     }
     (line, held)
+}
+
+/// Whether anything of `domain`'s app is there: its `.env`, or (Docker on) any resource of its
+/// stack. An unreachable engine counts as "maybe": the removal that follows will say why.
+pub fn app_has_leftovers(global: &Global, link: &DockerLink, domain: &AppDomain) -> bool {
+    app_present(global, domain)
+        || match link.get() {
+            None => false,
+            Some(Err(_)) => true,
+            Some(Ok(seam)) => seam
+                .discover(&global.pattern)
+                .map(|stacks| stacks.get(domain).is_some_and(|s| !s.is_empty()))
+                .unwrap_or(true),
+        }
 }
 
 fn app_present(global: &Global, domain: &AppDomain) -> bool {

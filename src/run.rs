@@ -316,6 +316,9 @@ impl Run<'_> {
     /// the command starts, so the command never deploys over a dead run's stack.
     fn clear_leftovers(&mut self) {
         let domain = &self.cfg.identity.domain;
+        if !janitor::app_has_leftovers(self.global, &self.docker, domain) {
+            return;
+        }
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
         janitor::reap_dead_runs_processes(&mut Vec::new(), false);
