@@ -409,9 +409,6 @@ pub fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepRe
     }
 
     // Probe every candidate; keep the probe locks of the ones to reap.
-    // Asked only when something is about to be reaped: reading /proc/locks waits for an RCU
-    // grace period (~15 ms), too much for every run start.
-    let mut live_runs: Option<BTreeMap<String, String>> = None;
     let mut to_reap: Vec<(&Candidate, usize, HeldLock)> = Vec::new();
     for candidate in candidates.values() {
         let (mut line, mut held) = probe(global, opts, candidate);
@@ -419,8 +416,7 @@ pub fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepRe
         // run owns the domain (its lock file deleted by hand, or a lock dir that differs between
         // the run and this janitor).
         if matches!(line.decision, Decision::Reap | Decision::WouldReap) {
-            let live = live_runs.get_or_insert_with(|| rundir::live_domains(&global.runs_dir));
-            if let Some(run_id) = live.get(candidate.domain.as_str()) {
+            if let Some(run_id) = owner_by_runs_dir(global, &candidate.domain) {
                 let detail = format!("held by run {run_id} under another lock dir");
                 report::line(&format!(
                     "!! janitor: {}: its lock under {} is free, but run {run_id} is live and owns it \
@@ -501,7 +497,14 @@ pub fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepRe
         report.docker_list_calls = Some(seam.list_calls());
         report.docker_poll_rounds = Some(seam.poll_rounds());
     }
-    tidy(global, opts, &candidates, &mut report);
+    tidy(global, &global.lock_dir, opts, &candidates, &mut report);
+    tidy(
+        global,
+        &rundir::domains_dir(&global.runs_dir),
+        opts,
+        &candidates,
+        &mut report,
+    );
     tidy_state_files(global, opts, &mut report);
     report.duration = started.elapsed();
     report
@@ -714,6 +717,22 @@ fn finish_reap(
     }
 }
 
+/// The run that owns `domain` by the runs dir's account (it holds the domain's lock in
+/// `<runs-dir>/.domains/`), if any. A probe that finds the lock free lets go at once.
+fn owner_by_runs_dir(global: &Global, domain: &AppDomain) -> Option<String> {
+    let path = rundir::domains_dir(&global.runs_dir).join(domain.lock_file_name());
+    match LockFile::open_existing(&path) {
+        Ok(Some(file)) => match file.try_lock() {
+            Ok(TryLock::Busy(mut file)) => Some(
+                Holder::parse(&file.read_holder()).map_or_else(|| "?".to_owned(), |h| h.run_id),
+            ),
+            // Free, or unreadable: the app lock's verdict stands.
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// How long the Docker side of a reap may take by default, confirmation included.
 pub const DEFAULT_REAP_BUDGET: Duration = Duration::from_secs(120);
 
@@ -832,18 +851,18 @@ fn mark_run_reaped(global: &Global, holder: &Holder, domain: &AppDomain) {
 /// Unlink unheld run-app lock files that no candidate stands behind.
 fn tidy(
     global: &Global,
+    dir: &Path,
     opts: &SweepOptions,
     candidates: &BTreeMap<AppDomain, Candidate>,
     report: &mut SweepReport,
 ) {
-    let entries = match std::fs::read_dir(&global.lock_dir) {
+    let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return,
         Err(err) => {
-            report.errors.push(format!(
-                "failed to list lock dir {}: {err}",
-                global.lock_dir.display()
-            ));
+            report
+                .errors
+                .push(format!("failed to list lock dir {}: {err}", dir.display()));
             return;
         }
     };

@@ -24,7 +24,7 @@ use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
 use crate::process::{ChildStatus, CommandSpec};
 use crate::record::RunRecord;
 use crate::report;
-use crate::rundir::{RunDir, RunDirError};
+use crate::rundir::{self, RunDir, RunDirError};
 use crate::shutdown::Event;
 use crate::signals::SignalFunnel;
 use crate::state::{StateError, StateFiles};
@@ -142,7 +142,7 @@ struct Run<'a> {
     state: StateFiles,
     env: Vec<(String, OsString)>,
     /// Held from step 5 until the process exits; the run never unlinks it.
-    app_lock: Option<HeldLock>,
+    app_lock: Option<Vec<HeldLock>>,
     /// Some teardown step ran out of its budget.
     teardown_timed_out: bool,
     /// The run's cgroup and its leaves, where cgroup v2 is writable.
@@ -220,34 +220,51 @@ impl Run<'_> {
         }
         self.sweep();
         self.record.enter("janitor");
-        let lock_path = self.global.lock_dir.join(identity.domain.lock_file_name());
-        match self.acquire_app_lock(&lock_path)? {
-            LockOutcome::Held(lock) => self.app_lock = Some(lock),
-            LockOutcome::Stopped(event) => {
-                return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
-            }
-            LockOutcome::TimedOut { waited, holder } => {
-                let holder = match Holder::parse(&holder) {
-                    Some(h) => format!(
-                        "run {} (pid {} on {} since {})",
-                        h.run_id, h.pid, h.host, h.started_at
-                    ),
-                    None => "a holder that left no metadata".to_owned(),
-                };
-                let message = format!(
-                    "app lock {} for {} not acquired within {} s; held by {holder}",
-                    lock_path.display(),
-                    identity.domain,
-                    (waited.as_secs_f64() * 10.0).round() / 10.0,
-                );
-                report::line(&format!("ccci-run: {message}"));
-                self.record.error = Some(message);
-                self.record.exit_code = Some(exit::LOCK_TIMEOUT);
-                self.record.enter("finished");
-                self.save();
-                return Ok(exit::LOCK_TIMEOUT);
+        // Two locks, always in this order: the app lock in the lock dir, then the domain's lock in
+        // the runs dir. The second is defense in depth: a lock file deleted by hand, or a lock dir
+        // that differs between runs, can no longer let two runs of one domain overlap.
+        let file_name = identity.domain.lock_file_name();
+        let locks = [
+            (
+                self.global.lock_dir.clone(),
+                self.global.lock_dir.join(&file_name),
+            ),
+            (
+                rundir::domains_dir(&self.global.runs_dir),
+                rundir::domains_dir(&self.global.runs_dir).join(&file_name),
+            ),
+        ];
+        let mut held = Vec::new();
+        for (dir, lock_path) in locks {
+            match self.acquire_app_lock(&dir, &lock_path)? {
+                LockOutcome::Held(lock) => held.push(lock),
+                LockOutcome::Stopped(event) => {
+                    return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
+                }
+                LockOutcome::TimedOut { waited, holder } => {
+                    let holder = match Holder::parse(&holder) {
+                        Some(h) => format!(
+                            "run {} (pid {} on {} since {})",
+                            h.run_id, h.pid, h.host, h.started_at
+                        ),
+                        None => "a holder that left no metadata".to_owned(),
+                    };
+                    let message = format!(
+                        "app lock {} for {} not acquired within {} s; held by {holder}",
+                        lock_path.display(),
+                        identity.domain,
+                        (waited.as_secs_f64() * 10.0).round() / 10.0,
+                    );
+                    report::line(&format!("ccci-run: {message}"));
+                    self.record.error = Some(message);
+                    self.record.exit_code = Some(exit::LOCK_TIMEOUT);
+                    self.record.enter("finished");
+                    self.save();
+                    return Ok(exit::LOCK_TIMEOUT);
+                }
             }
         }
+        self.app_lock = Some(held);
         self.record.enter("app-lock");
         self.save_durably()?;
         self.clear_leftovers();
@@ -361,8 +378,12 @@ impl Run<'_> {
 
     /// Step 5: the app lock. Waits visibly, in ONE blocking flock, for as long as the lock-wait
     /// budget allows; a signal or the deadline ends the wait at once.
-    fn acquire_app_lock(&mut self, path: &std::path::Path) -> Result<LockOutcome, RunError> {
-        lock::prepare_dir(&self.global.lock_dir)?;
+    fn acquire_app_lock(
+        &mut self,
+        dir: &std::path::Path,
+        path: &std::path::Path,
+    ) -> Result<LockOutcome, RunError> {
+        lock::prepare_dir(dir)?;
         let holder = Holder::this_process(self.cfg.run_id.as_str()).to_line();
         let started = Instant::now();
         let mut announced = false;

@@ -111,42 +111,12 @@ fn check_own_dir(dir: &Path) -> Result<(), RunDirError> {
     Ok(())
 }
 
-/// The runs that are live right now by the runs dir's own account — their guard held (seen in
-/// `/proc/locks`, without taking anything) and their record naming an app domain — as
-/// `domain → run id`. The janitor's second opinion: a lock dir can be emptied by hand or differ
-/// between a run and a janitor; the runs dir cannot lie about who is alive.
-pub fn live_domains(runs_dir: &Path) -> std::collections::BTreeMap<String, String> {
-    use std::os::unix::fs::MetadataExt;
-    let mut live = std::collections::BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir(runs_dir) else {
-        return live;
-    };
-    let held: std::collections::HashSet<(u32, u32, u64)> = crate::linux::proc_locks()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|l| !l.waiting)
-        .map(|l| (l.major, l.minor, l.inode))
-        .collect();
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let Ok(meta) = std::fs::symlink_metadata(dir.join(GUARD_FILE)) else {
-            continue;
-        };
-        let id = (
-            crate::linux::dev_major(meta.dev()),
-            crate::linux::dev_minor(meta.dev()),
-            meta.ino(),
-        );
-        if !held.contains(&id) {
-            continue;
-        }
-        if let Ok(record) = crate::record::RunRecord::read(&dir.join(record::FILE_NAME)) {
-            if !record.domain.is_empty() {
-                live.insert(record.domain, record.run_id);
-            }
-        }
-    }
-    live
+/// `<runs-dir>/.domains/`: one lock per app domain, held by the run that owns the domain, next
+/// to its app lock. It is the runs dir's own account of who is alive: a lock dir emptied by hand,
+/// or one that differs between runs and janitors, cannot make two runs of a domain overlap or a
+/// janitor reap a live run's app.
+pub fn domains_dir(runs_dir: &Path) -> PathBuf {
+    runs_dir.join(".domains")
 }
 
 impl RunDir {

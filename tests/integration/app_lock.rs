@@ -249,3 +249,25 @@ fn leftovers_of_a_holder_that_died_while_we_waited_are_cleared_before_our_comman
     done.assert_stderr_has("removed what a previous run of");
     assert_eq!(done.out, ["clean"], "{}", done.transcript());
 }
+
+/// A held app lock file deleted by hand: the next run of the domain takes a fresh lock file,
+/// but still waits (visibly) for the live run — its domain lock in the runs dir — and runs
+/// after it, never beside it.
+#[test]
+fn deleted_lock_file_never_lets_two_runs_of_a_domain_overlap() {
+    let sandbox = Sandbox::new();
+    let (mut holder, _env) = live_run_with_app(&sandbox);
+    let domain = sandbox.domain("custom-html", None);
+    std::fs::remove_file(sandbox.lock_file(&domain)).unwrap();
+    let mut next = Proc::spawn(sandbox.run_sh("b", &[], "echo next-ran"));
+    next.wait_for(Stream::Err, "== app lock: another run of");
+    assert!(
+        next.out.is_empty(),
+        "the second run ran beside the live one"
+    );
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+    let done = next.finish();
+    done.assert_code(0);
+    assert_eq!(done.out, ["next-ran"]);
+}
