@@ -86,11 +86,19 @@ pub struct RunCgroup {
 #[derive(Debug)]
 pub struct Leaf {
     dir: PathBuf,
-    /// `cgroup.procs`, open for writing: the child writes "0" (itself) to it after fork.
+    /// The leaf's directory, for `clone3(CLONE_INTO_CGROUP)`: children start inside it.
+    dir_fd: OwnedFd,
+    /// `cgroup.procs`, open for writing: where `clone3` cannot be used, the child writes "0"
+    /// (itself) to it after fork.
     procs: OwnedFd,
 }
 
 impl Leaf {
+    /// The leaf's directory descriptor, for spawning straight into it.
+    pub fn dir_fd(&self) -> RawFd {
+        self.dir_fd.as_raw_fd()
+    }
+
     /// The descriptor a forked child writes itself into (async-signal-safe: one `write`).
     pub fn procs_fd(&self) -> RawFd {
         self.procs.as_raw_fd()
@@ -100,8 +108,14 @@ impl Leaf {
         &self.dir
     }
 
-    /// Kill every process in the leaf and wait (within `budget`) until it is empty.
+    /// Kill every process in the leaf and wait (within `budget`) until it is empty. An empty
+    /// leaf is left alone: on some kernels a leaf that ever saw `cgroup.kill` kills every child
+    /// later created in it with `CLONE_INTO_CGROUP` (its kill sequence no longer matches the
+    /// parent's), so a leaf that still has a command to host is never killed needlessly.
     pub fn kill_and_wait(&self, budget: Duration) -> io::Result<bool> {
+        if !self.is_populated() {
+            return Ok(true);
+        }
         kill(&self.dir)?;
         wait_empty(&self.dir, budget)
     }
@@ -147,8 +161,14 @@ impl RunCgroup {
             .custom_flags(nix::libc::O_CLOEXEC)
             .open(dir.join("cgroup.procs"))
             .map_err(|e| annotate(e, "open", &dir.join("cgroup.procs")))?;
+        let dir_fd = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC)
+            .open(&dir)
+            .map_err(|e| annotate(e, "open", &dir))?;
         Ok(Leaf {
             dir,
+            dir_fd: dir_fd.into(),
             procs: procs.into(),
         })
     }

@@ -5,8 +5,10 @@
 //! negative pid. Reaping is `waitpid(-1)`: as a subreaper we also collect orphaned descendants
 //! re-parented to us, so nothing stays a zombie.
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -115,9 +117,27 @@ impl ProcessGroup {
 /// The parent-death signal of a child fires when the *thread* that forked it exits, so this
 /// must only be called from the main thread, which lives as long as the process.
 ///
-/// With `cgroup_procs` (an open `cgroup.procs` of a leaf), the child joins that cgroup before
-/// anything else, so nothing it ever starts can leave it.
+/// With a cgroup leaf, the child is created inside it (`clone3` with `CLONE_INTO_CGROUP`), so
+/// nothing it ever starts can be outside it — and no migration is needed: moving a process into
+/// a cgroup waits for an RCU grace period (~10 ms), creating it there does not. Where `clone3`
+/// is refused, the child joins the leaf itself before `exec`.
 pub fn spawn_group(
+    spec: &CommandSpec,
+    leaf: Option<&crate::cgroup::Leaf>,
+) -> Result<(Pid, ProcessGroup), SpawnError> {
+    if let Some(leaf) = leaf {
+        match clone_into(spec, leaf.dir_fd()) {
+            Ok(pid) => return Ok((pid, ProcessGroup(pid))),
+            Err(CloneError::Spawn(err)) => return Err(err),
+            Err(CloneError::Unsupported(errno)) => {
+                tracing::debug!("clone3 into a cgroup refused ({errno}); joining after fork");
+            }
+        }
+    }
+    spawn_with_std(spec, leaf.map(crate::cgroup::Leaf::procs_fd))
+}
+
+fn spawn_with_std(
     spec: &CommandSpec,
     cgroup_procs: Option<std::os::fd::RawFd>,
 ) -> Result<(Pid, ProcessGroup), SpawnError> {
@@ -149,6 +169,226 @@ pub fn spawn_group(
     // We reap through waitpid(-1) ourselves; dropping `child` neither waits nor kills.
     let pid = Pid::from_raw(child.id() as i32);
     Ok((pid, ProcessGroup(pid)))
+}
+
+enum CloneError {
+    /// `clone3` into a cgroup is not available here (old kernel, seccomp): use the fallback.
+    Unsupported(Errno),
+    /// The command could not be started.
+    Spawn(SpawnError),
+}
+
+/// Everything the child needs, built before the fork: after it, only async-signal-safe calls.
+struct Prepared {
+    /// Where to try to `execve` the program, in order (the `PATH` search done beforehand).
+    candidates: Vec<CString>,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    cwd: Option<CString>,
+}
+
+fn cstring(bytes: &[u8], program: &OsString) -> Result<CString, SpawnError> {
+    CString::new(bytes).map_err(|_| SpawnError {
+        program: program.clone(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "argument contains a NUL byte"),
+    })
+}
+
+impl Prepared {
+    fn new(spec: &CommandSpec) -> Result<Self, SpawnError> {
+        let program = &spec.program;
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+        let mut set = |key: OsString, value: OsString| match env.iter_mut().find(|(k, _)| *k == key)
+        {
+            Some(slot) => slot.1 = value,
+            None => env.push((key, value)),
+        };
+        for (key, value) in &spec.env {
+            set(key.into(), value.clone());
+        }
+        set(
+            crate::leftovers::SUPERVISOR_VAR.into(),
+            supervisor_id().into(),
+        );
+        let envp = env
+            .iter()
+            .map(|(k, v)| {
+                let mut entry = k.as_bytes().to_vec();
+                entry.push(b'=');
+                entry.extend_from_slice(v.as_bytes());
+                cstring(&entry, program)
+            })
+            .collect::<Result<_, _>>()?;
+        let argv = std::iter::once(program)
+            .chain(&spec.args)
+            .map(|a| cstring(a.as_bytes(), program))
+            .collect::<Result<_, _>>()?;
+        let candidates = if program.as_bytes().contains(&b'/') {
+            vec![cstring(program.as_bytes(), program)?]
+        } else {
+            let path = env
+                .iter()
+                .find(|(k, _)| k == "PATH")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(program))
+                .map(|p| cstring(p.as_os_str().as_bytes(), program))
+                .collect::<Result<_, _>>()?
+        };
+        let cwd = spec
+            .cwd
+            .as_ref()
+            .map(|c| cstring(c.as_os_str().as_bytes(), program))
+            .transpose()?;
+        Ok(Self {
+            candidates,
+            argv,
+            envp,
+            cwd,
+        })
+    }
+}
+
+/// `CLONE_INTO_CGROUP` (Linux 5.7); libc's constant does not fit its declared type.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Fork straight into the cgroup whose directory is `cgroup_fd`, then exec `spec` there.
+fn clone_into(spec: &CommandSpec, cgroup_fd: std::os::fd::RawFd) -> Result<Pid, CloneError> {
+    let prepared = Prepared::new(spec).map_err(CloneError::Spawn)?;
+    let argv: Vec<*const nix::libc::c_char> = prepared
+        .argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const nix::libc::c_char> = prepared
+        .envp
+        .iter()
+        .map(|e| e.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let supervisor = nix::unistd::getpid();
+    let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| CloneError::Spawn(spawn_error(spec, e as i32)))?;
+    // SAFETY: clone_args is plain data; all zero but what we set.
+    let mut args: nix::libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = CLONE_INTO_CGROUP;
+    args.exit_signal = nix::libc::SIGCHLD as u64;
+    args.cgroup = cgroup_fd as u64;
+    // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of our memory and runs
+    // only async-signal-safe code (`exec_child`) before execve or _exit.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_clone3,
+            &args as *const nix::libc::clone_args,
+            std::mem::size_of::<nix::libc::clone_args>(),
+        )
+    };
+    if rc == 0 {
+        // SAFETY: in the child; see exec_child.
+        unsafe {
+            exec_child(
+                &prepared,
+                &argv,
+                &envp,
+                status_write.as_raw_fd(),
+                supervisor,
+            )
+        }
+    }
+    if rc < 0 {
+        let errno = Errno::last();
+        return Err(match errno {
+            Errno::ENOSYS | Errno::EINVAL | Errno::EPERM | Errno::E2BIG | Errno::EOPNOTSUPP => {
+                CloneError::Unsupported(errno)
+            }
+            other => CloneError::Spawn(spawn_error(spec, other as i32)),
+        });
+    }
+    drop(status_write);
+    let pid = Pid::from_raw(rc as i32);
+    // The pipe closes on a successful exec; otherwise the child sends its errno first.
+    let mut buf = [0u8; 4];
+    let mut got = 0;
+    while got < buf.len() {
+        match nix::unistd::read(&status_read, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+    if got == buf.len() {
+        // It exited right after telling us: reap it here, it is ours alone.
+        let _ = waitpid(pid, None);
+        return Err(CloneError::Spawn(spawn_error(
+            spec,
+            i32::from_ne_bytes(buf),
+        )));
+    }
+    Ok(pid)
+}
+
+fn spawn_error(spec: &CommandSpec, errno: i32) -> SpawnError {
+    SpawnError {
+        program: spec.program.clone(),
+        source: io::Error::from_raw_os_error(errno),
+    }
+}
+
+/// The child's side of [`clone_into`]: own process group, the guards of
+/// `linux::prepare_child`, the working directory, then `execve` of each candidate in turn (as
+/// `execvp` would). Any failure is reported through `status` and ends the child.
+///
+/// # Safety
+/// Only to be called in the child of a fork, with pointers into memory it inherited.
+unsafe fn exec_child(
+    prepared: &Prepared,
+    argv: &[*const nix::libc::c_char],
+    envp: &[*const nix::libc::c_char],
+    status: std::os::fd::RawFd,
+    supervisor: Pid,
+) -> ! {
+    use nix::libc;
+    let fail = |errno: i32| -> ! {
+        let bytes = errno.to_ne_bytes();
+        // SAFETY: write(2) and _exit(2) are async-signal-safe.
+        unsafe {
+            libc::write(status, bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(127)
+        }
+    };
+    let errno = || {
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL)
+    };
+    // SAFETY: plain syscalls on our own process.
+    if unsafe { libc::setpgid(0, 0) } != 0 {
+        fail(errno());
+    }
+    if let Err(err) = linux::prepare_child(supervisor) {
+        fail(err.raw_os_error().unwrap_or(libc::EINVAL));
+    }
+    if let Some(cwd) = &prepared.cwd {
+        // SAFETY: a NUL-terminated path built before the fork.
+        if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
+            fail(errno());
+        }
+    }
+    let mut reported = libc::ENOENT;
+    for path in &prepared.candidates {
+        // SAFETY: NUL-terminated strings and NULL-terminated arrays built before the fork.
+        unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        match errno() {
+            // Not here: try the next PATH entry.
+            libc::ENOENT | libc::ENOTDIR => {}
+            // Found but not executable: remembered, as execvp does, while the search goes on.
+            other => reported = other,
+        }
+    }
+    fail(reported)
 }
 
 /// `<pid>-<start>` of this process, computed once.

@@ -260,7 +260,7 @@ impl Supervisor<'_> {
     ) -> Stopped {
         let mut leader = None;
         if early.is_empty() {
-            match process::spawn_group(spec, self.leaf.map(Leaf::procs_fd)) {
+            match process::spawn_group(spec, self.leaf) {
                 Ok(started) => {
                     tracing::info!(pid = started.0.as_raw(), "command started");
                     leader = Some(started);
@@ -386,8 +386,7 @@ impl Supervisor<'_> {
         leaf: Option<&Leaf>,
         until: Instant,
     ) -> Result<ChildStatus, String> {
-        let (pid, group) =
-            process::spawn_group(spec, leaf.map(Leaf::procs_fd)).map_err(|e| e.to_string())?;
+        let (pid, group) = process::spawn_group(spec, leaf).map_err(|e| e.to_string())?;
         loop {
             if let Some((_, status)) = process::reap_ready().into_iter().find(|(p, _)| *p == pid) {
                 return Ok(status);

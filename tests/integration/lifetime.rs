@@ -498,3 +498,38 @@ fn external_sigalrm_is_not_taken_for_the_deadline() {
     done.assert_code(143);
     assert_eq!(sandbox.record("alrm")["shutdown_reason"], "SIGTERM");
 }
+
+/// The command starts inside its run's cgroup (created there, not moved there later), and so
+/// does the teardown hook, each in its own leaf; the record names the run's cgroup.
+#[test]
+fn command_and_hook_start_inside_the_run_s_cgroup() {
+    if crate::util::TestCgroup::create("probe").is_none() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let hook_out = sandbox.path().join("hook-cgroup");
+    let hook = format!("grep '^0::' /proc/self/cgroup > {}", sh_quote(&hook_out));
+    let done = run(sandbox.run_sh(
+        "cg",
+        &["--on-teardown", &hook],
+        "grep '^0::' /proc/self/cgroup",
+    ));
+    done.assert_code(0);
+    let record = sandbox.record("cg");
+    let cgroup = record["cgroup"]
+        .as_str()
+        .expect("the record names the cgroup");
+    let name = Path::new(cgroup).file_name().unwrap().to_str().unwrap();
+    assert!(name.starts_with("ccci-run-cg-"), "{cgroup}");
+    let line = &done.out[0];
+    assert!(
+        line.ends_with(&format!("/{name}/command")),
+        "{line} vs {cgroup}"
+    );
+    let hook_line = std::fs::read_to_string(&hook_out).unwrap();
+    assert!(
+        hook_line.trim().ends_with(&format!("/{name}/hook")),
+        "{hook_line}"
+    );
+    assert!(!Path::new(cgroup).exists(), "the run removes its cgroup");
+}
