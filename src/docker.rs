@@ -38,6 +38,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How many delete requests of one kind are in flight at once.
 pub const REAP_CONCURRENCY: usize = 16;
 
+/// How long a reaped stack that had services must stay unlisted before it counts as gone.
+const SETTLE: Duration = Duration::from_millis(750);
+
 /// How many stacks have their containers and the rest removed at once.
 const STACKS_AT_ONCE: usize = 4;
 
@@ -254,6 +257,10 @@ impl DockerSeam {
         let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
         let mut backoff = Backoff::new(Policy::CONFIRM, rng, MonotonicClock);
         let mut pending: Vec<usize> = (0..stacks.len()).collect();
+        // When the stack had services, "nothing listed" must hold twice, SETTLE apart: a task
+        // swarm had already handed to this node may still start after its service is gone and
+        // bring the stack's network back for a while.
+        let mut quiet_since: HashMap<usize, tokio::time::Instant> = HashMap::new();
         loop {
             self.poll_rounds.set(self.poll_rounds.get() + 1);
             let listing = match self.list(pattern).await {
@@ -265,22 +272,35 @@ impl DockerSeam {
                     break;
                 }
             };
+            let now = tokio::time::Instant::now();
             let mut still = Vec::new();
+            let mut settling = Vec::new();
             for i in pending {
                 let left = listing.get(&stacks[i].0).cloned().unwrap_or_default();
                 if left.is_empty() {
-                    out[i].confirmed = true;
                     out[i].remaining.clear();
                     out[i].blocked.clear();
-                    out[i].errors.clear();
+                    let since = *quiet_since.entry(i).or_insert(now);
+                    let settle = if stacks[i].1.services.is_empty() {
+                        Duration::ZERO
+                    } else {
+                        SETTLE
+                    };
+                    if now.duration_since(since) >= settle || now >= deadline {
+                        out[i].confirmed = true;
+                        out[i].errors.clear();
+                    } else {
+                        settling.push(i);
+                    }
                 } else {
+                    quiet_since.remove(&i);
                     out[i].remaining = describe(&left);
                     tracing::trace!(stack = %stacks[i].0, left = ?out[i].remaining, "reap: still listed");
                     still.push((i, left));
                 }
             }
-            tracing::debug!(pending = still.len(), elapsed = ?started.elapsed(), "reap: poll round");
-            if still.is_empty() || tokio::time::Instant::now() >= deadline {
+            tracing::debug!(pending = still.len(), settling = settling.len(), elapsed = ?started.elapsed(), "reap: poll round");
+            if (still.is_empty() && settling.is_empty()) || now >= deadline {
                 break;
             }
             // Whatever is still listed is deleted again (idempotent); a network that only
@@ -297,17 +317,33 @@ impl DockerSeam {
                 out[i].errors = errors;
                 out[i].blocked = blocked;
             }
-            pending = still.iter().map(|(i, _)| *i).collect();
+            pending = still
+                .iter()
+                .map(|(i, _)| *i)
+                .chain(settling.iter().copied())
+                .collect();
             // Nothing will change by itself when all that is left is blocked.
-            if still.iter().all(|(i, left)| {
-                left.only_networks() && out[*i].blocked.len() == left.networks.len()
-            }) {
+            if settling.is_empty()
+                && still.iter().all(|(i, left)| {
+                    left.only_networks() && out[*i].blocked.len() == left.networks.len()
+                })
+            {
                 break;
             }
-            let Some(delay) = backoff.next_delay() else {
-                break;
+            let delay = if still.is_empty() {
+                // Only settling stacks: look again when the first one's window closes.
+                settling
+                    .iter()
+                    .filter_map(|i| quiet_since.get(i))
+                    .map(|since| (*since + SETTLE).saturating_duration_since(now))
+                    .min()
+                    .unwrap_or(SETTLE)
+            } else {
+                match backoff.next_delay() {
+                    Some(delay) => delay,
+                    None => break,
+                }
             };
-            let now = tokio::time::Instant::now();
             tokio::time::sleep_until((now + delay).min(deadline)).await;
         }
         out

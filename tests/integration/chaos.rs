@@ -201,7 +201,8 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
         let (deploy, owned) = if plan.docker {
             (
                 "docker stack deploy --resolve-image never -c \"$CHAOS_COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null 2>\"$ABRA_DIR/deploy.err\" \
-                 || echo \"$(date +%s%N) DEPLOYFAIL $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> \"$CHAOS_LOG\"; ",
+                 || { echo \"$(date +%s%N) DEPLOYFAIL $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> \"$CHAOS_LOG\"; \
+                       sed 's/^/deploy: /' \"$ABRA_DIR/deploy.err\" >&2; }; ",
                 " && [ \"$(docker network inspect -f '{{index .Labels \"ccci.run\"}}' \"${CCCI_STACK_NAME}_internal\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]",
             )
         } else {
