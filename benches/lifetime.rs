@@ -180,6 +180,19 @@ fn empty_sweep(dir: &Path) -> Duration {
     started.elapsed()
 }
 
+/// Print a measurement's median and max against its baseline's median, and their ratio.
+fn report(title: &str, measured: &[Duration], baseline_name: &str, baseline: &[Duration]) {
+    let (m, b) = (median(measured.to_vec()), median(baseline.to_vec()));
+    println!("{title}");
+    println!(
+        "  median {:.1} ms, max {:.1} ms   (baseline, {baseline_name}: median {:.1} ms) → {:.2}×",
+        m.as_secs_f64() * 1e3,
+        max(measured).as_secs_f64() * 1e3,
+        b.as_secs_f64() * 1e3,
+        m.as_secs_f64() / b.as_secs_f64()
+    );
+}
+
 fn main() {
     let iterations: u32 = std::env::args()
         .skip(1)
@@ -195,15 +208,11 @@ fn main() {
         cancel.push(cancelled_step(dir.path(), 1000 + 2 * i, true));
         term.push(cancelled_step(dir.path(), 1001 + 2 * i, false));
     }
-    println!(
-        "runner cancel (SIGKILL to the step shell) → nothing of the run left, --kill-grace 1:"
-    );
-    println!(
-        "  median {:.1} ms, max {:.1} ms   (baseline, TERM to ccci-run itself: median {:.1} ms) → {:.2}×",
-        median(cancel.clone()).as_secs_f64() * 1e3,
-        max(&cancel).as_secs_f64() * 1e3,
-        median(term.clone()).as_secs_f64() * 1e3,
-        median(cancel.clone()).as_secs_f64() / median(term.clone()).as_secs_f64()
+    report(
+        "runner cancel (SIGKILL to the step shell) → nothing of the run left, --kill-grace 1:",
+        &cancel,
+        "TERM to ccci-run itself",
+        &term,
     );
 
     let daemons = 8;
@@ -213,14 +222,12 @@ fn main() {
         reap.push(sweep_after_supervisor_kill(dir.path(), i, daemons));
         empty.push(empty_sweep(dir.path()));
     }
-    println!(
-        "supervisor SIGKILL with {daemons} daemonised processes → janitor sweep until every leftover is gone:"
-    );
-    println!(
-        "  median {:.1} ms, max {:.1} ms   (baseline, the same sweep with nothing to kill: median {:.1} ms) → {:.2}×",
-        median(reap.clone()).as_secs_f64() * 1e3,
-        max(&reap).as_secs_f64() * 1e3,
-        median(empty.clone()).as_secs_f64() * 1e3,
-        median(reap.clone()).as_secs_f64() / median(empty.clone()).as_secs_f64()
+    report(
+        &format!(
+            "supervisor SIGKILL with {daemons} daemonised processes → janitor sweep until every leftover is gone:"
+        ),
+        &reap,
+        "the same sweep with nothing to kill",
+        &empty,
     );
 }

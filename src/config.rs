@@ -102,7 +102,7 @@ pub fn resolve(args: &GlobalArgs, matches: &ArgMatches) -> Result<Resolved, Name
     let file_origin = || Origin::File(path.clone().unwrap_or_default());
 
     macro_rules! pick {
-        ($key:literal, $id:literal, $env:literal, $flag:expr, $file:expr, $default:expr) => {{
+        ($id:literal, $env:literal, $flag:expr, $file:expr, $default:expr) => {{
             let (value, origin) = match ($flag.clone(), source($id, $env)) {
                 (Some(v), Some(origin)) => (v, origin),
                 _ => match $file.clone() {
@@ -123,14 +123,12 @@ pub fn resolve(args: &GlobalArgs, matches: &ArgMatches) -> Result<Resolved, Name
     };
     let (lock_dir, o1) = pick!(
         "lock_dir",
-        "lock_dir",
         "CCCI_APP_LOCK_DIR",
         args.lock_dir,
         file.lock_dir,
         PathBuf::from("/run/lock")
     );
     let (abra_home, o2) = pick!(
-        "abra_home",
         "abra_home",
         "CCCI_ABRA_HOME",
         args.abra_home,
@@ -139,14 +137,12 @@ pub fn resolve(args: &GlobalArgs, matches: &ArgMatches) -> Result<Resolved, Name
     );
     let (runs_dir, o3) = pick!(
         "runs_dir",
-        "runs_dir",
         "CCCI_RUNS_DIR",
         args.runs_dir,
         file.runs_dir,
         PathBuf::from("/var/lib/cc-ci-runs")
     );
     let (state_dir, o4) = pick!(
-        "state_dir",
         "state_dir",
         "CCCI_STATE_DIR",
         args.state_dir,
@@ -155,14 +151,12 @@ pub fn resolve(args: &GlobalArgs, matches: &ArgMatches) -> Result<Resolved, Name
     );
     let (domain_suffix, o5) = pick!(
         "domain_suffix",
-        "domain_suffix",
         "CCCI_DOMAIN_SUFFIX",
         args.domain_suffix,
         file.domain_suffix,
         crate::names::DEFAULT_DOMAIN_SUFFIX.to_owned()
     );
     let (docker, o6) = pick!(
-        "docker",
         "docker",
         "CCCI_DOCKER",
         args.docker,
@@ -171,14 +165,12 @@ pub fn resolve(args: &GlobalArgs, matches: &ArgMatches) -> Result<Resolved, Name
     );
     let (log_format, o7) = pick!(
         "log_format",
-        "log_format",
         "CCCI_LOG_FORMAT",
         args.log_format,
         file.log_format,
         LogFormat::Text
     );
     let (cgroup, o8) = pick!(
-        "cgroup",
         "cgroup",
         "CCCI_CGROUP",
         args.cgroup,

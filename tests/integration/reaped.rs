@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use crate::docker::{
     Cleanup, assert_gone_now, compose_file, deploy, docker_case, eventually, running_containers,
 };
-use crate::util::{Proc, Stream, candidate, docker, run, signal, wait_exited};
+use crate::util::{Proc, Sandbox, Stream, candidate, docker, run, signal, wait_exited};
 
 const ROUNDS: usize = 3;
 
@@ -33,6 +33,21 @@ fn redeploys_at_once(compose: &Path, stack: &str) {
     );
 }
 
+/// `domain`'s app is an orphan (its `.env` planted): one janitor sweep reaps it, and nothing of
+/// `stack` is listed the moment the janitor is done.
+#[track_caller]
+fn janitor_reaps_it_gone_now(sandbox: &Sandbox, domain: &str, stack: &str, round: usize) {
+    sandbox.plant_env("ci", domain, "X=1\n");
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(
+        candidate(&report, domain)["decision"],
+        "reap",
+        "round {round}: {report:#}"
+    );
+    assert_gone_now(stack);
+}
+
 /// The janitor reaps an orphan; the same stack deploys again at once, round after round.
 #[test]
 fn janitor_reap_then_the_same_stack_deploys_at_once() {
@@ -42,15 +57,7 @@ fn janitor_reap_then_the_same_stack_deploys_at_once() {
     let compose = compose_file(sandbox.path());
     deploy(&sandbox, &stack);
     for round in 0..ROUNDS {
-        sandbox.plant_env("ci", &domain, "X=1\n");
-        let (report, done) = sandbox.janitor(&[]);
-        done.assert_code(0);
-        assert_eq!(
-            candidate(&report, &domain)["decision"],
-            "reap",
-            "round {round}: {report:#}"
-        );
-        assert_gone_now(&stack);
+        janitor_reaps_it_gone_now(&sandbox, &domain, &stack, round);
         redeploys_at_once(&compose, &stack);
     }
 }
@@ -203,15 +210,7 @@ secrets:
             secret_file.to_str().unwrap(),
         ]);
         redeploys_at_once(&compose, &stack);
-        sandbox.plant_env("ci", &domain, "X=1\n");
-        let (report, done) = sandbox.janitor(&[]);
-        done.assert_code(0);
-        assert_eq!(
-            candidate(&report, &domain)["decision"],
-            "reap",
-            "round {round}: {report:#}"
-        );
-        assert_gone_now(&stack);
+        janitor_reaps_it_gone_now(&sandbox, &domain, &stack, round);
         let networks = docker(&["network", "ls", "-q", "--filter", &format!("name={proxy}")]);
         assert!(
             !networks.trim().is_empty(),
