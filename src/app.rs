@@ -4,17 +4,23 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::Global;
+use crate::docker::{DockerLink, Reaped, RemovedNames};
 use crate::names::AppDomain;
 
 /// What one removal took away.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Removed {
+pub(crate) struct Removed {
     pub env_files: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("failed to {what} {path}: {source}")]
-pub struct RemoveError {
+pub(crate) struct RemoveError {
     what: &'static str,
     path: PathBuf,
     #[source]
@@ -22,7 +28,7 @@ pub struct RemoveError {
 }
 
 /// The `.env` files abra keeps for `domain`: `<abra-home>/servers/<server>/<domain>.env`.
-pub fn env_files(abra_home: &Path, domain: &AppDomain) -> Result<Vec<PathBuf>, RemoveError> {
+pub(crate) fn env_files(abra_home: &Path, domain: &AppDomain) -> Result<Vec<PathBuf>, RemoveError> {
     let servers = abra_home.join("servers");
     let entries = match std::fs::read_dir(&servers) {
         Ok(entries) => entries,
@@ -52,7 +58,7 @@ pub fn env_files(abra_home: &Path, domain: &AppDomain) -> Result<Vec<PathBuf>, R
 }
 
 /// Remove the app's `.env` files. A directory in the way is an error, never recursed into.
-pub fn remove(abra_home: &Path, domain: &AppDomain) -> Result<Removed, RemoveError> {
+pub(crate) fn remove(abra_home: &Path, domain: &AppDomain) -> Result<Removed, RemoveError> {
     let mut removed = Removed::default();
     for path in env_files(abra_home, domain)? {
         match std::fs::remove_file(&path) {
@@ -68,4 +74,127 @@ pub fn remove(abra_home: &Path, domain: &AppDomain) -> Result<Removed, RemoveErr
         }
     }
     Ok(removed)
+}
+
+/// What was removed for one candidate: its Docker resources (flattened into the contract's
+/// `removed` object), its `.env` files, its lock file.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct RemovedResources {
+    #[serde(flatten)]
+    pub docker: RemovedNames,
+    pub env_files: Vec<PathBuf>,
+    pub lock_file: bool,
+}
+
+impl RemovedResources {
+    /// "2 services, 1 network, 1 env file, lock file": what is there, in words.
+    pub(crate) fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .counts()
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(kind, n)| {
+                let singular = kind.trim_end_matches('s').replace('_', " ");
+                match (*kind, *n) {
+                    ("lock_files", _) => "lock file".to_owned(),
+                    (_, 1) => format!("1 {singular}"),
+                    (_, n) => format!("{n} {}", kind.replace('_', " ")),
+                }
+            })
+            .collect();
+        if parts.is_empty() {
+            "nothing".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+
+    pub(crate) fn nothing_but_lock_file(&self) -> bool {
+        self.counts()[..7].iter().all(|(_, n)| *n == 0)
+    }
+
+    /// How many of each kind, in a fixed order.
+    pub(crate) fn counts(&self) -> [(&'static str, usize); 8] {
+        [
+            ("services", self.docker.services.len()),
+            ("containers", self.docker.containers.len()),
+            ("networks", self.docker.networks.len()),
+            ("volumes", self.docker.volumes.len()),
+            ("secrets", self.docker.secrets.len()),
+            ("configs", self.docker.configs.len()),
+            ("env_files", self.env_files.len()),
+            ("lock_files", usize::from(self.lock_file)),
+        ]
+    }
+}
+
+/// Whether anything of `domain`'s app is there: its `.env`, or (Docker on) any resource of its
+/// stack. An unreachable engine counts as "maybe": the removal that follows will say why.
+pub(crate) fn app_has_leftovers(global: &Global, link: &DockerLink, domain: &AppDomain) -> bool {
+    app_present(global, domain)
+        || match link.get() {
+            None => false,
+            Some(Err(_)) => true,
+            Some(Ok(seam)) => seam
+                .discover(&global.pattern)
+                .map(|stacks| stacks.get(domain).is_some_and(|s| !s.is_empty()))
+                .unwrap_or(true),
+        }
+}
+
+pub(crate) fn app_present(global: &Global, domain: &AppDomain) -> bool {
+    env_files(&global.abra_home, domain).is_ok_and(|files| !files.is_empty())
+}
+
+/// Remove one app right now, Docker resources first and confirmed gone, within `budget`: what
+/// a run's own teardown does while it still holds its app lock. Returns what went and what
+/// failed; when the stack is not confirmed gone, the `.env` stays for a later sweep.
+pub(crate) fn remove_app_now(
+    global: &Global,
+    link: &DockerLink,
+    domain: &AppDomain,
+    budget: Duration,
+) -> (RemovedResources, Vec<String>) {
+    let mut removed = RemovedResources::default();
+    if let Some(seam) = link.get() {
+        let reaped = seam.map_err(Clone::clone).and_then(|seam| {
+            let mut stacks = seam.discover(&global.pattern)?;
+            Ok(match stacks.remove(domain) {
+                Some(stack) if !stack.is_empty() => seam
+                    .reap(&global.pattern, vec![(domain.clone(), stack)], budget)
+                    .pop()
+                    .unwrap_or_default(),
+                _ => Reaped {
+                    confirmed: true,
+                    ..Reaped::default()
+                },
+            })
+        });
+        match reaped {
+            Ok(reaped) if reaped.gone() => removed.docker = reaped.removed,
+            Ok(reaped) => {
+                let mut problems = reaped.problems();
+                problems.push(format!(
+                    "{domain} is not gone after {:.1} s; keeping its .env so the next sweep finishes the job",
+                    budget.as_secs_f64()
+                ));
+                removed.docker = reaped.removed;
+                return (removed, problems);
+            }
+            Err(err) => {
+                // Keep the .env: without it nothing would lead a later sweep to the stack.
+                return (
+                    removed,
+                    vec![format!(
+                        "{err}; keeping the app's .env so a later sweep reaps the stack"
+                    )],
+                );
+            }
+        }
+    }
+    match remove(&global.abra_home, domain) {
+        Ok(gone) => removed.env_files = gone.env_files,
+        Err(err) => return (removed, vec![err.to_string()]),
+    }
+    (removed, Vec::new())
 }

@@ -1,15 +1,21 @@
-//! The command line: raw clap arguments, validated once into config structs. Nothing downstream
-//! parses strings again.
+//! The command line: raw clap arguments, validated once into the configuration types of
+//! [`crate::config`]. Only the entry point uses this module; nothing downstream parses strings
+//! again, and no type outside it knows clap.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Parser, Subcommand};
 
-use crate::names::{
-    AppDomain, DomainSuffix, GitRef, NameError, PrNumber, Recipe, RunAppPattern, RunId,
+use crate::config::{
+    CgroupMode, Choice, DockerMode, Fetch, Given, Global, Identity, Inputs, LockConfig, LogFormat,
+    Origin, RunConfig, SweepOptions,
 };
+use crate::lock::queue::Class;
+use crate::names::{DomainSuffix, LockName, NameError, RunId};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -28,42 +34,15 @@ use crate::names::{
         after teardown (143 also when the parent or the --tie-to process died); \
         142 hard deadline after teardown."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
     #[command(subcommand)]
     pub command: Command,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DockerMode {
-    /// Use Docker when the daemon answers; warn once and leave Docker apps alone when it does not.
-    Auto,
-    /// Fail when the daemon does not answer.
-    Required,
-    /// Never touch Docker.
-    Off,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CgroupMode {
-    /// Put each run and each `lock` command in a cgroup of its own where cgroup v2 is writable.
-    Auto,
-    /// Never create cgroups: process groups, subreaping and the environment scan only.
-    Off,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Debug, Args)]
-pub struct GlobalArgs {
+pub(crate) struct GlobalArgs {
     /// Configuration file (TOML: lock_dir, abra_home, runs_dir, state_dir, domain_suffix,
     /// docker, log_format, cgroup) [default: /etc/ccci-run/config.toml when it exists].
     /// Precedence: flag > environment > file > built-in default.
@@ -85,14 +64,14 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "SUFFIX", env = "CCCI_DOMAIN_SUFFIX")]
     pub domain_suffix: Option<String>,
     /// Whether to touch Docker; DOCKER_HOST is honoured [default: auto].
-    #[arg(long, global = true, value_name = "MODE", env = "CCCI_DOCKER")]
+    #[arg(long, global = true, value_name = "MODE", env = "CCCI_DOCKER", value_parser = choice::<DockerMode>())]
     pub docker: Option<DockerMode>,
     /// Whether runs and `lock` commands get a cgroup of their own (cgroup v2, where writable)
     /// [default: auto].
-    #[arg(long, global = true, value_name = "MODE", env = "CCCI_CGROUP")]
+    #[arg(long, global = true, value_name = "MODE", env = "CCCI_CGROUP", value_parser = choice::<CgroupMode>())]
     pub cgroup: Option<CgroupMode>,
     /// Diagnostics format (status lines are always plain text) [default: text].
-    #[arg(long, global = true, value_name = "F", env = "CCCI_LOG_FORMAT")]
+    #[arg(long, global = true, value_name = "F", env = "CCCI_LOG_FORMAT", value_parser = choice::<LogFormat>())]
     pub log_format: Option<LogFormat>,
     /// More diagnostics (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -103,7 +82,7 @@ pub struct GlobalArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Supervise one CI run of a recipe: guards, ABRA_DIR, COMMAND, teardown.
     Run(RunArgs),
     /// Probe every run app's lock and reap the apps whose run is dead.
@@ -126,15 +105,15 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct LockArgs {
+pub(crate) struct LockArgs {
     /// The lock's name: `<lock-dir>/ccci-<NAME>.lock`.
     pub name: String,
     /// Give up after SECS (exit 75) [default: wait as long as it takes].
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub wait: Option<Duration>,
     /// Queue class: fast tickets go before normal ones.
-    #[arg(long, value_name = "CLASS", default_value = "normal")]
-    pub class: crate::namedlock::Class,
+    #[arg(long, value_name = "CLASS", default_value = "normal", value_parser = choice::<Class>())]
+    pub class: Class,
     /// A normal ticket that waited this long joins the fast class, keeping its place.
     #[arg(long, value_name = "SECS", default_value = "1200", value_parser = parse_seconds)]
     pub promote_after: Duration,
@@ -154,7 +133,7 @@ pub struct LockArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct JanitorArgs {
+pub(crate) struct JanitorArgs {
     /// Decide and report, but change nothing at all.
     #[arg(long)]
     pub dry_run: bool,
@@ -177,14 +156,14 @@ pub struct JanitorArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// Print the settings as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct LocksArgs {
+pub(crate) struct LocksArgs {
     /// Print the list as JSON.
     #[arg(long)]
     pub json: bool,
@@ -194,17 +173,17 @@ pub struct LocksArgs {
 }
 
 /// Twice the default hard deadline: no healthy run holds its lock that long.
-pub const DEFAULT_LONG_HELD_SECS: u64 = 7200;
+pub(crate) const DEFAULT_LONG_HELD_SECS: u64 = crate::config::DEFAULT_LONG_HELD.as_secs();
 
 /// The longest any duration option may be: one year. Larger values are refused when parsed,
 /// so no arithmetic on instants can overflow later.
-pub const MAX_SECS: u64 = 365 * 86_400;
+pub(crate) const MAX_SECS: u64 = 365 * 86_400;
 
 /// The longest `--keep-runs` may be, in days (a century).
-pub const MAX_KEEP_DAYS: u64 = 36_500;
+pub(crate) const MAX_KEEP_DAYS: u64 = 36_500;
 
 #[derive(Debug, Args)]
-pub struct IdentityArgs {
+pub(crate) struct IdentityArgs {
     /// Recipe name.
     #[arg(long, value_name = "R")]
     pub recipe: String,
@@ -217,7 +196,7 @@ pub struct IdentityArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     #[command(flatten)]
     pub identity: IdentityArgs,
     /// Run id [default: $DRONE_BUILD_NUMBER, else manual-<pid>].
@@ -266,20 +245,6 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// A yes/no environment value: empty, `0`, `false`, `no`, `off` are no; `1`, `true`, `yes`,
-/// `on` are yes (any case); anything else is a usage error naming the variable.
-fn parse_boolish(var: &'static str, value: &str) -> Result<bool, NameError> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "" | "0" | "false" | "no" | "off" | "n" | "f" => Ok(false),
-        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
-        _ => Err(NameError {
-            what: var,
-            value: value.to_owned(),
-            rule: "must be 1/true/yes/on or 0/false/no/off (or empty)".to_owned(),
-        }),
-    }
-}
-
 /// A number of seconds, fractions allowed, from 0 to [`MAX_SECS`].
 fn parse_seconds(value: &str) -> Result<Duration, String> {
     let secs: f64 = value
@@ -323,114 +288,72 @@ fn parse_pid(value: &str) -> Result<i32, String> {
     }
 }
 
-/// Settings every subcommand shares, validated.
-#[derive(Debug, Clone)]
-pub struct Global {
-    pub lock_dir: PathBuf,
-    pub abra_home: PathBuf,
-    pub runs_dir: PathBuf,
-    pub state_dir: PathBuf,
-    pub suffix: DomainSuffix,
-    pub pattern: RunAppPattern,
-    pub docker: DockerMode,
-    pub cgroup: CgroupMode,
+/// A value parser for a [`Choice`]: its names as the possible values, its help as theirs.
+fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {
+    let values = T::CHOICES.iter().map(|(_, name, help)| {
+        let value = PossibleValue::new(*name);
+        if help.is_empty() {
+            value
+        } else {
+            value.help(*help)
+        }
+    });
+    PossibleValuesParser::new(values).try_map(|name| T::from_name(&name).ok_or("unknown value"))
 }
 
-impl Global {
-    /// Validate the resolved settings (flags, environment, file, defaults).
-    pub fn from_resolved(resolved: &crate::config::Resolved) -> Result<Self, NameError> {
-        let suffix = DomainSuffix::parse(&resolved.domain_suffix)?;
-        Ok(Global {
-            lock_dir: resolved.lock_dir.clone(),
-            abra_home: resolved.abra_home.clone(),
-            runs_dir: resolved.runs_dir.clone(),
-            state_dir: resolved.state_dir.clone(),
-            pattern: RunAppPattern::new(&suffix),
-            suffix,
-            docker: resolved.docker,
-            cgroup: resolved.cgroup,
-        })
+impl GlobalArgs {
+    /// What the command line and the environment say, with which of the two said it.
+    pub(crate) fn inputs(&self, matches: &ArgMatches) -> Inputs {
+        fn given<T: Clone>(matches: &ArgMatches, id: &str, env: &str, v: &Option<T>) -> Given<T> {
+            let origin = match matches.value_source(id) {
+                Some(ValueSource::CommandLine) => Origin::Flag,
+                Some(ValueSource::EnvVariable) => Origin::Environment(env.to_owned()),
+                _ => return None,
+            };
+            v.clone().map(|v| (v, origin))
+        }
+        let m = matches;
+        Inputs {
+            config: self.config.clone(),
+            lock_dir: given(m, "lock_dir", "CCCI_APP_LOCK_DIR", &self.lock_dir),
+            abra_home: given(m, "abra_home", "CCCI_ABRA_HOME", &self.abra_home),
+            runs_dir: given(m, "runs_dir", "CCCI_RUNS_DIR", &self.runs_dir),
+            state_dir: given(m, "state_dir", "CCCI_STATE_DIR", &self.state_dir),
+            domain_suffix: given(
+                m,
+                "domain_suffix",
+                "CCCI_DOMAIN_SUFFIX",
+                &self.domain_suffix,
+            ),
+            docker: given(m, "docker", "CCCI_DOCKER", &self.docker),
+            log_format: given(m, "log_format", "CCCI_LOG_FORMAT", &self.log_format),
+            cgroup: given(m, "cgroup", "CCCI_CGROUP", &self.cgroup),
+        }
     }
-}
-
-/// A run's identity, validated: what the app domain is derived from.
-#[derive(Debug, Clone)]
-pub struct Identity {
-    pub recipe: Recipe,
-    pub pr: Option<PrNumber>,
-    pub git_ref: Option<GitRef>,
-    pub domain: AppDomain,
 }
 
 impl IdentityArgs {
-    pub fn validate(&self, suffix: &DomainSuffix) -> Result<Identity, NameError> {
-        let recipe = Recipe::parse(&self.recipe)?;
-        let pr = self.pr.as_deref().map(PrNumber::parse).transpose()?;
-        let git_ref = self.git_ref.as_deref().map(GitRef::parse).transpose()?;
-        let domain = AppDomain::derive(recipe.as_str(), pr.as_ref(), git_ref.as_ref(), suffix);
-        Ok(Identity {
-            recipe,
-            pr,
-            git_ref,
-            domain,
-        })
+    pub(crate) fn validate(&self, suffix: &DomainSuffix) -> Result<Identity, NameError> {
+        Identity::validate(
+            &self.recipe,
+            self.pr.as_deref(),
+            self.git_ref.as_deref(),
+            suffix,
+        )
     }
 }
 
-/// Everything `run` needs, validated.
-#[derive(Debug, Clone)]
-pub struct RunConfig {
-    pub identity: Identity,
-    pub run_id: RunId,
-    pub deadline: Duration,
-    pub kill_grace: Duration,
-    pub teardown_timeout: Duration,
-    pub lock_wait: Option<Duration>,
-    pub expect_parent: Option<i32>,
-    pub tie_to: Option<i32>,
-    pub on_teardown: Option<String>,
-    pub no_teardown: bool,
-    pub fetch: Fetch,
-    pub command: Vec<OsString>,
-}
-
-/// How the recipe gets into the run's tree.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fetch {
-    /// Leave `recipes/` empty.
-    Skip,
-    /// Copy the staged canonical clone.
-    CopyStaged,
-    /// Clone from this URL (it may hold credentials: show it only through `fetch::redact`).
-    Clone { url: String },
-}
-
 impl RunArgs {
-    pub fn validate(&self, global: &Global) -> Result<RunConfig, NameError> {
+    pub(crate) fn validate(&self, global: &Global) -> Result<RunConfig, NameError> {
         let identity = self.identity.validate(&global.suffix)?;
         let drone_build = std::env::var("DRONE_BUILD_NUMBER").ok();
         let run_id = RunId::resolve(self.run_id.as_deref(), drone_build.as_deref())?;
-        // The flag wins over the environment: CCCI_SKIP_FETCH set for every step never turns a
-        // `--no-fetch` into a usage error.
-        let skip_from_env = std::env::var("CCCI_SKIP_FETCH")
-            .ok()
-            .map(|v| parse_boolish("CCCI_SKIP_FETCH", &v))
-            .transpose()?
-            .unwrap_or(false);
-        let fetch = if self.no_fetch {
-            Fetch::Skip
-        } else if self.skip_fetch || skip_from_env {
-            Fetch::CopyStaged
-        } else {
-            let template = std::env::var("CCCI_RECIPE_URL_TEMPLATE").ok();
-            Fetch::Clone {
-                url: crate::fetch::recipe_url(
-                    self.recipe_url.as_deref(),
-                    template.as_deref(),
-                    &identity.recipe,
-                ),
-            }
-        };
+        let fetch = Fetch::choose(
+            self.no_fetch,
+            self.skip_fetch,
+            self.recipe_url.as_deref(),
+            &identity.recipe,
+        )?;
         Ok(RunConfig {
             identity,
             run_id,
@@ -445,6 +368,32 @@ impl RunArgs {
             fetch,
             command: self.command.clone(),
         })
+    }
+}
+
+impl LockArgs {
+    pub(crate) fn validate(self, global: &Global) -> Result<LockConfig, NameError> {
+        Ok(LockConfig {
+            name: LockName::parse(&self.name)?,
+            wait: self.wait,
+            class: self.class,
+            promote_after: self.promote_after,
+            kill_grace: self.kill_grace,
+            teardown_timeout: self.teardown_timeout,
+            tie_to: self.tie_to,
+            cgroup: global.cgroup,
+            command: self.command,
+        })
+    }
+}
+
+impl JanitorArgs {
+    pub(crate) fn sweep_options(&self) -> SweepOptions {
+        SweepOptions {
+            dry_run: self.dry_run,
+            long_held: Duration::from_secs(self.long_held),
+            reap_budget: self.reap_budget,
+        }
     }
 }
 

@@ -8,21 +8,23 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::ArgMatches;
-use clap::parser::ValueSource;
+use std::ffi::OsString;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{CgroupMode, DockerMode, GlobalArgs, LogFormat};
-use crate::names::NameError;
+use crate::names::{
+    AppDomain, DomainSuffix, GitRef, LockName, NameError, PrNumber, Recipe, RunAppPattern, RunId,
+};
 
 /// The configuration file used when neither `--config` nor `CCCI_CONFIG` names one.
-pub const DEFAULT_FILE: &str = "/etc/ccci-run/config.toml";
+pub(crate) const DEFAULT_FILE: &str = "/etc/ccci-run/config.toml";
 
 /// The settings a configuration file may hold; anything else is an error (a typo must not pass
 /// silently).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileConfig {
+pub(crate) struct FileConfig {
     pub lock_dir: Option<PathBuf>,
     pub abra_home: Option<PathBuf>,
     pub runs_dir: Option<PathBuf>,
@@ -36,10 +38,249 @@ pub struct FileConfig {
     pub etcd_endpoints: Option<Vec<String>>,
 }
 
+/// A setting with a fixed set of values: each with its name (on the command line, in the file,
+/// in `ccci-run config`) and a line of help. The CLI builds its value parsers from this, so the
+/// types themselves know nothing of the command line.
+pub(crate) trait Choice: Copy + PartialEq + Send + Sync + 'static {
+    /// Every value: `(value, name, help)`; the help may be empty.
+    const CHOICES: &'static [(Self, &'static str, &'static str)];
+
+    fn name(self) -> &'static str {
+        Self::CHOICES
+            .iter()
+            .find(|(v, _, _)| *v == self)
+            .map_or("", |(_, name, _)| name)
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::CHOICES
+            .iter()
+            .find(|(_, n, _)| *n == name)
+            .map(|(v, _, _)| *v)
+    }
+}
+
+/// Whether to touch Docker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum DockerMode {
+    Auto,
+    Required,
+    Off,
+}
+
+impl Choice for DockerMode {
+    const CHOICES: &'static [(Self, &'static str, &'static str)] = &[
+        (
+            Self::Auto,
+            "auto",
+            "Use Docker when the daemon answers; warn once and leave Docker apps alone when it does not",
+        ),
+        (
+            Self::Required,
+            "required",
+            "Fail when the daemon does not answer",
+        ),
+        (Self::Off, "off", "Never touch Docker"),
+    ];
+}
+
+/// Whether runs and `lock` commands get a cgroup of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum CgroupMode {
+    Auto,
+    Off,
+}
+
+impl Choice for CgroupMode {
+    const CHOICES: &'static [(Self, &'static str, &'static str)] = &[
+        (
+            Self::Auto,
+            "auto",
+            "Put each run and each `lock` command in a cgroup of its own where cgroup v2 is writable",
+        ),
+        (
+            Self::Off,
+            "off",
+            "Never create cgroups: process groups, subreaping and the environment scan only",
+        ),
+    ];
+}
+
+/// The diagnostics format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Choice for LogFormat {
+    const CHOICES: &'static [(Self, &'static str, &'static str)] =
+        &[(Self::Text, "text", ""), (Self::Json, "json", "")];
+}
+
+/// Settings every subcommand shares, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct Global {
+    pub lock_dir: PathBuf,
+    pub abra_home: PathBuf,
+    pub runs_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub suffix: DomainSuffix,
+    pub pattern: RunAppPattern,
+    pub docker: DockerMode,
+    pub cgroup: CgroupMode,
+}
+
+impl Global {
+    /// Validate the resolved settings (flags, environment, file, defaults).
+    pub(crate) fn from_resolved(resolved: &Resolved) -> Result<Self, NameError> {
+        let suffix = DomainSuffix::parse(&resolved.domain_suffix)?;
+        Ok(Global {
+            lock_dir: resolved.lock_dir.clone(),
+            abra_home: resolved.abra_home.clone(),
+            runs_dir: resolved.runs_dir.clone(),
+            state_dir: resolved.state_dir.clone(),
+            pattern: RunAppPattern::new(&suffix),
+            suffix,
+            docker: resolved.docker,
+            cgroup: resolved.cgroup,
+        })
+    }
+}
+
+/// A run's identity, validated: what the app domain is derived from.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub recipe: Recipe,
+    pub pr: Option<PrNumber>,
+    pub git_ref: Option<GitRef>,
+    pub domain: AppDomain,
+}
+
+impl Identity {
+    pub(crate) fn validate(
+        recipe: &str,
+        pr: Option<&str>,
+        git_ref: Option<&str>,
+        suffix: &DomainSuffix,
+    ) -> Result<Self, NameError> {
+        let recipe = Recipe::parse(recipe)?;
+        let pr = pr.map(PrNumber::parse).transpose()?;
+        let git_ref = git_ref.map(GitRef::parse).transpose()?;
+        let domain = AppDomain::derive(recipe.as_str(), pr.as_ref(), git_ref.as_ref(), suffix);
+        Ok(Identity {
+            recipe,
+            pr,
+            git_ref,
+            domain,
+        })
+    }
+}
+
+/// Everything `run` needs, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct RunConfig {
+    pub identity: Identity,
+    pub run_id: RunId,
+    pub deadline: Duration,
+    pub kill_grace: Duration,
+    pub teardown_timeout: Duration,
+    pub lock_wait: Option<Duration>,
+    pub expect_parent: Option<i32>,
+    pub tie_to: Option<i32>,
+    pub on_teardown: Option<String>,
+    pub no_teardown: bool,
+    pub fetch: Fetch,
+    pub command: Vec<OsString>,
+}
+
+/// How the recipe gets into the run's tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fetch {
+    /// Leave `recipes/` empty.
+    Skip,
+    /// Copy the staged canonical clone.
+    CopyStaged,
+    /// Clone from this URL (it may hold credentials: show it only through `fetch::redact`).
+    Clone { url: String },
+}
+
+impl Fetch {
+    /// `--no-fetch` wins; then `--skip-fetch` or `CCCI_SKIP_FETCH`; else a clone from
+    /// `--recipe-url`, `CCCI_RECIPE_URL_TEMPLATE` or the default. The flag wins over the
+    /// environment: `CCCI_SKIP_FETCH` set for every step never turns a `--no-fetch` into a usage
+    /// error.
+    pub(crate) fn choose(
+        no_fetch: bool,
+        skip_fetch: bool,
+        recipe_url: Option<&str>,
+        recipe: &Recipe,
+    ) -> Result<Self, NameError> {
+        let skip_from_env = std::env::var("CCCI_SKIP_FETCH")
+            .ok()
+            .map(|v| parse_boolish("CCCI_SKIP_FETCH", &v))
+            .transpose()?
+            .unwrap_or(false);
+        Ok(if no_fetch {
+            Fetch::Skip
+        } else if skip_fetch || skip_from_env {
+            Fetch::CopyStaged
+        } else {
+            let template = std::env::var("CCCI_RECIPE_URL_TEMPLATE").ok();
+            Fetch::Clone {
+                url: crate::run::fetch::recipe_url(recipe_url, template.as_deref(), recipe),
+            }
+        })
+    }
+}
+
+/// A yes/no environment value: empty, `0`, `false`, `no`, `off` are no; `1`, `true`, `yes`,
+/// `on` are yes (any case); anything else is a usage error naming the variable.
+fn parse_boolish(var: &'static str, value: &str) -> Result<bool, NameError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" | "n" | "f" => Ok(false),
+        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
+        _ => Err(NameError {
+            what: var,
+            value: value.to_owned(),
+            rule: "must be 1/true/yes/on or 0/false/no/off (or empty)".to_owned(),
+        }),
+    }
+}
+
+/// Everything `lock` needs, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct LockConfig {
+    pub name: LockName,
+    pub wait: Option<Duration>,
+    pub class: crate::lock::queue::Class,
+    pub promote_after: Duration,
+    pub kill_grace: Duration,
+    pub teardown_timeout: Duration,
+    pub tie_to: Option<i32>,
+    pub cgroup: CgroupMode,
+    pub command: Vec<OsString>,
+}
+
+/// What a janitor sweep is asked to do.
+#[derive(Debug, Clone)]
+pub(crate) struct SweepOptions {
+    pub dry_run: bool,
+    pub long_held: Duration,
+    /// How long the Docker side of the reaps may take, confirmation included.
+    pub reap_budget: Duration,
+}
+
+/// Twice the default hard deadline: no healthy run holds its lock that long.
+pub(crate) const DEFAULT_LONG_HELD: Duration = Duration::from_secs(7200);
+
 /// Where a setting's value came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case", tag = "kind", content = "from")]
-pub enum Origin {
+pub(crate) enum Origin {
     Flag,
     Environment(String),
     File(PathBuf),
@@ -59,7 +300,7 @@ impl std::fmt::Display for Origin {
 
 /// One effective setting, for `ccci-run config`.
 #[derive(Debug, Clone, Serialize)]
-pub struct Setting {
+pub(crate) struct Setting {
     pub key: &'static str,
     pub value: String,
     pub origin: Origin,
@@ -67,7 +308,7 @@ pub struct Setting {
 
 /// The resolved global settings (paths still to be validated by their users).
 #[derive(Debug, Clone)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     pub lock_dir: PathBuf,
     pub abra_home: PathBuf,
     pub runs_dir: PathBuf,
@@ -76,15 +317,49 @@ pub struct Resolved {
     pub docker: DockerMode,
     pub log_format: LogFormat,
     pub cgroup: CgroupMode,
-    /// The file that was read, if any.
-    pub file: Option<PathBuf>,
     /// Every setting with its origin, in a fixed order.
     pub settings: Vec<Setting>,
 }
 
+/// A value given on the command line or in the environment, with which of the two it was.
+pub(crate) type Given<T> = Option<(T, Origin)>;
+
+/// What the command line and the environment say about the global settings; the CLI produces
+/// it, [`resolve`] layers the file and the defaults under it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Inputs {
+    pub config: Option<PathBuf>,
+    pub lock_dir: Given<PathBuf>,
+    pub abra_home: Given<PathBuf>,
+    pub runs_dir: Given<PathBuf>,
+    pub state_dir: Given<PathBuf>,
+    pub domain_suffix: Given<String>,
+    pub docker: Given<DockerMode>,
+    pub log_format: Given<LogFormat>,
+    pub cgroup: Given<CgroupMode>,
+}
+
+/// The first of: the value given, the file's, the default — with where it came from.
+fn pick<T>(given: Given<T>, file: Option<T>, file_origin: &Origin, default: T) -> (T, Origin) {
+    match (given, file) {
+        (Some(given), _) => given,
+        (None, Some(v)) => (v, file_origin.clone()),
+        (None, None) => (default, Origin::Default),
+    }
+}
+
+/// `$HOME/.abra`, or `/root/.abra` when HOME is unset or empty.
+fn home_default() -> PathBuf {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"))
+        .join(".abra")
+}
+
 /// Resolve the global settings: flag > environment > file > default.
-pub fn resolve(args: &GlobalArgs, matches: &ArgMatches) -> Result<Resolved, NameError> {
-    let (file, path) = load(args)?;
+pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
+    let (file, path) = load(inputs.config.as_deref())?;
     if file.etcd_endpoints.is_some() {
         return Err(invalid(
             "configuration file",
@@ -93,92 +368,10 @@ pub fn resolve(args: &GlobalArgs, matches: &ArgMatches) -> Result<Resolved, Name
                 .to_owned(),
         ));
     }
-    let mut settings = Vec::new();
-    let source = |id: &str, env: &str| match matches.value_source(id) {
-        Some(ValueSource::CommandLine) => Some(Origin::Flag),
-        Some(ValueSource::EnvVariable) => Some(Origin::Environment(env.to_owned())),
-        _ => None,
-    };
-    let file_origin = || Origin::File(path.clone().unwrap_or_default());
-
-    macro_rules! pick {
-        ($id:literal, $env:literal, $flag:expr, $file:expr, $default:expr) => {{
-            let (value, origin) = match ($flag.clone(), source($id, $env)) {
-                (Some(v), Some(origin)) => (v, origin),
-                _ => match $file.clone() {
-                    Some(v) => (v, file_origin()),
-                    None => ($default, Origin::Default),
-                },
-            };
-            (value, origin)
-        }};
-    }
-
-    let home_default = || {
-        std::env::var_os("HOME")
-            .filter(|h| !h.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/root"))
-            .join(".abra")
-    };
-    let (lock_dir, o1) = pick!(
-        "lock_dir",
-        "CCCI_APP_LOCK_DIR",
-        args.lock_dir,
-        file.lock_dir,
-        PathBuf::from("/run/lock")
-    );
-    let (abra_home, o2) = pick!(
-        "abra_home",
-        "CCCI_ABRA_HOME",
-        args.abra_home,
-        file.abra_home,
-        home_default()
-    );
-    let (runs_dir, o3) = pick!(
-        "runs_dir",
-        "CCCI_RUNS_DIR",
-        args.runs_dir,
-        file.runs_dir,
-        PathBuf::from("/var/lib/cc-ci-runs")
-    );
-    let (state_dir, o4) = pick!(
-        "state_dir",
-        "CCCI_STATE_DIR",
-        args.state_dir,
-        file.state_dir,
-        PathBuf::from("/tmp")
-    );
-    let (domain_suffix, o5) = pick!(
-        "domain_suffix",
-        "CCCI_DOMAIN_SUFFIX",
-        args.domain_suffix,
-        file.domain_suffix,
-        crate::names::DEFAULT_DOMAIN_SUFFIX.to_owned()
-    );
-    let (docker, o6) = pick!(
-        "docker",
-        "CCCI_DOCKER",
-        args.docker,
-        file.docker,
-        DockerMode::Auto
-    );
-    let (log_format, o7) = pick!(
-        "log_format",
-        "CCCI_LOG_FORMAT",
-        args.log_format,
-        file.log_format,
-        LogFormat::Text
-    );
-    let (cgroup, o8) = pick!(
-        "cgroup",
-        "CCCI_CGROUP",
-        args.cgroup,
-        file.cgroup,
-        CgroupMode::Auto
-    );
-    let absolute = |key: &'static str, p: PathBuf| {
-        std::path::absolute(&p).map_err(|e| {
+    let from_file = Origin::File(path.clone().unwrap_or_default());
+    let i = inputs.clone();
+    let absolute = |key: &'static str, (p, origin): (PathBuf, Origin)| {
+        std::path::absolute(&p).map(|p| (p, origin)).map_err(|e| {
             invalid(
                 key,
                 &Some(p.clone()),
@@ -186,42 +379,67 @@ pub fn resolve(args: &GlobalArgs, matches: &ArgMatches) -> Result<Resolved, Name
             )
         })
     };
-    let lock_dir = absolute("lock_dir", lock_dir)?;
-    let abra_home = absolute("abra_home", abra_home)?;
-    let runs_dir = absolute("runs_dir", runs_dir)?;
-    let state_dir = absolute("state_dir", state_dir)?;
-    for (key, value, origin) in [
-        ("lock_dir", lock_dir.display().to_string(), o1),
-        ("abra_home", abra_home.display().to_string(), o2),
-        ("runs_dir", runs_dir.display().to_string(), o3),
-        ("state_dir", state_dir.display().to_string(), o4),
-        ("domain_suffix", domain_suffix.clone(), o5),
-        ("docker", name_of(docker), o6),
-        ("log_format", name_of(log_format), o7),
-        ("cgroup", name_of(cgroup), o8),
-    ] {
-        settings.push(Setting { key, value, origin });
-    }
+    let lock_dir = absolute(
+        "lock_dir",
+        pick(i.lock_dir, file.lock_dir, &from_file, "/run/lock".into()),
+    )?;
+    let abra_home = absolute(
+        "abra_home",
+        pick(i.abra_home, file.abra_home, &from_file, home_default()),
+    )?;
+    let runs_dir = absolute(
+        "runs_dir",
+        pick(
+            i.runs_dir,
+            file.runs_dir,
+            &from_file,
+            "/var/lib/cc-ci-runs".into(),
+        ),
+    )?;
+    let state_dir = absolute(
+        "state_dir",
+        pick(i.state_dir, file.state_dir, &from_file, "/tmp".into()),
+    )?;
+    let default_suffix = crate::names::DEFAULT_DOMAIN_SUFFIX.to_owned();
+    let domain_suffix = pick(
+        i.domain_suffix,
+        file.domain_suffix,
+        &from_file,
+        default_suffix,
+    );
+    let docker = pick(i.docker, file.docker, &from_file, DockerMode::Auto);
+    let log_format = pick(i.log_format, file.log_format, &from_file, LogFormat::Text);
+    let cgroup = pick(i.cgroup, file.cgroup, &from_file, CgroupMode::Auto);
+    let shown = |p: &PathBuf| p.display().to_string();
+    let settings = vec![
+        setting("lock_dir", shown(&lock_dir.0), &lock_dir.1),
+        setting("abra_home", shown(&abra_home.0), &abra_home.1),
+        setting("runs_dir", shown(&runs_dir.0), &runs_dir.1),
+        setting("state_dir", shown(&state_dir.0), &state_dir.1),
+        setting("domain_suffix", domain_suffix.0.clone(), &domain_suffix.1),
+        setting("docker", docker.0.name().to_owned(), &docker.1),
+        setting("log_format", log_format.0.name().to_owned(), &log_format.1),
+        setting("cgroup", cgroup.0.name().to_owned(), &cgroup.1),
+    ];
     Ok(Resolved {
-        lock_dir,
-        abra_home,
-        runs_dir,
-        state_dir,
-        domain_suffix,
-        docker,
-        log_format,
-        cgroup,
-        file: path,
+        lock_dir: lock_dir.0,
+        abra_home: abra_home.0,
+        runs_dir: runs_dir.0,
+        state_dir: state_dir.0,
+        domain_suffix: domain_suffix.0,
+        docker: docker.0,
+        log_format: log_format.0,
+        cgroup: cgroup.0,
         settings,
     })
 }
 
-/// The name a value enum has on the command line.
-fn name_of(value: impl clap::ValueEnum) -> String {
-    value
-        .to_possible_value()
-        .map(|v| v.get_name().to_owned())
-        .unwrap_or_default()
+fn setting(key: &'static str, value: String, origin: &Origin) -> Setting {
+    Setting {
+        key,
+        value,
+        origin: origin.clone(),
+    }
 }
 
 fn invalid(what: &'static str, path: &Option<PathBuf>, rule: String) -> NameError {
@@ -237,9 +455,9 @@ fn invalid(what: &'static str, path: &Option<PathBuf>, rule: String) -> NameErro
 
 /// Read the configuration file: the one named (it must exist), else the default one if it
 /// exists, else none.
-fn load(args: &GlobalArgs) -> Result<(FileConfig, Option<PathBuf>), NameError> {
-    let (path, required) = match &args.config {
-        Some(path) => (path.clone(), true),
+fn load(config: Option<&Path>) -> Result<(FileConfig, Option<PathBuf>), NameError> {
+    let (path, required) = match config {
+        Some(path) => (path.to_owned(), true),
         None => (PathBuf::from(DEFAULT_FILE), false),
     };
     let text = match std::fs::read_to_string(&path) {
@@ -260,7 +478,7 @@ fn load(args: &GlobalArgs) -> Result<(FileConfig, Option<PathBuf>), NameError> {
 
 /// Parse a configuration file's text; errors name the file and, from the TOML parser, the key
 /// and line.
-pub fn parse(text: &str, path: &Path) -> Result<FileConfig, NameError> {
+pub(crate) fn parse(text: &str, path: &Path) -> Result<FileConfig, NameError> {
     toml::from_str(text).map_err(|e| NameError {
         what: "configuration file",
         value: path.display().to_string(),
@@ -292,9 +510,11 @@ mod tests {
     #[test]
     fn a_named_file_must_exist_and_etcd_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let mut args = <crate::cli::Cli as clap::Parser>::parse_from(["ccci-run", "man"]).global;
-        args.config = Some(dir.path().join("missing.toml"));
-        let err = load(&args).unwrap_err();
+        let mut inputs = Inputs {
+            config: Some(dir.path().join("missing.toml")),
+            ..Inputs::default()
+        };
+        let err = load(inputs.config.as_deref()).unwrap_err();
         assert!(
             err.to_string()
                 .contains("cannot be read (--config, CCCI_CONFIG)"),
@@ -302,10 +522,8 @@ mod tests {
         );
         let file = dir.path().join("etcd.toml");
         std::fs::write(&file, "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n").unwrap();
-        args.config = Some(file);
-        let matches = <crate::cli::Cli as clap::CommandFactory>::command()
-            .get_matches_from(["ccci-run", "man"]);
-        let err = resolve(&args, &matches).unwrap_err();
+        inputs.config = Some(file);
+        let err = resolve(&inputs).unwrap_err();
         assert!(
             err.to_string().contains("only the local flock backend"),
             "{err}"

@@ -4,23 +4,23 @@
 //! killed it). Operators and Drone steps branch on these numbers; the README documents them.
 
 /// The janitor's sweep did not complete, or a reap failed.
-pub const FAILURE: u8 = 1;
+pub(crate) const FAILURE: u8 = 1;
 /// Usage error or invalid input (also what clap uses for a bad command line).
-pub const USAGE: u8 = 2;
+pub(crate) const USAGE: u8 = 2;
 /// A lock (the app lock or a named lock) was not acquired within its budget.
-pub const LOCK_TIMEOUT: u8 = 75;
+pub(crate) const LOCK_TIMEOUT: u8 = 75;
 /// ccci-run itself failed: setup, unsafe lock file, Docker required but unreachable, orphaned start.
-pub const INTERNAL: u8 = 125;
+pub(crate) const INTERNAL: u8 = 125;
 /// The command was found but could not be executed.
-pub const NOT_EXECUTABLE: u8 = 126;
+pub(crate) const NOT_EXECUTABLE: u8 = 126;
 /// The command was not found.
-pub const NOT_FOUND: u8 = 127;
+pub(crate) const NOT_FOUND: u8 = 127;
 /// Offset added to a signal number: the shell's convention for "killed by signal N".
-pub const SIGNAL_BASE: u8 = 128;
+pub(crate) const SIGNAL_BASE: u8 = 128;
 /// The run's hard deadline fired (128 + SIGALRM).
-pub const DEADLINE: u8 = 142;
+pub(crate) const DEADLINE: u8 = 142;
 
 /// `128 + signal`, the code a run ends with after tearing down on that signal.
-pub fn for_signal(signal: nix::sys::signal::Signal) -> u8 {
+pub(crate) fn for_signal(signal: nix::sys::signal::Signal) -> u8 {
     SIGNAL_BASE.saturating_add(signal as u8)
 }

@@ -20,12 +20,12 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
-use crate::linux;
 use crate::lock::Holder;
-use crate::namedlock::Ticket;
+use crate::lock::queue::Ticket;
 use crate::names::{
     AppDomain, DomainSuffix, GitRef, LockName, PrNumber, Recipe, RunAppPattern, RunId,
 };
+use crate::supervise::linux;
 
 /// Inputs: arbitrary text, arbitrary bytes decoded lossily, and mutated valid examples.
 fn input(examples: &'static [&'static str]) -> impl Strategy<Value = String> {
@@ -130,7 +130,7 @@ fn proc_lines(value: &str) {
 
 /// Recipe URLs: redaction never panics and never lets a query, fragment or password through.
 fn urls(value: &str) {
-    let shown = crate::fetch::redact(value);
+    let shown = crate::run::fetch::redact(value);
     if let Some((_, rest)) = value.split_once("://") {
         let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         if let Some((info, _)) = rest[..end].rsplit_once('@') {

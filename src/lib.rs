@@ -4,54 +4,37 @@
 //! deadline. Kernel primitives only — flock, prctl, signals, process groups — no daemon and no
 //! shared state service.
 
-pub mod app;
-pub mod backoff;
-pub mod cgroup;
-pub mod cli;
-pub mod config;
-pub mod docker;
-pub mod exit;
-pub mod fetch;
+pub(crate) mod app;
+pub(crate) mod cli;
+pub(crate) mod config;
+pub(crate) mod docker;
+pub(crate) mod exit;
 mod fuzz;
-pub mod janitor;
-pub mod leftovers;
-pub mod lock;
-pub mod locks;
-pub mod namedlock;
-pub mod names;
-pub mod process;
-pub mod record;
-pub mod report;
-pub mod retention;
-pub mod run;
-pub mod rundir;
-pub mod shutdown;
-pub mod signals;
-pub mod state;
-pub mod supervise;
-pub mod worker;
+pub(crate) mod janitor;
+pub(crate) mod lock;
+pub(crate) mod names;
+pub(crate) mod report;
+pub(crate) mod run;
+pub(crate) mod supervise;
 
-#[cfg(target_os = "linux")]
-pub mod linux;
+use std::process::ExitCode;
 
-use std::time::Duration;
-
+use clap::{CommandFactory, FromArgMatches};
 use nix::unistd::Pid;
 use tracing_subscriber::EnvFilter;
 
-use clap::CommandFactory;
-
-use crate::cli::{Cli, Command, LogFormat};
+use crate::cli::{Cli, Command, ConfigArgs, JanitorArgs, LocksArgs};
+use crate::config::{Global, LogFormat, Resolved};
 
 /// Every way `ccci-run` itself can fail, each with its documented exit code.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+enum Error {
     #[error(transparent)]
     Invalid(#[from] names::NameError),
     #[error(transparent)]
     Run(#[from] run::RunError),
     #[error(transparent)]
-    NamedLock(#[from] namedlock::NamedLockError),
+    NamedLock(#[from] lock::named::NamedLockError),
     #[error("failed to write metrics file {path}: {source}")]
     Metrics {
         path: std::path::PathBuf,
@@ -67,7 +50,7 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn exit_code(&self) -> u8 {
+    fn exit_code(&self) -> u8 {
         match self {
             Self::Invalid(_) => exit::USAGE,
             Self::Run(_) | Self::NamedLock(_) => exit::INTERNAL,
@@ -76,118 +59,124 @@ impl Error {
     }
 }
 
-/// Run the parsed command line. `start_ppid` is our parent pid as read first thing in `main`,
-/// so the orphan check can tell whether the parent died while we were starting.
-pub fn run(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8, Error> {
-    let resolved = config::resolve(&cli.global, matches)?;
-    init_logging(&cli.global, resolved.log_format);
-    let global = cli::Global::from_resolved(&resolved)?;
-    match cli.command {
-        Command::Config(args) => {
-            let text = if args.json {
-                format!("{}\n", json(&resolved.settings))
-            } else {
-                let mut out = String::new();
-                for s in &resolved.settings {
-                    out.push_str(&format!("{:<14} {:<40} {}\n", s.key, s.value, s.origin));
-                }
-                out
-            };
-            emit(text.as_bytes())?;
-            Ok(0)
+/// The program: parse the command line, build the configuration, run one command.
+pub fn main() -> ExitCode {
+    // Read before anything else: the orphan check compares it with the parent pid after the
+    // parent-death signal is armed.
+    let start_ppid = nix::unistd::getppid();
+    // The matches are kept: they say whether a setting came from a flag or the environment.
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+    match dispatch(cli, &matches, start_ppid) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            report::line(&format!("ccci-run: error: {err}"));
+            ExitCode::from(err.exit_code())
         }
+    }
+}
+
+/// Resolve the configuration and run the command. `start_ppid` is our parent pid as read first
+/// thing, so the orphan check can tell whether the parent died while we were starting.
+fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8, Error> {
+    let resolved = config::resolve(&cli.global.inputs(matches))?;
+    init_logging(cli.global.quiet, cli.global.verbose, resolved.log_format);
+    let global = Global::from_resolved(&resolved)?;
+    match cli.command {
+        Command::Config(args) => show_config(&args, &resolved),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "ccci-run", &mut out);
-            emit(&out)?;
-            Ok(0)
+            emit(&out).map(|()| 0)
         }
         Command::Man => {
             let mut out = Vec::new();
             clap_mangen::Man::new(Cli::command())
                 .render(&mut out)
                 .map_err(Error::Output)?;
-            emit(&out)?;
-            Ok(0)
+            emit(&out).map(|()| 0)
         }
         Command::AppDomain(args) => {
             let identity = args.validate(&global.suffix)?;
-            emit(format!("{}\n{}\n", identity.domain, identity.domain.stack_name()).as_bytes())?;
-            Ok(0)
+            let text = format!("{}\n{}\n", identity.domain, identity.domain.stack_name());
+            emit(text.as_bytes()).map(|()| 0)
         }
-        Command::Janitor(args) => {
-            let opts = janitor::SweepOptions {
-                dry_run: args.dry_run,
-                long_held: Duration::from_secs(args.long_held),
-                reap_budget: args.reap_budget,
-            };
-            let link = janitor::DockerLink::new(global.docker);
-            let mut report = janitor::sweep(&global, &opts, &link);
-            if let Some(days) = args.keep_runs {
-                retention::sweep(
-                    &global.runs_dir,
-                    Duration::from_secs(days * 86_400),
-                    args.dry_run,
-                    &mut report,
-                );
-            }
-            // What the sweep did is recorded before anything is printed: a closed or full
-            // stdout must not lose the metrics.
-            if let Some(path) = &args.metrics_file {
-                if !args.dry_run {
-                    janitor::write_metrics(path, &report).map_err(|source| Error::Metrics {
-                        path: path.clone(),
-                        source,
-                    })?;
-                }
-            }
-            let text = if args.json {
-                format!("{}\n", json(&report))
-            } else {
-                janitor::render_table(&report)
-            };
-            emit(text.as_bytes())?;
-            Ok(if report.failed() { exit::FAILURE } else { 0 })
-        }
+        Command::Janitor(args) => janitor(&args, &global),
         Command::Lock(args) => {
-            let opts = namedlock::LockOptions {
-                name: names::LockName::parse(&args.name)?,
-                wait: args.wait,
-                class: args.class,
-                promote_after: args.promote_after,
-                kill_grace: args.kill_grace,
-                teardown_timeout: args.teardown_timeout,
-                tie_to: args.tie_to,
-                cgroup: global.cgroup,
-                command: args.command,
-            };
-            Ok(namedlock::run(&global.lock_dir, &opts, start_ppid)?)
+            let cfg = args.validate(&global)?;
+            Ok(lock::named::run(
+                &*lock::backend(&global),
+                &cfg,
+                start_ppid,
+            )?)
         }
-        Command::Locks(args) => {
-            let long_held = Duration::from_secs(args.long_held);
-            let locks = match locks::list(&global.lock_dir, long_held) {
-                Ok(locks) => locks,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(source) => {
-                    return Err(Error::LockDir {
-                        path: global.lock_dir.clone(),
-                        source,
-                    });
-                }
-            };
-            let text = if args.json {
-                format!("{}\n", json(&locks))
-            } else {
-                locks::render_table(&locks)
-            };
-            emit(text.as_bytes())?;
-            Ok(0)
-        }
+        Command::Locks(args) => locks(&args, &global),
         Command::Run(args) => {
             let cfg = args.validate(&global)?;
             Ok(run::run(&global, &cfg, start_ppid)?)
         }
     }
+}
+
+/// `ccci-run config`: each setting with where it came from.
+fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
+    let text = if args.json {
+        format!("{}\n", json(&resolved.settings))
+    } else {
+        resolved
+            .settings
+            .iter()
+            .map(|s| format!("{:<14} {:<40} {}\n", s.key, s.value, s.origin))
+            .collect()
+    };
+    emit(text.as_bytes()).map(|()| 0)
+}
+
+/// `ccci-run janitor`: one sweep, the retention pass, the metrics, the report.
+fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
+    let opts = args.sweep_options();
+    let link = docker::DockerLink::new(global.docker);
+    let mut report = janitor::sweep(global, &opts, &link);
+    if let Some(days) = args.keep_runs {
+        let keep = std::time::Duration::from_secs(days * 86_400);
+        janitor::retention::sweep(&global.runs_dir, keep, args.dry_run, &mut report);
+    }
+    // What the sweep did is recorded before anything is printed: a closed or full stdout must
+    // not lose the metrics.
+    if let Some(path) = args.metrics_file.as_ref().filter(|_| !args.dry_run) {
+        janitor::report::write_metrics(path, &report).map_err(|source| Error::Metrics {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    let text = if args.json {
+        format!("{}\n", json(&report))
+    } else {
+        janitor::report::render_table(&report)
+    };
+    emit(text.as_bytes())?;
+    Ok(if report.failed() { exit::FAILURE } else { 0 })
+}
+
+/// `ccci-run locks`: every lock file, held or not.
+fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
+    let long_held = std::time::Duration::from_secs(args.long_held);
+    let locks = match lock::backend(global).list(long_held) {
+        Ok(locks) => locks,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(source) => {
+            return Err(Error::LockDir {
+                path: global.lock_dir.clone(),
+                source,
+            });
+        }
+    };
+    let text = if args.json {
+        format!("{}\n", json(&locks))
+    } else {
+        lock::list::render_table(&locks)
+    };
+    emit(text.as_bytes()).map(|()| 0)
 }
 
 /// Write `bytes` to stdout. A closed stdout (`| head`) ends the output quietly, as coreutils
@@ -206,8 +195,8 @@ fn json(value: &impl serde::Serialize) -> String {
     serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
-fn init_logging(global: &cli::GlobalArgs, format: LogFormat) {
-    let level = match (global.quiet, global.verbose) {
+fn init_logging(quiet: u8, verbose: u8, format: LogFormat) {
+    let level = match (quiet, verbose) {
         (q, _) if q > 0 => "error",
         (_, 0) => "warn",
         (_, 1) => "info",

@@ -12,15 +12,15 @@ use regex::Regex;
 use sha1::{Digest, Sha1};
 
 /// Docker refuses stack names past this length once the service suffix is appended.
-pub const MAX_STACK_NAME_LEN: usize = 45;
+pub(crate) const MAX_STACK_NAME_LEN: usize = 45;
 
 /// The suffix of every run-app domain unless configured otherwise.
-pub const DEFAULT_DOMAIN_SUFFIX: &str = "ci.commoninternet.net";
+pub(crate) const DEFAULT_DOMAIN_SUFFIX: &str = "ci.commoninternet.net";
 
 /// A value that broke one of the contract's rules.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid {what} {value:?}: {rule}")]
-pub struct NameError {
+pub(crate) struct NameError {
     /// What the value was meant to be ("recipe name", "run id", ...).
     pub what: &'static str,
     /// The offending value, as given.
@@ -78,11 +78,11 @@ macro_rules! validated_string {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-        pub struct $name(String);
+        pub(crate) struct $name(String);
 
         impl $name {
             /// The validated value.
-            pub fn as_str(&self) -> &str {
+            pub(crate) fn as_str(&self) -> &str {
                 &self.0
             }
         }
@@ -121,7 +121,7 @@ validated_string!(
 );
 
 impl Recipe {
-    pub fn parse(value: &str) -> Result<Self, NameError> {
+    pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
         RECIPE.check(value).map(|()| Self(value.to_owned()))
     }
 }
@@ -129,7 +129,7 @@ impl Recipe {
 impl PrNumber {
     /// Digits, normalised: `00001` and `1` are the same pull request, so they hash (and
     /// serialise) alike.
-    pub fn parse(value: &str) -> Result<Self, NameError> {
+    pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
         PR.check(value)?;
         let trimmed = value.trim_start_matches('0');
         Ok(Self(
@@ -139,7 +139,7 @@ impl PrNumber {
 }
 
 impl GitRef {
-    pub fn parse(value: &str) -> Result<Self, NameError> {
+    pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
         GIT_REF.check(value)?;
         if value.contains("..") {
             return Err(GIT_REF.broken(value, "must not contain \"..\"".to_owned()));
@@ -152,12 +152,15 @@ impl GitRef {
 }
 
 impl RunId {
-    pub fn parse(value: &str) -> Result<Self, NameError> {
+    pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
         RUN_ID.check(value).map(|()| Self(value.to_owned()))
     }
 
     /// The contract's order: `--run-id`, else `DRONE_BUILD_NUMBER`, else `manual-<pid>`.
-    pub fn resolve(flag: Option<&str>, drone_build: Option<&str>) -> Result<Self, NameError> {
+    pub(crate) fn resolve(
+        flag: Option<&str>,
+        drone_build: Option<&str>,
+    ) -> Result<Self, NameError> {
         match flag.or(drone_build) {
             Some(value) => Self::parse(value),
             None => Self::parse(&format!("manual-{}", std::process::id())),
@@ -166,13 +169,13 @@ impl RunId {
 }
 
 impl LockName {
-    pub fn parse(value: &str) -> Result<Self, NameError> {
+    pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
         LOCK_NAME.check(value).map(|()| Self(value.to_owned()))
     }
 }
 
 impl DomainSuffix {
-    pub fn parse(value: &str) -> Result<Self, NameError> {
+    pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
         SUFFIX.check(value)?;
         // The longest domain is `pppp-hhhhhh.<suffix>`: 12 characters before the suffix.
         let longest_stack = 12 + value.len();
@@ -192,7 +195,7 @@ impl DomainSuffix {
 
 /// The app domain of one run: `<prefix>-<hash6>.<suffix>`, unique per (recipe, pr, ref).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AppDomain(String);
+pub(crate) struct AppDomain(String);
 
 impl AppDomain {
     /// Derive the domain from the run's identity.
@@ -200,7 +203,7 @@ impl AppDomain {
     /// The prefix is the first four characters of the recipe name, lower-cased, after dropping
     /// everything outside `[a-z0-9]` (so `ab-c` gives `abc`, never `ab-c`, which would not match
     /// the run-app pattern); `app` when nothing is left.
-    pub fn derive(
+    pub(crate) fn derive(
         recipe: &str,
         pr: Option<&PrNumber>,
         git_ref: Option<&GitRef>,
@@ -228,21 +231,21 @@ impl AppDomain {
 
     /// Accept an existing domain string (from a file name or a Docker resource) if it is a
     /// run-app domain of `pattern`'s suffix.
-    pub fn recognise(value: &str, pattern: &RunAppPattern) -> Option<Self> {
+    pub(crate) fn recognise(value: &str, pattern: &RunAppPattern) -> Option<Self> {
         pattern.matches(value).then(|| Self(value.to_owned()))
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
     /// abra's stack name: the domain with every `.` replaced by `_`.
-    pub fn stack_name(&self) -> String {
+    pub(crate) fn stack_name(&self) -> String {
         self.0.replace('.', "_")
     }
 
     /// The file name of this domain's app lock inside the lock directory.
-    pub fn lock_file_name(&self) -> String {
+    pub(crate) fn lock_file_name(&self) -> String {
         format!("{LOCK_FILE_PREFIX}{}{LOCK_FILE_SUFFIX}", self.0)
     }
 }
@@ -254,18 +257,18 @@ impl fmt::Display for AppDomain {
 }
 
 /// App lock files are `cc-ci-app-<domain>.lock`.
-pub const LOCK_FILE_PREFIX: &str = "cc-ci-app-";
-pub const LOCK_FILE_SUFFIX: &str = ".lock";
+pub(crate) const LOCK_FILE_PREFIX: &str = "cc-ci-app-";
+pub(crate) const LOCK_FILE_SUFFIX: &str = ".lock";
 
 /// `RUN_APP_RE` for one suffix: the only domains the janitor may ever probe or reap.
 #[derive(Debug, Clone)]
-pub struct RunAppPattern {
+pub(crate) struct RunAppPattern {
     re: Regex,
     suffix: DomainSuffix,
 }
 
 impl RunAppPattern {
-    pub fn new(suffix: &DomainSuffix) -> Self {
+    pub(crate) fn new(suffix: &DomainSuffix) -> Self {
         let source = format!(
             r"^[a-z0-9]{{1,4}}-[0-9a-f]{{6}}\.{}$",
             regex::escape(suffix.as_str())
@@ -276,20 +279,15 @@ impl RunAppPattern {
         }
     }
 
-    pub fn matches(&self, domain: &str) -> bool {
+    pub(crate) fn matches(&self, domain: &str) -> bool {
         self.re.is_match(domain)
-    }
-
-    /// The pattern as text, for messages.
-    pub fn as_str(&self) -> &str {
-        self.re.as_str()
     }
 
     /// Map a stack name back to its run-app domain, if it is one.
     ///
     /// Stack names replace dots with underscores; run-app prefixes and hashes contain neither,
     /// so the first `_` separates `<prefix>-<hash>` from the suffix, whose own dots are known.
-    pub fn domain_of_stack(&self, stack: &str) -> Option<AppDomain> {
+    pub(crate) fn domain_of_stack(&self, stack: &str) -> Option<AppDomain> {
         let (head, tail) = stack.split_once('_')?;
         if tail != self.suffix.as_str().replace('.', "_") {
             return None;
@@ -300,7 +298,7 @@ impl RunAppPattern {
     /// Map a Docker resource name (`<stack>_<name>`, containers with a leading `/`) back to the
     /// run-app domain of its stack, if it has one. Secrets declared external carry no stack
     /// label, so a name is all there is to go by.
-    pub fn domain_of_resource(&self, name: &str) -> Option<AppDomain> {
+    pub(crate) fn domain_of_resource(&self, name: &str) -> Option<AppDomain> {
         let name = name.strip_prefix('/').unwrap_or(name);
         let (head, tail) = name.split_once('_')?;
         let suffix = self.suffix.as_str().replace('.', "_");
@@ -312,12 +310,12 @@ impl RunAppPattern {
     }
 
     /// The domain an abra `.env` file name (`<domain>.env`) belongs to, if it is a run app.
-    pub fn domain_of_env_file(&self, file_name: &str) -> Option<AppDomain> {
+    pub(crate) fn domain_of_env_file(&self, file_name: &str) -> Option<AppDomain> {
         AppDomain::recognise(file_name.strip_suffix(".env")?, self)
     }
 
     /// The domain a lock file name belongs to, if it is a run-app lock.
-    pub fn domain_of_lock_file(&self, file_name: &str) -> Option<AppDomain> {
+    pub(crate) fn domain_of_lock_file(&self, file_name: &str) -> Option<AppDomain> {
         let domain = file_name
             .strip_prefix(LOCK_FILE_PREFIX)?
             .strip_suffix(LOCK_FILE_SUFFIX)?;
@@ -328,7 +326,7 @@ impl RunAppPattern {
 /// Text from outside (a file name planted in a world-writable dir, a lock file's contents) made
 /// safe for a terminal: control characters, escape sequences and backslashes are escaped, and
 /// bytes that are not UTF-8 are shown as `\xNN` instead of being dropped.
-pub fn escape_outside(bytes: &[u8]) -> String {
+pub(crate) fn escape_outside(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
@@ -346,12 +344,104 @@ pub fn escape_outside(bytes: &[u8]) -> String {
 }
 
 /// Serialise a path from outside as escaped text (JSON cannot carry non-UTF-8 bytes).
-pub fn serialize_path_escaped<S: serde::Serializer>(
+pub(crate) fn serialize_path_escaped<S: serde::Serializer>(
     path: &std::path::Path,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     use std::os::unix::ffi::OsStrExt;
     serializer.serialize_str(&escape_outside(path.as_os_str().as_bytes()))
+}
+
+// ---- File, directory and cgroup names ----------------------------------------------------
+
+/// A run's guard lock in its run directory: held for the run's whole life.
+pub(crate) const RUN_GUARD_FILE: &str = "run.lock";
+/// A run's record in its run directory.
+pub(crate) const RUN_RECORD_FILE: &str = "run.json";
+/// The directory in the runs dir that holds each live run's domain lock.
+pub(crate) const DOMAINS_DIR: &str = ".domains";
+/// Named lock files are `ccci-<NAME>.lock`; the queue in front of one is `<file>.queue`.
+pub(crate) const NAMED_LOCK_PREFIX: &str = "ccci-";
+pub(crate) const NAMED_LOCK_SUFFIX: &str = ".lock";
+const QUEUE_SUFFIX: &str = ".queue";
+
+/// `<runs-dir>/.domains`.
+pub(crate) fn domains_dir(runs_dir: &std::path::Path) -> std::path::PathBuf {
+    runs_dir.join(DOMAINS_DIR)
+}
+
+impl LockName {
+    /// `ccci-<NAME>.lock`.
+    pub(crate) fn file_name(&self) -> String {
+        format!("{NAMED_LOCK_PREFIX}{}{NAMED_LOCK_SUFFIX}", self.0)
+    }
+
+    /// `ccci-<NAME>.lock.queue`.
+    pub(crate) fn queue_dir_name(&self) -> String {
+        format!("{}{QUEUE_SUFFIX}", self.file_name())
+    }
+}
+
+/// The named lock a lock file name stands for (raw bytes: names come from outside).
+pub(crate) fn named_lock_of_file(file_name: &[u8]) -> Option<&[u8]> {
+    file_name
+        .strip_prefix(NAMED_LOCK_PREFIX.as_bytes())?
+        .strip_suffix(NAMED_LOCK_SUFFIX.as_bytes())
+}
+
+/// The queue directory of a named lock file's path.
+pub(crate) fn queue_dir_of(lock_file: &std::path::Path) -> std::path::PathBuf {
+    let mut dir = lock_file.as_os_str().to_owned();
+    dir.push(QUEUE_SUFFIX);
+    std::path::PathBuf::from(dir)
+}
+
+/// A state file: `ccci-<kind>-<run-id>-<pid>`.
+pub(crate) fn state_file_name(kind: &str, run_id: &RunId, pid: u32) -> String {
+    format!("ccci-{kind}-{run_id}-{pid}")
+}
+
+/// The kinds of state file, with the environment variable each one is exported as.
+pub(crate) const STATE_FILES: [(&str, &str); 4] = [
+    ("deploys", "CCCI_DEPLOYS_FILE"),
+    ("opstate", "CCCI_OPSTATE_FILE"),
+    ("deps", "CCCI_DEPS_FILE"),
+    ("depskip", "CCCI_DEPSKIP_FILE"),
+];
+
+/// The run id and pid a state file name (`ccci-<kind>-<run-id>-<pid>`) belongs to.
+pub(crate) fn parse_state_file_name(name: &str) -> Option<(RunId, u32)> {
+    let rest = name.strip_prefix("ccci-")?;
+    let rest = STATE_FILES
+        .iter()
+        .find_map(|(kind, _)| rest.strip_prefix(kind)?.strip_prefix('-'))?;
+    let (run_id, pid) = rest.rsplit_once('-')?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((RunId::parse(run_id).ok()?, pid.parse().ok()?))
+}
+
+/// Prefix of every cgroup this tool creates.
+pub(crate) const CGROUP_PREFIX: &str = "ccci-";
+/// The leaf the supervised command runs in.
+pub(crate) const COMMAND_LEAF: &str = "command";
+/// The leaf the teardown hook runs in.
+pub(crate) const HOOK_LEAF: &str = "hook";
+
+/// The name of a supervisor's cgroup: `ccci-<kind>-<label>-<pid>-<start>`.
+pub(crate) fn cgroup_name(kind: &str, label: &str, pid: u32, start: u64) -> String {
+    format!("{CGROUP_PREFIX}{kind}-{label}-{pid}-{start}")
+}
+
+/// The supervisor a cgroup name stands for: its pid and start time.
+pub(crate) fn parse_cgroup_name(name: &str) -> Option<(i32, u64)> {
+    let rest = name.strip_prefix(CGROUP_PREFIX)?;
+    let (rest, start) = rest.rsplit_once('-')?;
+    let (_, pid) = rest.rsplit_once('-')?;
+    let pid: i32 = pid.parse().ok().filter(|p| *p > 0)?;
+    let start = start.parse().ok()?;
+    Some((pid, start))
 }
 
 #[cfg(test)]
@@ -489,7 +579,7 @@ mod tests {
             let suffix = suffix();
             let pattern = RunAppPattern::new(&suffix);
             let domain = AppDomain::derive(recipe.as_str(), pr.as_ref(), git_ref.as_ref(), &suffix);
-            prop_assert!(pattern.matches(domain.as_str()), "{domain} does not match {}", pattern.as_str());
+            prop_assert!(pattern.matches(domain.as_str()), "{domain} does not match {:?}", pattern);
             prop_assert!(domain.stack_name().len() <= MAX_STACK_NAME_LEN);
             prop_assert_eq!(pattern.domain_of_stack(&domain.stack_name()), Some(domain.clone()));
             prop_assert_eq!(pattern.domain_of_lock_file(&domain.lock_file_name()), Some(domain.clone()));
@@ -510,5 +600,23 @@ mod tests {
             let _ = pattern.domain_of_lock_file(&value);
             let _ = pattern.domain_of_resource(&value);
         }
+    }
+
+    #[rstest]
+    #[case("ccci-run-42-1234-98765", Some((1234, 98765)))]
+    #[case("ccci-run-manual-7-1234-5", Some((1234, 5)))]
+    #[case("ccci-lock-pkg-cache-99-1", Some((99, 1)))]
+    #[case("ccci-run-42-0-5", None)]
+    #[case("ccci-run-x-y", None)]
+    #[case("other-run-1-2", None)]
+    #[case("ccci-", None)]
+    fn group_names_name_their_supervisor(#[case] name: &str, #[case] want: Option<(i32, u64)>) {
+        assert_eq!(parse_cgroup_name(name), want);
+    }
+
+    #[test]
+    fn cgroup_names_round_trip() {
+        let name = cgroup_name("run", "manual-3", 4321, 1_000_000);
+        assert_eq!(parse_cgroup_name(&name), Some((4321, 1_000_000)));
     }
 }

@@ -5,7 +5,7 @@
 use std::io::Write;
 
 /// Write one status line to stderr, unbuffered, whatever the log level.
-pub fn line(text: &str) {
+pub(crate) fn line(text: &str) {
     let mut err = std::io::stderr().lock();
     // A closed stderr must not turn into a panic in the middle of a teardown.
     let _ = writeln!(err, "{text}");

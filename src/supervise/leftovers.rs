@@ -15,21 +15,21 @@ use std::collections::HashSet;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use crate::linux;
+use crate::supervise::linux;
 
 /// The environment variable naming a process's supervisor.
-pub const SUPERVISOR_VAR: &str = "CCCI_SUPERVISOR";
+pub(crate) const SUPERVISOR_VAR: &str = "CCCI_SUPERVISOR";
 
 /// How many kill passes a sweep makes (a leftover may fork while we kill).
 const ROUNDS: usize = 20;
 
 /// `<pid>-<start>` of this process, the value its children carry.
-pub fn this_supervisor() -> String {
+pub(crate) fn this_supervisor() -> String {
     format!("{}-{}", std::process::id(), linux::own_start_time())
 }
 
 /// Parse a `CCCI_SUPERVISOR` value.
-pub fn parse_supervisor(value: &[u8]) -> Option<(i32, u64)> {
+pub(crate) fn parse_supervisor(value: &[u8]) -> Option<(i32, u64)> {
     let text = std::str::from_utf8(value).ok()?;
     let (pid, start) = text.split_once('-')?;
     let pid = pid.parse().ok().filter(|p: &i32| *p > 0)?;
@@ -38,14 +38,14 @@ pub fn parse_supervisor(value: &[u8]) -> Option<(i32, u64)> {
 
 /// One leftover process found by a sweep.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Leftover {
+pub(crate) struct Leftover {
     pub pid: i32,
     /// The dead supervisor it named.
     pub supervisor: i32,
 }
 
 /// Kill (unless `dry_run`) every process whose supervisor is dead; returns what was found.
-pub fn reap(dry_run: bool) -> Vec<Leftover> {
+pub(crate) fn reap(dry_run: bool) -> Vec<Leftover> {
     let me = nix::unistd::getpid();
     let spared = ancestors_and_self(me);
     let mut found: Vec<Leftover> = Vec::new();

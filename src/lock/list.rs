@@ -15,14 +15,14 @@ use serde::Serialize;
 
 use crate::names::escape_outside;
 
-use crate::linux::{self, ProcLock};
 use crate::lock::Holder;
-use crate::namedlock::{Queue, QueuedTicket};
-use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX};
+use crate::lock::queue::{Queue, QueuedTicket};
+use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX, named_lock_of_file, queue_dir_of};
+use crate::supervise::linux::{self, ProcLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum LockKind {
+pub(crate) enum LockKind {
     /// `cc-ci-app-<domain>.lock`
     App,
     /// `ccci-<name>.lock`
@@ -30,7 +30,7 @@ pub enum LockKind {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct LockInfo {
+pub(crate) struct LockInfo {
     #[serde(serialize_with = "crate::names::serialize_path_escaped")]
     pub path: PathBuf,
     pub kind: LockKind,
@@ -60,14 +60,11 @@ fn classify(file_name: &[u8]) -> Option<(LockKind, String)> {
     {
         return Some((LockKind::App, escape_outside(domain)));
     }
-    file_name
-        .strip_prefix(b"ccci-")
-        .and_then(|n| n.strip_suffix(b".lock"))
-        .map(|name| (LockKind::Named, escape_outside(name)))
+    named_lock_of_file(file_name).map(|name| (LockKind::Named, escape_outside(name)))
 }
 
 /// Describe every lock file in `dir`.
-pub fn list(dir: &Path, long_held: Duration) -> std::io::Result<Vec<LockInfo>> {
+pub(crate) fn list(dir: &Path, long_held: Duration) -> std::io::Result<Vec<LockInfo>> {
     let proc_locks = linux::proc_locks().unwrap_or_else(|err| {
         tracing::warn!("failed to read /proc/locks: {err}");
         Vec::new()
@@ -114,9 +111,7 @@ fn describe(
         queue: None,
     };
     if kind == LockKind::Named {
-        let mut dir = path.as_os_str().to_owned();
-        dir.push(".queue");
-        info.queue = Some(Queue::existing(PathBuf::from(dir)).scan());
+        info.queue = Some(Queue::existing(queue_dir_of(path)).scan());
     }
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
@@ -178,7 +173,7 @@ fn describe(
 }
 
 /// The human-readable table.
-pub fn render_table(locks: &[LockInfo]) -> String {
+pub(crate) fn render_table(locks: &[LockInfo]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -12,11 +12,11 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::exit;
-use crate::process::ChildStatus;
+use crate::supervise::process::ChildStatus;
 
 /// Why the run is ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShutdownReason {
+pub(crate) enum ShutdownReason {
     /// The command ended (or could not start) by itself.
     CommandEnded(ChildStatus),
     /// SIGTERM, SIGINT or SIGHUP reached ccci-run.
@@ -31,7 +31,7 @@ pub enum ShutdownReason {
 
 impl ShutdownReason {
     /// The run's exit code: the command's own status, or the code of the signal or deadline.
-    pub fn exit_code(self) -> u8 {
+    pub(crate) fn exit_code(self) -> u8 {
         match self {
             Self::CommandEnded(status) => status.exit_code(),
             Self::Signal(signal) => exit::for_signal(signal),
@@ -43,7 +43,7 @@ impl ShutdownReason {
     }
 
     /// The stable name recorded in `run.json`.
-    pub fn name(self) -> String {
+    pub(crate) fn name(self) -> String {
         match self {
             Self::CommandEnded(_) => "command-ended".to_owned(),
             Self::Signal(signal) => signal.as_str().to_owned(),
@@ -54,7 +54,7 @@ impl ShutdownReason {
     }
 
     /// The operator-facing teardown line, if this reason has one.
-    pub fn teardown_line(self, deadline: Duration) -> Option<String> {
+    pub(crate) fn teardown_line(self, deadline: Duration) -> Option<String> {
         match self {
             Self::CommandEnded(_) => None,
             Self::Signal(signal) => Some(format!("== {signal} received — tearing down ==")),
@@ -78,7 +78,7 @@ impl fmt::Display for ShutdownReason {
 
 /// What the supervisor observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// SIGTERM, SIGINT or SIGHUP.
     Signal(Signal),
     /// SIGALRM: the hard deadline.
@@ -99,7 +99,7 @@ pub enum Event {
 
 /// What the supervisor must do about an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Nothing to do.
     None,
     /// Teardown starts: report the reason, SIGTERM the group, start the kill grace.
@@ -124,7 +124,7 @@ enum State {
 
 /// The escalation from "running" to "group gone".
 #[derive(Debug, Clone)]
-pub struct Escalation {
+pub(crate) struct Escalation {
     state: State,
     reason: Option<ShutdownReason>,
     killed: bool,
@@ -137,7 +137,7 @@ impl Default for Escalation {
 }
 
 impl Escalation {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             state: State::Running,
             reason: None,
@@ -146,26 +146,26 @@ impl Escalation {
     }
 
     /// The reason teardown began for, once it has.
-    pub fn reason(&self) -> Option<ShutdownReason> {
+    pub(crate) fn reason(&self) -> Option<ShutdownReason> {
         self.reason
     }
 
     /// True once teardown has begun.
-    pub fn tearing_down(&self) -> bool {
+    pub(crate) fn tearing_down(&self) -> bool {
         self.state != State::Running
     }
 
     /// True once the group has been stopped.
-    pub fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         self.state == State::Stopped
     }
 
     /// True when the group needed SIGKILL.
-    pub fn escalated(&self) -> bool {
+    pub(crate) fn escalated(&self) -> bool {
         self.killed
     }
 
-    pub fn handle(&mut self, event: Event) -> Action {
+    pub(crate) fn handle(&mut self, event: Event) -> Action {
         match (self.state, event) {
             (State::Running, Event::Signal(signal)) => self.begin(ShutdownReason::Signal(signal)),
             (State::Running, Event::Deadline) => self.begin(ShutdownReason::Deadline),

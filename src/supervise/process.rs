@@ -19,12 +19,12 @@ use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
 
 use crate::exit;
-use crate::linux;
+use crate::supervise::linux;
 
 /// How a child ended, in the terms the run's exit code is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind", content = "value")]
-pub enum ChildStatus {
+pub(crate) enum ChildStatus {
     /// It exited with this code.
     Exited(i32),
     /// A signal with this number killed it.
@@ -35,7 +35,7 @@ pub enum ChildStatus {
 
 impl ChildStatus {
     /// The shell's convention: the code, 128+N for signal N, 126/127 when it never ran.
-    pub fn exit_code(self) -> u8 {
+    pub(crate) fn exit_code(self) -> u8 {
         match self {
             Self::Exited(code) => (code & 0xff) as u8,
             Self::Signaled(n) => exit::SIGNAL_BASE.saturating_add(n as u8),
@@ -54,7 +54,7 @@ impl ChildStatus {
 
 /// What to run: a program, its arguments and extra environment.
 #[derive(Debug, Clone)]
-pub struct CommandSpec {
+pub(crate) struct CommandSpec {
     pub program: OsString,
     pub args: Vec<OsString>,
     pub env: Vec<(String, OsString)>,
@@ -64,7 +64,7 @@ pub struct CommandSpec {
 /// Why a command could not be started.
 #[derive(Debug, thiserror::Error)]
 #[error("failed to execute {program:?}: {source}")]
-pub struct SpawnError {
+pub(crate) struct SpawnError {
     pub program: OsString,
     #[source]
     pub source: io::Error,
@@ -72,7 +72,7 @@ pub struct SpawnError {
 
 impl SpawnError {
     /// 127 when the program does not exist, 126 for every other way exec can fail.
-    pub fn status(&self) -> ChildStatus {
+    pub(crate) fn status(&self) -> ChildStatus {
         ChildStatus::NotStarted(match self.source.kind() {
             io::ErrorKind::NotFound => exit::NOT_FOUND,
             _ => exit::NOT_EXECUTABLE,
@@ -82,15 +82,15 @@ impl SpawnError {
 
 /// A process group we created; its id is the pid of its first member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessGroup(Pid);
+pub(crate) struct ProcessGroup(Pid);
 
 impl ProcessGroup {
-    pub fn id(self) -> Pid {
+    pub(crate) fn id(self) -> Pid {
         self.0
     }
 
     /// Signal every member; a group with no members left is not an error.
-    pub fn signal(self, signal: Signal) -> nix::Result<()> {
+    pub(crate) fn signal(self, signal: Signal) -> nix::Result<()> {
         match kill(Pid::from_raw(-self.0.as_raw()), signal) {
             Err(Errno::ESRCH) => Ok(()),
             other => other,
@@ -98,13 +98,13 @@ impl ProcessGroup {
     }
 
     /// Ask politely: SIGTERM, then SIGCONT so stopped members can act on it.
-    pub fn terminate(self) -> nix::Result<()> {
+    pub(crate) fn terminate(self) -> nix::Result<()> {
         self.signal(Signal::SIGTERM)?;
         self.signal(Signal::SIGCONT)
     }
 
     /// True once no process (not even an unreaped zombie) is left in the group.
-    pub fn is_empty(self) -> bool {
+    pub(crate) fn is_empty(self) -> bool {
         matches!(
             kill(Pid::from_raw(-self.0.as_raw()), None),
             Err(Errno::ESRCH)
@@ -121,9 +121,9 @@ impl ProcessGroup {
 /// nothing it ever starts can be outside it — and no migration is needed: moving a process into
 /// a cgroup waits for an RCU grace period (~10 ms), creating it there does not. Where `clone3`
 /// is refused, the child joins the leaf itself before `exec`.
-pub fn spawn_group(
+pub(crate) fn spawn_group(
     spec: &CommandSpec,
-    leaf: Option<&crate::cgroup::Leaf>,
+    leaf: Option<&crate::supervise::cgroup::Leaf>,
 ) -> Result<(Pid, ProcessGroup), SpawnError> {
     if let Some(leaf) = leaf {
         match clone_into(spec, leaf.dir_fd()) {
@@ -134,7 +134,7 @@ pub fn spawn_group(
             }
         }
     }
-    spawn_with_std(spec, leaf.map(crate::cgroup::Leaf::procs_fd))
+    spawn_with_std(spec, leaf.map(crate::supervise::cgroup::Leaf::procs_fd))
 }
 
 fn spawn_with_std(
@@ -147,7 +147,7 @@ fn spawn_with_std(
         .args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         // Names this supervisor for good, so a sweep can find what a dead one left behind.
-        .env(crate::leftovers::SUPERVISOR_VAR, supervisor_id())
+        .env(crate::supervise::leftovers::SUPERVISOR_VAR, supervisor_id())
         .stdin(Stdio::inherit())
         .process_group(0);
     if let Some(cwd) = &spec.cwd {
@@ -157,7 +157,7 @@ fn spawn_with_std(
     unsafe {
         command.pre_exec(move || {
             if let Some(fd) = cgroup_procs {
-                crate::cgroup::join_in_child(fd)?;
+                crate::supervise::cgroup::join_in_child(fd)?;
             }
             linux::prepare_child(supervisor)
         });
@@ -207,7 +207,7 @@ impl Prepared {
             set(key.into(), value.clone());
         }
         set(
-            crate::leftovers::SUPERVISOR_VAR.into(),
+            crate::supervise::leftovers::SUPERVISOR_VAR.into(),
             supervisor_id().into(),
         );
         let envp = env
@@ -394,11 +394,11 @@ unsafe fn exec_child(
 /// `<pid>-<start>` of this process, computed once.
 fn supervisor_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(crate::leftovers::this_supervisor)
+    ID.get_or_init(crate::supervise::leftovers::this_supervisor)
 }
 
 /// Reap every child that has already ended, without blocking.
-pub fn reap_ready() -> Vec<(Pid, ChildStatus)> {
+pub(crate) fn reap_ready() -> Vec<(Pid, ChildStatus)> {
     let mut reaped = Vec::new();
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
@@ -416,7 +416,7 @@ pub fn reap_ready() -> Vec<(Pid, ChildStatus)> {
 
 /// True while this process has any child, living or a zombie: as subreaper every living
 /// descendant is below one of our children, so without children there is nothing to walk.
-pub fn has_children() -> bool {
+pub(crate) fn has_children() -> bool {
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
     loop {
         match waitid(Id::All, flags) {
@@ -433,7 +433,7 @@ pub fn has_children() -> bool {
 /// to us as subreaper, so the `/proc` walk still finds them. Gives up after `rounds` passes
 /// (a process stuck in uninterruptible sleep cannot be killed) and returns what survived.
 /// `wait_a_moment` returns false once the caller's budget is spent.
-pub fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut() -> bool) -> Vec<Pid> {
+pub(crate) fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut() -> bool) -> Vec<Pid> {
     let me = nix::unistd::getpid();
     let mut survivors = Vec::new();
     for _ in 0..rounds {

@@ -27,11 +27,11 @@ use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::{fstat, stat};
 use nix::unistd::Uid;
 
-use crate::worker::Worker;
+use crate::supervise::worker::{Awaitable, Worker};
 
 /// Why a lock file (or its directory) could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum LockError {
+pub(crate) enum LockError {
     #[error("refusing lock file {path}: it is a symbolic link")]
     Symlink { path: PathBuf },
     #[error("refusing lock file {path}: it is not a regular file")]
@@ -45,6 +45,12 @@ pub enum LockError {
     HardLinked { path: PathBuf, links: u64 },
     #[error("refusing lock directory {path}: {why}")]
     UnsafeDir { path: PathBuf, why: String },
+    #[error("failed to {what} in queue {dir}: {source}")]
+    Queue {
+        what: &'static str,
+        dir: PathBuf,
+        source: io::Error,
+    },
     #[error("failed to {what} lock file {path}: {source}")]
     Io {
         what: &'static str,
@@ -64,7 +70,7 @@ impl LockError {
     }
 
     /// True when the file is not ours to touch (the janitor's `foreign` decision).
-    pub fn is_foreign(&self) -> bool {
+    pub(crate) fn is_foreign(&self) -> bool {
         matches!(
             self,
             Self::Symlink { .. }
@@ -77,7 +83,7 @@ impl LockError {
 
 /// Make sure `dir` exists and is safe to keep lock files in: a directory owned by us or root,
 /// and not writable by others unless sticky (as `/run/lock` is).
-pub fn prepare_dir(dir: &Path) -> Result<(), LockError> {
+pub(crate) fn prepare_dir(dir: &Path) -> Result<(), LockError> {
     if let Err(err) = std::fs::create_dir_all(dir) {
         return Err(LockError::UnsafeDir {
             path: dir.to_owned(),
@@ -89,7 +95,7 @@ pub fn prepare_dir(dir: &Path) -> Result<(), LockError> {
 
 /// Make sure `dir` exists as a private directory of ours (mode 0700 when created): a real
 /// directory, not a link, owned by us, writable by nobody else.
-pub fn prepare_private_dir(dir: &Path) -> Result<(), LockError> {
+pub(crate) fn prepare_private_dir(dir: &Path) -> Result<(), LockError> {
     let unsafe_dir = |why: String| LockError::UnsafeDir {
         path: dir.to_owned(),
         why,
@@ -123,7 +129,7 @@ pub fn prepare_private_dir(dir: &Path) -> Result<(), LockError> {
 }
 
 /// The safety rules of [`prepare_dir`], without creating anything.
-pub fn check_dir(dir: &Path) -> Result<(), LockError> {
+pub(crate) fn check_dir(dir: &Path) -> Result<(), LockError> {
     let unsafe_dir = |why: String| LockError::UnsafeDir {
         path: dir.to_owned(),
         why,
@@ -151,21 +157,21 @@ pub fn check_dir(dir: &Path) -> Result<(), LockError> {
 
 /// An open, safe, not yet locked lock file.
 #[derive(Debug)]
-pub struct LockFile {
+pub(crate) struct LockFile {
     file: File,
     path: PathBuf,
 }
 
 /// A lock file we hold an exclusive flock on. Dropping it releases the lock.
 #[derive(Debug)]
-pub struct HeldLock {
+pub(crate) struct HeldLock {
     lock: Flock<File>,
     path: PathBuf,
 }
 
 /// Outcome of a non-blocking attempt.
 #[derive(Debug)]
-pub enum TryLock {
+pub(crate) enum TryLock {
     Acquired(HeldLock),
     /// Someone else holds it; the file is handed back for reading its holder metadata.
     Busy(LockFile),
@@ -173,13 +179,13 @@ pub enum TryLock {
 
 impl LockFile {
     /// Open (creating if needed) the lock file at `path`, refusing anything unsafe.
-    pub fn open(path: &Path) -> Result<Self, LockError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, LockError> {
         Self::open_with(path, true).map(|f| f.expect("created when missing"))
     }
 
     /// Open the lock file at `path` if it exists (`None` when it does not): a probe that must
     /// change nothing, like a dry run, never creates one.
-    pub fn open_existing(path: &Path) -> Result<Option<Self>, LockError> {
+    pub(crate) fn open_existing(path: &Path) -> Result<Option<Self>, LockError> {
         Self::open_with(path, false)
     }
 
@@ -245,12 +251,8 @@ impl LockFile {
         }))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Try to take the exclusive lock without waiting.
-    pub fn try_lock(self) -> Result<TryLock, LockError> {
+    pub(crate) fn try_lock(self) -> Result<TryLock, LockError> {
         let path = self.path;
         match Flock::lock(self.file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => Ok(TryLock::Acquired(HeldLock { lock, path })),
@@ -261,7 +263,7 @@ impl LockFile {
 
     /// Take the lock, blocking in this thread. Only for locks held for an instant (a counter's
     /// read-increment-write): a signal makes it return `EINTR` with the file handed back.
-    pub fn lock_briefly(self) -> Result<HeldLock, (LockFile, LockError)> {
+    pub(crate) fn lock_briefly(self) -> Result<HeldLock, (LockFile, LockError)> {
         let path = self.path;
         match Flock::lock(self.file, FlockArg::LockExclusive) {
             Ok(lock) => Ok(HeldLock { lock, path }),
@@ -273,7 +275,7 @@ impl LockFile {
     }
 
     /// Start ONE blocking exclusive flock on a helper thread.
-    pub fn lock_in_background(self) -> Result<PendingLock, LockError> {
+    pub(crate) fn lock_in_background(self) -> Result<PendingLock, LockError> {
         let path = self.path;
         let file = self.file;
         let worker = Worker::spawn("flock", move |cancel| {
@@ -295,12 +297,12 @@ impl LockFile {
     }
 
     /// The holder metadata a holder wrote into the file (at most 4 KiB, lossily decoded).
-    pub fn read_holder(&mut self) -> String {
+    pub(crate) fn read_holder(&mut self) -> String {
         read_holder(&self.file)
     }
 
     /// Seconds since the file was last modified (a holder touches it when it acquires).
-    pub fn age(&self) -> Option<Duration> {
+    pub(crate) fn age(&self) -> Option<Duration> {
         age_of(&self.file)
     }
 }
@@ -322,13 +324,9 @@ fn age_of(file: &File) -> Option<Duration> {
 }
 
 impl HeldLock {
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// True when the locked descriptor is still the inode the path names. A lock on an unlinked
     /// (or replaced) inode protects nothing: the next opener gets a fresh file.
-    pub fn identity_matches(&self) -> Result<bool, LockError> {
+    pub(crate) fn identity_matches(&self) -> Result<bool, LockError> {
         let held = fstat(self.lock.as_fd()).map_err(|e| LockError::io("inspect", &self.path, e))?;
         match stat(&self.path) {
             Ok(now) => Ok(now.st_dev == held.st_dev && now.st_ino == held.st_ino),
@@ -339,7 +337,7 @@ impl HeldLock {
 
     /// Replace the file's contents with `holder` (run id, pid, start time, host ...); this also
     /// touches its mtime, which is what lock ages are measured from.
-    pub fn write_holder(&mut self, holder: &str) -> Result<(), LockError> {
+    pub(crate) fn write_holder(&mut self, holder: &str) -> Result<(), LockError> {
         let mut file: &File = &self.lock;
         file.set_len(0)
             .and_then(|()| file.rewind())
@@ -347,22 +345,18 @@ impl HeldLock {
             .map_err(|err| LockError::io("write holder metadata to", &self.path, err))
     }
 
-    pub fn read_holder(&self) -> String {
+    pub(crate) fn read_holder(&self) -> String {
         read_holder(&self.lock)
     }
 
     /// The locked file, for reading and writing what it holds.
-    pub fn file(&self) -> &File {
+    pub(crate) fn file(&self) -> &File {
         &self.lock
-    }
-
-    pub fn age(&self) -> Option<Duration> {
-        age_of(&self.lock)
     }
 
     /// Unlink the lock file while still holding it, but only if the path still names our inode
     /// (otherwise it is someone else's newer file). Returns whether it was unlinked.
-    pub fn unlink(&self) -> Result<bool, LockError> {
+    pub(crate) fn unlink(&self) -> Result<bool, LockError> {
         if !self.identity_matches()? {
             return Ok(false);
         }
@@ -376,19 +370,21 @@ impl HeldLock {
 
 /// A blocking flock under way on a helper thread.
 #[derive(Debug)]
-pub struct PendingLock {
+pub(crate) struct PendingLock {
     worker: Worker<Result<Flock<File>, Errno>>,
     path: PathBuf,
 }
 
-impl PendingLock {
+impl Awaitable for PendingLock {
+    type Output = Result<HeldLock, LockError>;
+
     /// Becomes readable when the flock call has returned.
-    pub fn ready_fd(&self) -> BorrowedFd<'_> {
+    fn ready_fd(&self) -> BorrowedFd<'_> {
         self.worker.ready_fd()
     }
 
     /// The outcome, if the call has returned.
-    pub fn try_finish(&mut self) -> Option<Result<HeldLock, LockError>> {
+    fn try_finish(&mut self) -> Option<Result<HeldLock, LockError>> {
         Some(match self.worker.try_finish()? {
             Ok(lock) => Ok(HeldLock {
                 lock,
@@ -399,14 +395,14 @@ impl PendingLock {
     }
 
     /// Stop waiting: interrupt the call and let go of whatever it got.
-    pub fn cancel(self) {
+    fn cancel(self) {
         drop(self.worker.cancel());
     }
 }
 
 /// Who holds a lock: written into the lock file by its holder, read by `locks` and the janitor.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Holder {
+pub(crate) struct Holder {
     pub run_id: String,
     pub pid: u32,
     pub started_at: String,
@@ -415,11 +411,11 @@ pub struct Holder {
 
 impl Holder {
     /// This process, as the holder for `run_id`.
-    pub fn this_process(run_id: &str) -> Self {
+    pub(crate) fn this_process(run_id: &str) -> Self {
         Self {
             run_id: run_id.to_owned(),
             pid: std::process::id(),
-            started_at: crate::record::timestamp(SystemTime::now()),
+            started_at: crate::run::record::timestamp(SystemTime::now()),
             host: nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
                 .unwrap_or_default(),
@@ -427,12 +423,12 @@ impl Holder {
     }
 
     /// One JSON line.
-    pub fn to_line(&self) -> String {
+    pub(crate) fn to_line(&self) -> String {
         serde_json::to_string(self).expect("a holder always serialises")
     }
 
     /// Parse what a lock file holds; garbage gives `None`, never a panic.
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         serde_json::from_str(text.trim()).ok()
     }
 }

@@ -17,10 +17,10 @@ use git2::{FetchOptions, Oid, RemoteCallbacks, Repository};
 
 use crate::names::{GitRef, PrNumber, Recipe};
 use crate::report;
-use crate::worker::CancelFlag;
+use crate::supervise::worker::CancelFlag;
 
 /// The default recipe URL template; `{recipe}` is replaced by the recipe name.
-pub const DEFAULT_URL_TEMPLATE: &str = "https://git.coopcloud.tech/coop-cloud/{recipe}.git";
+pub(crate) const DEFAULT_URL_TEMPLATE: &str = "https://git.coopcloud.tech/coop-cloud/{recipe}.git";
 
 /// Progress is reported only for fetches that take longer than this, and at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -30,7 +30,7 @@ const SERVER_TIMEOUT_MS: i32 = 120_000;
 
 /// What to put where.
 #[derive(Debug, Clone)]
-pub struct FetchSpec {
+pub(crate) struct FetchSpec {
     pub url: String,
     pub pr: Option<PrNumber>,
     pub git_ref: Option<GitRef>,
@@ -38,7 +38,7 @@ pub struct FetchSpec {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum FetchError {
+pub(crate) enum FetchError {
     #[error("failed to fetch {url} ({what}): {message}")]
     Git {
         url: String,
@@ -86,7 +86,7 @@ fn secret_parts(url: &str) -> SecretParts<'_> {
 
 /// `url` with its user information, query string and fragment replaced by `***`, fit for
 /// messages, logs and records.
-pub fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     let parts = secret_parts(url);
     let mut shown = url.to_owned();
     if let Some(info) = parts.userinfo.filter(|i| !i.is_empty()) {
@@ -134,7 +134,7 @@ fn scrub(message: &str, url: &str) -> String {
 }
 
 /// The recipe URL: the flag, else the template with `{recipe}` filled in.
-pub fn recipe_url(flag: Option<&str>, template: Option<&str>, recipe: &Recipe) -> String {
+pub(crate) fn recipe_url(flag: Option<&str>, template: Option<&str>, recipe: &Recipe) -> String {
     match flag {
         Some(url) => url.to_owned(),
         None => template
@@ -145,7 +145,7 @@ pub fn recipe_url(flag: Option<&str>, template: Option<&str>, recipe: &Recipe) -
 
 /// Make libgit2 set up its TLS and global state now, on the main thread: it calls `setenv`
 /// on first use, which is unsafe once other threads run.
-pub fn init_git() {
+pub(crate) fn init_git() {
     // SAFETY: a plain integer option, set before any other thread exists.
     unsafe {
         let _ = git2::opts::set_server_timeout_in_milliseconds(SERVER_TIMEOUT_MS);
@@ -195,7 +195,7 @@ fn remove_all(path: &Path) -> io::Result<()> {
 }
 
 /// Clone `spec.url` into `spec.dest` and check out what the run asked for. Returns the commit.
-pub fn fetch(spec: &FetchSpec, cancel: &CancelFlag) -> Result<Oid, FetchError> {
+pub(crate) fn fetch(spec: &FetchSpec, cancel: &CancelFlag) -> Result<Oid, FetchError> {
     let url = &spec.url;
     let shown = redact(url);
     let git_err = |what: &str, err: git2::Error| FetchError::Git {
@@ -341,7 +341,7 @@ fn default_branch(repo: &Repository) -> Option<Oid> {
 
 /// `CCCI_SKIP_FETCH=1`: copy the staged canonical clone (with its `.git`) into the run's tree.
 /// The source is only read.
-pub fn copy_staged(from: &Path, dest: &Path) -> Result<(), FetchError> {
+pub(crate) fn copy_staged(from: &Path, dest: &Path) -> Result<(), FetchError> {
     let err = |message: String| FetchError::Copy {
         from: from.to_owned(),
         message,

@@ -8,8 +8,10 @@
 //!
 //! Removal is idempotent (404 means already gone) and ordered so that nothing waits on swarm:
 //! services, then the stack's containers force-removed, networks, secrets, configs, and volumes
-//! last. Transient failures are retried with full jitter ([`crate::backoff`]); other client
+//! last. Transient failures are retried with full jitter ([`crate::docker::backoff`]); other client
 //! errors are not. Only API 1.41 (Docker 20.10) endpoints are used; the version is negotiated.
+
+pub(crate) mod backoff;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
@@ -27,16 +29,17 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use serde::Serialize;
 
-use crate::backoff::{Backoff, MonotonicClock, Policy};
+use crate::config::DockerMode;
+use crate::docker::backoff::{Backoff, MonotonicClock, Policy};
 use crate::names::{AppDomain, RunAppPattern};
 
-pub const STACK_LABEL: &str = "com.docker.stack.namespace";
+pub(crate) const STACK_LABEL: &str = "com.docker.stack.namespace";
 
 /// How long one Docker API request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many delete requests of one kind are in flight at once.
-pub const REAP_CONCURRENCY: usize = 16;
+pub(crate) const REAP_CONCURRENCY: usize = 16;
 
 /// How long a reaped stack that had services must stay unlisted before it counts as gone.
 const SETTLE: Duration = Duration::from_millis(750);
@@ -46,14 +49,14 @@ const STACKS_AT_ONCE: usize = 4;
 
 /// A Docker resource: its id (what the API removes by) and its name (what people read).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Resource {
+pub(crate) struct Resource {
     pub id: String,
     pub name: String,
 }
 
 /// Every resource of one stack, by kind.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StackResources {
+pub(crate) struct StackResources {
     pub services: Vec<Resource>,
     pub containers: Vec<Resource>,
     pub networks: Vec<Resource>,
@@ -63,7 +66,7 @@ pub struct StackResources {
 }
 
 impl StackResources {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.services.is_empty()
             && self.containers.is_empty()
             && self.networks.is_empty()
@@ -75,7 +78,7 @@ impl StackResources {
 
 /// Names of what a removal took away, by kind.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct RemovedNames {
+pub(crate) struct RemovedNames {
     pub services: Vec<String>,
     pub containers: Vec<String>,
     pub networks: Vec<String>,
@@ -87,10 +90,10 @@ pub struct RemovedNames {
 /// A failed Docker request, in words.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
-pub struct DockerError(pub String);
+pub(crate) struct DockerError(pub String);
 
 /// A connected, version-negotiated Docker client with its own single-threaded runtime.
-pub struct DockerSeam {
+pub(crate) struct DockerSeam {
     docker: Docker,
     runtime: tokio::runtime::Runtime,
     list_calls: Cell<usize>,
@@ -108,7 +111,7 @@ impl std::fmt::Debug for DockerSeam {
 impl DockerSeam {
     /// Connect through `DOCKER_HOST` (or the default socket) and negotiate the API version; an
     /// engine that does not answer is an error.
-    pub fn connect() -> Result<Self, DockerError> {
+    pub(crate) fn connect() -> Result<Self, DockerError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -132,12 +135,12 @@ impl DockerSeam {
     }
 
     /// How many list calls this seam has made.
-    pub fn list_calls(&self) -> usize {
+    pub(crate) fn list_calls(&self) -> usize {
         self.list_calls.get()
     }
 
     /// Every run-app stack's resources: one list call per kind.
-    pub fn discover(
+    pub(crate) fn discover(
         &self,
         pattern: &RunAppPattern,
     ) -> Result<BTreeMap<AppDomain, StackResources>, DockerError> {
@@ -218,7 +221,7 @@ impl DockerSeam {
     /// the engine lists nothing of a stack any more, deleting again whatever is still listed.
     /// Past `budget` (or when all that is left is blocked by another stack) what is still
     /// there is reported. The results come back in the order of `stacks`.
-    pub fn reap(
+    pub(crate) fn reap(
         &self,
         pattern: &RunAppPattern,
         stacks: Vec<(AppDomain, StackResources)>,
@@ -230,7 +233,7 @@ impl DockerSeam {
     }
 
     /// How many poll rounds reaps of this seam have made.
-    pub fn poll_rounds(&self) -> usize {
+    pub(crate) fn poll_rounds(&self) -> usize {
         self.poll_rounds.get()
     }
 
@@ -352,7 +355,7 @@ impl DockerSeam {
 
 /// What a reap of one stack came to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Reaped {
+pub(crate) struct Reaped {
     /// What this reap removed.
     pub removed: RemovedNames,
     /// The engine was asked after the deletes and listed nothing of the stack.
@@ -367,12 +370,12 @@ pub struct Reaped {
 
 impl Reaped {
     /// Gone for good: the next deploy of the same stack can start at once.
-    pub fn gone(&self) -> bool {
+    pub(crate) fn gone(&self) -> bool {
         self.confirmed && self.remaining.is_empty()
     }
 
     /// Everything that went wrong, in words, for a report.
-    pub fn problems(&self) -> Vec<String> {
+    pub(crate) fn problems(&self) -> Vec<String> {
         let mut problems: Vec<String> = self.errors.iter().map(|e| e.0.clone()).collect();
         if !self.remaining.is_empty() {
             problems.push(format!("still there: {}", self.remaining.join(", ")));
@@ -633,7 +636,7 @@ async fn remove_volume(docker: &Docker, name: &str) -> Result<(), BollardError> 
 }
 
 /// Container ids in a "volume is in use - [id, id]" message.
-pub fn containers_named_in(message: &str) -> Vec<String> {
+pub(crate) fn containers_named_in(message: &str) -> Vec<String> {
     let Some(list) = message
         .split_once("in use")
         .and_then(|(_, rest)| rest.split_once('['))
@@ -651,7 +654,7 @@ pub fn containers_named_in(message: &str) -> Vec<String> {
 
 /// How a failed request should be handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// 404: the resource is already gone. Success, for a removal.
     Gone,
     /// "in use", 5xx, a connection reset or time-out: worth retrying.
@@ -660,7 +663,7 @@ pub enum Failure {
     Permanent,
 }
 
-pub fn classify(err: &BollardError) -> Failure {
+pub(crate) fn classify(err: &BollardError) -> Failure {
     match err {
         BollardError::DockerResponseServerError {
             status_code: 404, ..
@@ -693,6 +696,34 @@ fn is_connect_failure(err: &std::io::Error) -> bool {
         err.kind(),
         std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
     )
+}
+
+/// One Docker connection, made on first use and kept: a run (or a janitor) negotiates the
+/// API version once, whatever it asks of the engine later.
+pub(crate) struct DockerLink {
+    mode: DockerMode,
+    seam: std::cell::OnceCell<Result<DockerSeam, DockerError>>,
+}
+
+impl DockerLink {
+    pub(crate) fn new(mode: DockerMode) -> Self {
+        Self {
+            mode,
+            seam: std::cell::OnceCell::new(),
+        }
+    }
+
+    pub(crate) fn mode(&self) -> DockerMode {
+        self.mode
+    }
+
+    /// `None` with `--docker off`; otherwise the connection, made now if it was not yet.
+    pub(crate) fn get(&self) -> Option<Result<&DockerSeam, &DockerError>> {
+        if self.mode == DockerMode::Off {
+            return None;
+        }
+        Some(self.seam.get_or_init(DockerSeam::connect).as_ref())
+    }
 }
 
 #[cfg(test)]

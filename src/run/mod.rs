@@ -1,3 +1,10 @@
+//! The run: everything one `ccci-run run` owns from start to finish — its directory and
+//! `ABRA_DIR` ([`rundir`]), its record ([`record`]) and phases ([`phase`]), its state files
+//! ([`state`]), the recipe it fetches ([`fetch`]), and the order they happen in (below).
+//!
+//! It must never reap another run's app or hold a lock past its own process: what a dead run
+//! leaves is the janitor's.
+//!
 //! `ccci-run run`: supervise one CI run from lifetime guards to teardown.
 //!
 //! The order is the contract's: guards, per-run `ABRA_DIR`, recipe, a janitor sweep, the app
@@ -8,34 +15,47 @@
 //! once, and nothing this run started (its process group, daemonised descendants, state files)
 //! outlives it.
 
+pub(crate) mod fetch;
+pub(crate) mod phase;
+pub(crate) mod record;
+pub(crate) mod rundir;
+pub(crate) mod state;
+
 use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::unistd::Pid;
 
-use crate::cli::{DockerMode, Fetch, Global, RunConfig};
+use self::fetch::{FetchError, FetchSpec};
+use self::rundir::{RunDir, RunDirError};
+use crate::app;
+use crate::config::{DockerMode, Fetch, Global, RunConfig};
 use crate::docker::DockerError;
+use crate::docker::DockerLink;
 use crate::exit;
-use crate::fetch::{self, FetchError, FetchSpec};
-use crate::janitor::{self, Decision, DockerLink};
-use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
-use crate::process::{ChildStatus, CommandSpec};
-use crate::record::RunRecord;
+use crate::janitor::{self, decide::Decision};
+use crate::lock::backend::{Lease, LockBackend, LockKey, Taken, Wait};
+use crate::lock::queue::Class;
+use crate::lock::{Holder, LockError};
 use crate::report;
-use crate::rundir::{self, RunDir, RunDirError};
-use crate::shutdown::Event;
-use crate::signals::SignalFunnel;
-use crate::state::{StateError, StateFiles};
-use crate::supervise::{
-    self, Cgroups, GuardError, GuardOptions, Supervisor, Watchdog, hook_share, shutdown_events,
-};
-use crate::worker::Worker;
+use crate::run::phase::Phase;
+use crate::run::record::RunRecord;
+use crate::run::state::{StateError, StateFiles};
+use crate::supervise::Supervisor;
+use crate::supervise::cgroup::{self, Cgroups};
+use crate::supervise::guards::{self, GuardError, GuardOptions};
+use crate::supervise::process::{ChildStatus, CommandSpec};
+use crate::supervise::shutdown::Event;
+use crate::supervise::signals::SignalFunnel;
+use crate::supervise::signals::{Awaited, shutdown_events};
+use crate::supervise::watchdog::Watchdog;
+use crate::supervise::worker::Worker;
 
 /// Ways a run fails before or around its command; all of them are exit 125.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     #[error(transparent)]
     Guards(#[from] GuardError),
     #[error(transparent)]
@@ -56,8 +76,8 @@ pub enum RunError {
 }
 
 /// Run the `run` subcommand; returns the exit code.
-pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
-    let funnel = supervise::install_guards(
+pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
+    let funnel = guards::install_guards(
         start_ppid,
         &GuardOptions {
             expect_parent: cfg.expect_parent,
@@ -93,16 +113,19 @@ pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunE
             .collect(),
         ..RunRecord::default()
     };
-    record.enter("guards");
-    let cgroup = supervise::run_cgroup(global.cgroup, "run", cfg.run_id.as_str());
+    record.enter(Phase::Guards);
+    let cgroup = cgroup::run_cgroup(global.cgroup, "run", cfg.run_id.as_str());
     record.cgroup = cgroup
         .as_ref()
         .map(|c| c.cgroup.path().display().to_string());
     let record_path = run_dir.record_path();
     let watchdog = Watchdog::arm(
         hard_end,
-        record_path.clone(),
         cgroup.as_ref().map(|c| c.cgroup.path().to_owned()),
+        {
+            let record_path = record_path.clone();
+            move |code| record_watchdog_end(&record_path, code)
+        },
     );
     let mut run = Run {
         funnel,
@@ -112,6 +135,7 @@ pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunE
         record,
         state: StateFiles::default(),
         env: Vec::new(),
+        locks: crate::lock::backend(global),
         app_lock: None,
         teardown_timed_out: false,
         cgroup,
@@ -123,7 +147,7 @@ pub fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunE
     if let Err(err) = &result {
         run.record.error = Some(err.to_string());
         run.record.exit_code = Some(exit::INTERNAL);
-        run.record.enter("failed");
+        run.record.enter(Phase::Failed);
         run.save();
     }
     run.remove_cgroup();
@@ -141,8 +165,10 @@ struct Run<'a> {
     record: RunRecord,
     state: StateFiles,
     env: Vec<(String, OsString)>,
-    /// Held from step 5 until the process exits; the run never unlinks it.
-    app_lock: Option<Vec<HeldLock>>,
+    /// Where the app lock is kept.
+    locks: Box<dyn LockBackend>,
+    /// Held from step 5 until the process exits; the run never removes it.
+    app_lock: Option<Box<dyn Lease>>,
     /// Some teardown step ran out of its budget.
     teardown_timed_out: bool,
     /// The run's cgroup and its leaves, where cgroup v2 is writable.
@@ -155,54 +181,19 @@ struct Run<'a> {
     docker: DockerLink,
 }
 
-enum LockOutcome {
-    Held(HeldLock),
-    Stopped(Event),
-    TimedOut { waited: Duration, holder: String },
-}
-
 impl Run<'_> {
+    /// The run's steps in the contract's order; a way out before the command starts goes
+    /// straight to teardown.
     fn execute(&mut self, run_dir: &RunDir, pid: u32) -> Result<u8, RunError> {
-        self.record
-            .write(&self.record_path)
-            .map_err(|source| RunError::Record {
-                path: self.record_path.clone(),
-                source,
-            })?;
+        self.save_durably()?;
         let abra_dir = run_dir.prepare_abra_dir(&self.global.abra_home)?;
         self.record.abra_dir = abra_dir.display().to_string();
-        self.record.enter("abra-dir");
+        self.record.enter(Phase::AbraDir);
         self.save_durably()?;
-
         let identity = &self.cfg.identity;
         let recipe_dir = abra_dir.join("recipes").join(identity.recipe.as_str());
-        match &self.cfg.fetch {
-            Fetch::Skip => self.record.enter("fetch-skipped"),
-            Fetch::CopyStaged => {
-                let staged = self
-                    .global
-                    .abra_home
-                    .join("recipes")
-                    .join(identity.recipe.as_str());
-                fetch::copy_staged(&staged, &recipe_dir)?;
-                self.record.enter("fetch-copied");
-            }
-            Fetch::Clone { url } => {
-                self.record.recipe_url = Some(fetch::redact(url));
-                let spec = FetchSpec {
-                    url: url.clone(),
-                    pr: identity.pr.clone(),
-                    git_ref: identity.git_ref.clone(),
-                    dest: recipe_dir.clone(),
-                };
-                match self.fetch_recipe(spec)? {
-                    Ok(commit) => {
-                        self.record.commit = Some(commit);
-                        self.record.enter("fetch");
-                    }
-                    Err(event) => return Ok(self.supervise_and_tear_down(VecDeque::from([event]))),
-                }
-            }
+        if let Some(event) = self.get_recipe(&recipe_dir)? {
+            return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
         }
         self.save();
         report::line(&format!(
@@ -212,65 +203,83 @@ impl Run<'_> {
             identity.domain.stack_name(),
             abra_dir.display()
         ));
-
         if self.global.docker == DockerMode::Required {
             if let Some(Err(err)) = self.docker.get() {
                 return Err(RunError::DockerRequired(err.clone()));
             }
         }
         self.sweep();
-        self.record.enter("janitor");
-        // Two locks, always in this order: the app lock in the lock dir, then the domain's lock in
-        // the runs dir. The second is defense in depth: a lock file deleted by hand, or a lock dir
-        // that differs between runs, can no longer let two runs of one domain overlap.
-        let file_name = identity.domain.lock_file_name();
-        let locks = [
-            (
-                self.global.lock_dir.clone(),
-                self.global.lock_dir.join(&file_name),
-            ),
-            (
-                rundir::domains_dir(&self.global.runs_dir),
-                rundir::domains_dir(&self.global.runs_dir).join(&file_name),
-            ),
-        ];
-        let mut held = Vec::new();
-        for (dir, lock_path) in locks {
-            match self.acquire_app_lock(&dir, &lock_path)? {
-                LockOutcome::Held(lock) => held.push(lock),
-                LockOutcome::Stopped(event) => {
-                    return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
+        self.record.enter(Phase::Janitor);
+        match self.take_app_lock()? {
+            Taken::Held(lease) => self.app_lock = Some(lease),
+            Taken::Stopped(event) => {
+                return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
+            }
+            Taken::TimedOut {
+                waited,
+                lock,
+                detail,
+            } => return Ok(self.lock_timed_out(waited, &lock, &detail)),
+        }
+        self.record.enter(Phase::AppLock);
+        self.save_durably()?;
+        self.clear_leftovers();
+        self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
+        self.env = self.command_env(abra_dir, recipe_dir);
+        let early: VecDeque<Event> = shutdown_events(&self.funnel.pending()).collect();
+        if early.is_empty() {
+            // The command starts only once the record says so, durably: a run that cannot
+            // record itself (a full disk) does not run at all (125).
+            self.record.enter(Phase::Command);
+            if let Err(err) = self.save_durably() {
+                for problem in self.state.remove() {
+                    tracing::warn!("{problem}");
                 }
-                LockOutcome::TimedOut { waited, holder } => {
-                    let holder = match Holder::parse(&holder) {
-                        Some(h) => format!(
-                            "run {} (pid {} on {} since {})",
-                            h.run_id, h.pid, h.host, h.started_at
-                        ),
-                        None => "a holder that left no metadata".to_owned(),
-                    };
-                    let message = format!(
-                        "app lock {} for {} not acquired within {} s; held by {holder}",
-                        lock_path.display(),
-                        identity.domain,
-                        (waited.as_secs_f64() * 10.0).round() / 10.0,
-                    );
-                    report::line(&format!("ccci-run: {message}"));
-                    self.record.error = Some(message);
-                    self.record.exit_code = Some(exit::LOCK_TIMEOUT);
-                    self.record.enter("finished");
-                    self.save();
-                    return Ok(exit::LOCK_TIMEOUT);
+                return Err(err);
+            }
+        }
+        Ok(self.supervise_and_tear_down(early))
+    }
+
+    /// Step 3: the recipe into the run's tree, as configured. `Some(event)`: a way out ended a
+    /// fetch that was under way.
+    fn get_recipe(&mut self, recipe_dir: &Path) -> Result<Option<Event>, RunError> {
+        let identity = &self.cfg.identity;
+        match &self.cfg.fetch {
+            Fetch::Skip => self.record.enter(Phase::FetchSkipped),
+            Fetch::CopyStaged => {
+                let staged = self
+                    .global
+                    .abra_home
+                    .join("recipes")
+                    .join(identity.recipe.as_str());
+                fetch::copy_staged(&staged, recipe_dir)?;
+                self.record.enter(Phase::FetchCopied);
+            }
+            Fetch::Clone { url } => {
+                self.record.recipe_url = Some(fetch::redact(url));
+                let spec = FetchSpec {
+                    url: url.clone(),
+                    pr: identity.pr.clone(),
+                    git_ref: identity.git_ref.clone(),
+                    dest: recipe_dir.to_owned(),
+                };
+                match self.fetch_recipe(spec)? {
+                    Ok(commit) => {
+                        self.record.commit = Some(commit);
+                        self.record.enter(Phase::Fetch);
+                    }
+                    Err(event) => return Ok(Some(event)),
                 }
             }
         }
-        self.app_lock = Some(held);
-        self.record.enter("app-lock");
-        self.save_durably()?;
-        self.clear_leftovers();
+        Ok(None)
+    }
 
-        self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
-        self.env = [
+    /// What the command (and the hook) get in their environment.
+    fn command_env(&self, abra_dir: PathBuf, recipe_dir: PathBuf) -> Vec<(String, OsString)> {
+        let identity = &self.cfg.identity;
+        [
             ("ABRA_DIR", abra_dir.into_os_string()),
             ("CCCI_RUN_ID", self.cfg.run_id.as_str().into()),
             ("CCCI_RECIPE", identity.recipe.as_str().into()),
@@ -281,21 +290,54 @@ impl Run<'_> {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .chain(self.state.env().map(|(k, p)| (k.to_owned(), p.into())))
-        .collect();
+        .collect()
+    }
 
-        let early: VecDeque<Event> = shutdown_events(&self.funnel.pending()).collect();
-        if early.is_empty() {
-            // The command starts only once the record says so, durably: a run that cannot
-            // record itself (a full disk) does not run at all (125).
-            self.record.enter("command");
-            if let Err(err) = self.save_durably() {
-                for problem in self.state.remove() {
-                    tracing::warn!("{problem}");
-                }
-                return Err(err);
-            }
+    /// Step 5: the app lock, through the lock backend. Waits visibly for as long as the
+    /// lock-wait budget allows; a signal or the deadline ends the wait at once.
+    fn take_app_lock(&mut self) -> Result<Taken, RunError> {
+        let domain = &self.cfg.identity.domain;
+        let holder = Holder::this_process(self.cfg.run_id.as_str());
+        let wait = Wait {
+            holder: &holder,
+            funnel: &self.funnel,
+            until: self.cfg.lock_wait.map(|budget| Instant::now() + budget),
+            class: Class::Normal,
+            promote_after: Duration::MAX,
+        };
+        let started = Instant::now();
+        let mut waited = false;
+        let taken = self
+            .locks
+            .take(LockKey::App(domain), &wait, &mut |holder| {
+                waited = true;
+                report::line(&format!(
+                    "== app lock: another run of {domain} is in flight — waiting =="
+                ));
+                tracing::info!(holder = ?holder, "app lock busy");
+            })?;
+        if waited && matches!(taken, Taken::Held(_)) {
+            report::line(&format!(
+                "== app lock: acquired {domain} after {:.1} s ==",
+                started.elapsed().as_secs_f64()
+            ));
         }
-        Ok(self.supervise_and_tear_down(early))
+        Ok(taken)
+    }
+
+    /// The lock-wait budget ran out: say who holds the lock, record it, exit 75.
+    fn lock_timed_out(&mut self, waited: Duration, lock: &str, detail: &str) -> u8 {
+        let message = format!(
+            "app lock {lock} for {} not acquired within {} s; {detail}",
+            self.cfg.identity.domain,
+            (waited.as_secs_f64() * 10.0).round() / 10.0,
+        );
+        report::line(&format!("ccci-run: {message}"));
+        self.record.error = Some(message);
+        self.record.exit_code = Some(exit::LOCK_TIMEOUT);
+        self.record.enter(Phase::Finished);
+        self.save();
+        exit::LOCK_TIMEOUT
     }
 
     /// Write the run record, or fail the run: before its command starts, a run must be able
@@ -312,19 +354,13 @@ impl Run<'_> {
     /// Step 3: clone on a worker thread; a signal or the deadline ends a hanging fetch at once.
     /// `Ok(Err(event))` is such an ending.
     fn fetch_recipe(&mut self, spec: FetchSpec) -> Result<Result<String, Event>, RunError> {
-        let mut worker = Worker::spawn("fetch", move |cancel| fetch::fetch(&spec, cancel))
+        let worker = Worker::spawn("fetch", move |cancel| fetch::fetch(&spec, cancel))
             .map_err(|e| RunError::Fetch(FetchError::Start(e)))?;
-        loop {
-            let (arrived, ready) = self.funnel.wait_or(Some(worker.ready_fd()), None);
-            if let Some(event) = shutdown_events(&arrived).next() {
-                drop(worker.cancel());
-                return Ok(Err(event));
-            }
-            if ready {
-                if let Some(outcome) = worker.try_finish() {
-                    return Ok(Ok(outcome?.to_string()));
-                }
-            }
+        match self.funnel.await_work(worker, None, None) {
+            Awaited::Done(outcome) => Ok(Ok(outcome?.to_string())),
+            Awaited::Stopped(event) => Ok(Err(event)),
+            // No budget but the hard deadline, which arrives as a signal.
+            Awaited::TimedOut => Ok(Err(Event::Deadline)),
         }
     }
 
@@ -333,15 +369,15 @@ impl Run<'_> {
     /// the command starts, so the command never deploys over a dead run's stack.
     fn clear_leftovers(&mut self) {
         let domain = &self.cfg.identity.domain;
-        if !janitor::app_has_leftovers(self.global, &self.docker, domain) {
+        if !app::app_has_leftovers(self.global, &self.docker, domain) {
             return;
         }
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
-        janitor::reap_dead_runs_processes(&mut Vec::new(), false);
-        let budget = janitor::DEFAULT_REAP_BUDGET
+        janitor::reap::reap_dead_runs_processes(&mut Vec::new(), false);
+        let budget = janitor::reap::DEFAULT_REAP_BUDGET
             .min(self.hard_end.saturating_duration_since(Instant::now()));
-        let (removed, errors) = janitor::remove_app_now(self.global, &self.docker, domain, budget);
+        let (removed, errors) = app::remove_app_now(self.global, &self.docker, domain, budget);
         if removed.counts().iter().any(|(_, n)| *n > 0) {
             report::line(&format!(
                 "== app lock: removed what a previous run of {domain} left: {} ==",
@@ -355,10 +391,10 @@ impl Run<'_> {
 
     /// Step 4: a janitor sweep. Whatever goes wrong is logged; it never stops the run.
     fn sweep(&mut self) {
-        let opts = janitor::SweepOptions {
+        let opts = crate::config::SweepOptions {
             dry_run: false,
-            long_held: Duration::from_secs(crate::cli::DEFAULT_LONG_HELD_SECS),
-            reap_budget: janitor::DEFAULT_REAP_BUDGET
+            long_held: crate::config::DEFAULT_LONG_HELD,
+            reap_budget: janitor::reap::DEFAULT_REAP_BUDGET
                 .min(self.hard_end.saturating_duration_since(Instant::now())),
         };
         let report = janitor::sweep(self.global, &opts, &self.docker);
@@ -373,78 +409,6 @@ impl Run<'_> {
             if let Some(err) = &c.error {
                 tracing::warn!("janitor: failed to reap {}: {err}", c.domain);
             }
-        }
-    }
-
-    /// Step 5: the app lock. Waits visibly, in ONE blocking flock, for as long as the lock-wait
-    /// budget allows; a signal or the deadline ends the wait at once.
-    fn acquire_app_lock(
-        &mut self,
-        dir: &std::path::Path,
-        path: &std::path::Path,
-    ) -> Result<LockOutcome, RunError> {
-        lock::prepare_dir(dir)?;
-        let holder = Holder::this_process(self.cfg.run_id.as_str()).to_line();
-        let started = Instant::now();
-        let mut announced = false;
-        loop {
-            let mut lock = match LockFile::open(path)?.try_lock()? {
-                TryLock::Acquired(lock) => lock,
-                TryLock::Busy(mut file) => {
-                    if !announced {
-                        announced = true;
-                        report::line(&format!(
-                            "== app lock: another run of {} is in flight — waiting ==",
-                            self.cfg.identity.domain
-                        ));
-                        tracing::info!(holder = file.read_holder(), "app lock busy");
-                    }
-                    let mut pending = file.lock_in_background()?;
-                    loop {
-                        let remaining = self
-                            .cfg
-                            .lock_wait
-                            .map(|budget| budget.saturating_sub(started.elapsed()));
-                        if remaining == Some(Duration::ZERO) {
-                            pending.cancel();
-                            let holder = LockFile::open_existing(path)
-                                .ok()
-                                .flatten()
-                                .map(|mut f| f.read_holder())
-                                .unwrap_or_default();
-                            return Ok(LockOutcome::TimedOut {
-                                waited: started.elapsed(),
-                                holder,
-                            });
-                        }
-                        let (arrived, ready) =
-                            self.funnel.wait_or(Some(pending.ready_fd()), remaining);
-                        if let Some(event) = shutdown_events(&arrived).next() {
-                            pending.cancel();
-                            return Ok(LockOutcome::Stopped(event));
-                        }
-                        if ready {
-                            if let Some(outcome) = pending.try_finish() {
-                                break outcome?;
-                            }
-                        }
-                    }
-                }
-            };
-            // A janitor may have reaped and unlinked the file while we waited on it.
-            if !lock.identity_matches()? {
-                tracing::info!(path = %path.display(), "lock file was replaced; retrying on the live path");
-                continue;
-            }
-            lock.write_holder(&holder)?;
-            if announced {
-                report::line(&format!(
-                    "== app lock: acquired {} after {:.1} s ==",
-                    self.cfg.identity.domain,
-                    started.elapsed().as_secs_f64()
-                ));
-            }
-            return Ok(LockOutcome::Held(lock));
         }
     }
 
@@ -489,7 +453,7 @@ impl Run<'_> {
         let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
             watchdog.set_exit_code(reason.exit_code());
             record.shutdown_reason = Some(reason.name());
-            record.enter("teardown");
+            record.enter(Phase::Teardown);
             if let Err(err) = record.write(record_path) {
                 tracing::warn!(path = %record_path.display(), "failed to write run record: {err}");
             }
@@ -507,7 +471,7 @@ impl Run<'_> {
         }
         let code = stopped.reason.exit_code();
         self.record.exit_code = Some(code);
-        self.record.enter("finished");
+        self.record.enter(Phase::Finished);
         self.save();
         code
     }
@@ -527,12 +491,8 @@ impl Run<'_> {
                 self.kill_leftovers(until);
             }
             let budget = until.saturating_duration_since(Instant::now());
-            let (removed, errors) = janitor::remove_app_now(
-                self.global,
-                &self.docker,
-                &self.cfg.identity.domain,
-                budget,
-            );
+            let (removed, errors) =
+                app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
             for (kind, count) in removed.counts() {
                 if count > 0 {
                     tracing::info!(kind, count, "removed the app's resources");
@@ -609,5 +569,27 @@ impl Run<'_> {
         if let Err(err) = self.record.write(&self.record_path) {
             tracing::warn!(path = %self.record_path.display(), "failed to write run record: {err}");
         }
+    }
+}
+
+/// Of what is left of a teardown budget, the part the hook may use: everything but what app
+/// removal needs (half of what is left, at most [`REMOVAL_RESERVE`]).
+pub(crate) fn hook_share(now: Instant, until: Instant) -> Instant {
+    let left = until.saturating_duration_since(now);
+    until - (left / 2).min(REMOVAL_RESERVE)
+}
+
+/// What app removal keeps of the teardown budget when a hook runs first.
+pub(crate) const REMOVAL_RESERVE: Duration = Duration::from_secs(120);
+
+/// The watchdog's note in the run record before it ends the process.
+fn record_watchdog_end(path: &std::path::Path, code: u8) {
+    if let Ok(mut rec) = RunRecord::read(path) {
+        rec.shutdown_reason = Some(TEARDOWN_TIMEOUT.to_owned());
+        rec.teardown_errors
+            .push("the whole-run bound passed; ccci-run ended itself".to_owned());
+        rec.exit_code = Some(code);
+        rec.enter(Phase::Finished);
+        let _ = rec.write(path);
     }
 }

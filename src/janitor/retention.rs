@@ -8,14 +8,12 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::janitor::SweepReport;
+use crate::janitor::report::SweepReport;
 use crate::lock::{LockFile, TryLock};
 use crate::names::RunId;
-use crate::record;
-use crate::rundir;
 
 /// Remove (or, in a dry run, list) finished run directories older than `keep`.
-pub fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepReport) {
+pub(crate) fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepReport) {
     let removed = report.runs_removed.get_or_insert_with(Vec::new);
     let entries = match std::fs::read_dir(runs_dir) {
         Ok(entries) => entries,
@@ -43,7 +41,7 @@ pub fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepR
         };
         let dir = entry.path();
         // A run's last record write is when it finished; a directory without one, its own time.
-        let last = std::fs::metadata(dir.join(record::FILE_NAME))
+        let last = std::fs::metadata(dir.join(crate::names::RUN_RECORD_FILE))
             .or_else(|_| std::fs::metadata(&dir))
             .and_then(|m| m.modified());
         let Ok(last) = last else { continue };
@@ -53,7 +51,7 @@ pub fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepR
         // Nothing is removed without holding the run's guard: a directory without one may be a
         // run's that is being created right now, so the guard is made (a dry run changes
         // nothing and only looks).
-        let guard_path = dir.join(rundir::GUARD_FILE);
+        let guard_path = dir.join(crate::names::RUN_GUARD_FILE);
         let opened = if dry_run {
             LockFile::open_existing(&guard_path)
         } else {

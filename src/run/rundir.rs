@@ -19,9 +19,6 @@ use std::path::{Path, PathBuf};
 
 use crate::lock::{HeldLock, LockError, LockFile, TryLock};
 use crate::names::RunId;
-use crate::record;
-
-pub const GUARD_FILE: &str = "run.lock";
 
 /// How long a run waits for a janitor's probe of its guard to end before calling it live.
 const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -29,7 +26,7 @@ const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 const PROBE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 #[derive(Debug, thiserror::Error)]
-pub enum RunDirError {
+pub(crate) enum RunDirError {
     #[error(
         "run {run_id} is already live ({holder}); refusing to share or wipe its directory {dir}"
     )]
@@ -61,7 +58,7 @@ fn io_err<'p>(what: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> R
 
 /// A run directory we own for as long as this value lives.
 #[derive(Debug)]
-pub struct RunDir {
+pub(crate) struct RunDir {
     dir: PathBuf,
     _guard: HeldLock,
 }
@@ -111,21 +108,17 @@ fn check_own_dir(dir: &Path) -> Result<(), RunDirError> {
     Ok(())
 }
 
-/// `<runs-dir>/.domains/`: one lock per app domain, held by the run that owns the domain, next
-/// to its app lock. It is the runs dir's own account of who is alive: a lock dir emptied by hand,
-/// or one that differs between runs and janitors, cannot make two runs of a domain overlap or a
-/// janitor reap a live run's app.
-pub fn domains_dir(runs_dir: &Path) -> PathBuf {
-    runs_dir.join(".domains")
-}
-
 impl RunDir {
     /// Create (or reuse, when its last run has ended) `<runs-dir>/<run-id>/` and take its guard.
     ///
     /// A guard held by someone who wrote no holder line is a janitor's probe (retention, the
     /// record of a reap), held for moments: wait for it rather than refuse. If retention removed
     /// the directory meanwhile, the lock we got is on an unlinked file: start over.
-    pub fn claim(runs_dir: &Path, run_id: &RunId, holder: &str) -> Result<Self, RunDirError> {
+    pub(crate) fn claim(
+        runs_dir: &Path,
+        run_id: &RunId,
+        holder: &str,
+    ) -> Result<Self, RunDirError> {
         let dir = runs_dir.join(run_id.as_str());
         check_runs_dir(runs_dir)?;
         let started = std::time::Instant::now();
@@ -143,7 +136,7 @@ impl RunDir {
             let opened = std::fs::create_dir_all(&dir)
                 .map_err(io_err("create run directory", &dir))
                 .and_then(|()| check_own_dir(&dir))
-                .and_then(|()| Ok(LockFile::open(&dir.join(GUARD_FILE))?));
+                .and_then(|()| Ok(LockFile::open(&dir.join(crate::names::RUN_GUARD_FILE))?));
             let opened = match opened {
                 Ok(file) => file,
                 Err(err) if gone(&err) => continue,
@@ -173,18 +166,14 @@ impl RunDir {
         }
     }
 
-    pub fn path(&self) -> &Path {
-        &self.dir
-    }
-
-    pub fn record_path(&self) -> PathBuf {
-        self.dir.join(record::FILE_NAME)
+    pub(crate) fn record_path(&self) -> PathBuf {
+        self.dir.join(crate::names::RUN_RECORD_FILE)
     }
 
     /// Build a fresh `abra/` for this run, replacing whatever a previous run with this id left.
     ///
     /// The canonical `servers/` and `catalogue/` are created if missing so the links never dangle.
-    pub fn prepare_abra_dir(&self, abra_home: &Path) -> Result<PathBuf, RunDirError> {
+    pub(crate) fn prepare_abra_dir(&self, abra_home: &Path) -> Result<PathBuf, RunDirError> {
         let abra_home = std::path::absolute(abra_home).map_err(io_err("resolve", abra_home))?;
         let abra = self.dir.join("abra");
         match std::fs::remove_dir_all(&abra) {

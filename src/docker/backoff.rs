@@ -12,7 +12,7 @@ use rand::{Rng, RngExt};
 
 /// What the retry loop may spend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub base: Duration,
     pub cap: Duration,
     /// Retries after the first attempt.
@@ -22,17 +22,9 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Docker removals: "in use" clears within seconds once containers are gone.
-    pub const DOCKER: Policy = Policy {
-        base: Duration::from_millis(50),
-        cap: Duration::from_secs(2),
-        max_retries: 40,
-        budget: Duration::from_secs(60),
-    };
-
     /// Polling a reap until the engine lists nothing of the stack: swarm finishes removals
     /// within seconds, so the rounds stay short; the reap budget, not this, bounds the loop.
-    pub const CONFIRM: Policy = Policy {
+    pub(crate) const CONFIRM: Policy = Policy {
         base: Duration::from_millis(25),
         cap: Duration::from_millis(400),
         max_retries: u32::MAX,
@@ -41,7 +33,7 @@ impl Policy {
 
     /// The upper bound of the delay before retry `attempt` (0-based): `min(cap, base · 2^attempt)`,
     /// clamped before the multiplication could overflow.
-    pub fn ceiling(&self, attempt: u32) -> Duration {
+    pub(crate) fn ceiling(&self, attempt: u32) -> Duration {
         let base = self.base.as_nanos();
         let cap = self.cap.as_nanos();
         let ceiling = if attempt >= 127 || base > (cap >> attempt.min(127)) {
@@ -54,13 +46,13 @@ impl Policy {
 }
 
 /// A source of "now": the real monotonic clock, or a test's.
-pub trait Clock {
+pub(crate) trait Clock {
     fn now(&self) -> Instant;
 }
 
 /// The real monotonic clock.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct MonotonicClock;
+pub(crate) struct MonotonicClock;
 
 impl Clock for MonotonicClock {
     fn now(&self) -> Instant {
@@ -70,7 +62,7 @@ impl Clock for MonotonicClock {
 
 /// One retry loop's state.
 #[derive(Debug)]
-pub struct Backoff<R, C> {
+pub(crate) struct Backoff<R, C> {
     policy: Policy,
     rng: R,
     clock: C,
@@ -80,7 +72,7 @@ pub struct Backoff<R, C> {
 
 impl<R: Rng, C: Clock> Backoff<R, C> {
     /// Start a loop now: the deadline is fixed here, once.
-    pub fn new(policy: Policy, rng: R, clock: C) -> Self {
+    pub(crate) fn new(policy: Policy, rng: R, clock: C) -> Self {
         let deadline = clock.now() + policy.budget;
         Self {
             policy,
@@ -92,7 +84,7 @@ impl<R: Rng, C: Clock> Backoff<R, C> {
     }
 
     /// The delay to wait before the next retry, or `None` when no retry is left.
-    pub fn next_delay(&mut self) -> Option<Duration> {
+    pub(crate) fn next_delay(&mut self) -> Option<Duration> {
         if self.retries >= self.policy.max_retries {
             return None;
         }
@@ -109,7 +101,8 @@ impl<R: Rng, C: Clock> Backoff<R, C> {
         Some(drawn.min(self.deadline - now))
     }
 
-    pub fn retries(&self) -> u32 {
+    #[cfg(test)]
+    fn retries(&self) -> u32 {
         self.retries
     }
 }

@@ -12,21 +12,19 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-pub const FILE_NAME: &str = "run.json";
-
 /// An RFC 3339 UTC timestamp with milliseconds.
-pub fn timestamp(at: SystemTime) -> String {
+pub(crate) fn timestamp(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Phase {
+pub(crate) struct Phase {
     pub name: String,
     pub at: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RunRecord {
+pub(crate) struct RunRecord {
     pub run_id: String,
     pub recipe: String,
     pub pr: Option<String>,
@@ -65,27 +63,27 @@ pub struct RunRecord {
 
 impl RunRecord {
     /// Note that the run entered `phase` now.
-    pub fn enter(&mut self, phase: &str) {
+    pub(crate) fn enter(&mut self, phase: crate::run::phase::Phase) {
         self.phases.push(Phase {
-            name: phase.to_owned(),
+            name: phase.as_str().to_owned(),
             at: timestamp(SystemTime::now()),
         });
     }
 
-    pub fn read(path: &Path) -> io::Result<Self> {
+    pub(crate) fn read(path: &Path) -> io::Result<Self> {
         let text = std::fs::read(path)?;
         serde_json::from_slice(&text).map_err(io::Error::other)
     }
 
     /// Write atomically to `path`: temp file, fsync, rename.
-    pub fn write(&self, path: &Path) -> io::Result<()> {
+    pub(crate) fn write(&self, path: &Path) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
         write_atomically(path, &json)
     }
 }
 
 /// Replace `path` with `bytes` so that readers see the old or the new contents, never a mix.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     // Unique per write: the watchdog thread may write while the main thread is stuck in one.
@@ -121,17 +119,18 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::phase::Phase;
 
     #[test]
     fn round_trips_and_leaves_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(FILE_NAME);
+        let path = dir.path().join(crate::names::RUN_RECORD_FILE);
         let mut record = RunRecord {
             run_id: "5".into(),
             git_ref: Some("main".into()),
             ..Default::default()
         };
-        record.enter("guards");
+        record.enter(Phase::Guards);
         record.write(&path).unwrap();
         record.exit_code = Some(0);
         record.write(&path).unwrap();
@@ -142,6 +141,6 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from(FILE_NAME)]);
+        assert_eq!(names, vec![std::ffi::OsString::from(crate::names::RUN_RECORD_FILE)]);
     }
 }

@@ -19,7 +19,7 @@
 //!
 //! Where cgroup v2 is not writable (no unified hierarchy, not root, no delegation), [`RunCgroup::
 //! create`] says so and the supervisor falls back to process groups, subreaping and the
-//! environment scan of [`crate::leftovers`].
+//! environment scan of [`crate::supervise::leftovers`].
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
@@ -32,21 +32,16 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use crate::linux;
-
-/// Prefix of every cgroup this tool creates.
-pub const PREFIX: &str = "ccci-";
-/// The leaf the supervised command runs in.
-pub const COMMAND_LEAF: &str = "command";
-/// The leaf the teardown hook runs in.
-pub const HOOK_LEAF: &str = "hook";
+use crate::config::CgroupMode;
+use crate::names::{CGROUP_PREFIX, COMMAND_LEAF, HOOK_LEAF, cgroup_name, parse_cgroup_name};
+use crate::supervise::linux;
 
 /// How deep [`reap_orphans`] walks the hierarchy looking for our cgroups.
 const MAX_WALK_DEPTH: usize = 12;
 
 /// The unified (v2) hierarchy's mount point: `/sys/fs/cgroup` on a pure v2 host,
 /// `/sys/fs/cgroup/unified` on a hybrid one.
-pub fn mount_point() -> Option<PathBuf> {
+pub(crate) fn mount_point() -> Option<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     linux::cgroup2_mount(&text)
 }
@@ -61,30 +56,15 @@ fn own_cgroup() -> io::Result<PathBuf> {
     Ok(mount.join(relative.trim_start_matches('/')))
 }
 
-/// The name of a supervisor's cgroup: `ccci-<kind>-<label>-<pid>-<start>`.
-pub fn group_name(kind: &str, label: &str, pid: u32, start: u64) -> String {
-    format!("{PREFIX}{kind}-{label}-{pid}-{start}")
-}
-
-/// The supervisor a cgroup name stands for: its pid and start time.
-pub fn parse_group_name(name: &str) -> Option<(i32, u64)> {
-    let rest = name.strip_prefix(PREFIX)?;
-    let (rest, start) = rest.rsplit_once('-')?;
-    let (_, pid) = rest.rsplit_once('-')?;
-    let pid: i32 = pid.parse().ok().filter(|p| *p > 0)?;
-    let start = start.parse().ok()?;
-    Some((pid, start))
-}
-
 /// A supervisor's cgroup, created by it and removed by it (or by a sweep once it is dead).
 #[derive(Debug)]
-pub struct RunCgroup {
+pub(crate) struct RunCgroup {
     dir: PathBuf,
 }
 
 /// A leaf of a [`RunCgroup`] that children are placed into before they exec.
 #[derive(Debug)]
-pub struct Leaf {
+pub(crate) struct Leaf {
     dir: PathBuf,
     /// The leaf's directory, for `clone3(CLONE_INTO_CGROUP)`: children start inside it.
     dir_fd: OwnedFd,
@@ -95,16 +75,16 @@ pub struct Leaf {
 
 impl Leaf {
     /// The leaf's directory descriptor, for spawning straight into it.
-    pub fn dir_fd(&self) -> RawFd {
+    pub(crate) fn dir_fd(&self) -> RawFd {
         self.dir_fd.as_raw_fd()
     }
 
     /// The descriptor a forked child writes itself into (async-signal-safe: one `write`).
-    pub fn procs_fd(&self) -> RawFd {
+    pub(crate) fn procs_fd(&self) -> RawFd {
         self.procs.as_raw_fd()
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.dir
     }
 
@@ -112,7 +92,7 @@ impl Leaf {
     /// leaf is left alone: on some kernels a leaf that ever saw `cgroup.kill` kills every child
     /// later created in it with `CLONE_INTO_CGROUP` (its kill sequence no longer matches the
     /// parent's), so a leaf that still has a command to host is never killed needlessly.
-    pub fn kill_and_wait(&self, budget: Duration) -> io::Result<bool> {
+    pub(crate) fn kill_and_wait(&self, budget: Duration) -> io::Result<bool> {
         if !self.is_populated() {
             return Ok(true);
         }
@@ -120,14 +100,14 @@ impl Leaf {
         wait_empty(&self.dir, budget)
     }
 
-    pub fn is_populated(&self) -> bool {
+    pub(crate) fn is_populated(&self) -> bool {
         populated(&self.dir).unwrap_or(false)
     }
 }
 
 impl RunCgroup {
     /// Create `<own cgroup>/<name>` with its leaves. `Err` says why cgroups cannot be used here.
-    pub fn create(name: &str) -> io::Result<Self> {
+    pub(crate) fn create(name: &str) -> io::Result<Self> {
         let parent = own_cgroup()?;
         let dir = parent.join(name);
         std::fs::create_dir(&dir).map_err(|e| annotate(e, "create", &dir))?;
@@ -149,12 +129,12 @@ impl RunCgroup {
         Ok(cgroup)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.dir
     }
 
     /// Open a leaf for placing children into it.
-    pub fn leaf(&self, name: &str) -> io::Result<Leaf> {
+    pub(crate) fn leaf(&self, name: &str) -> io::Result<Leaf> {
         let dir = self.dir.join(name);
         let procs = OpenOptions::new()
             .write(true)
@@ -173,26 +153,15 @@ impl RunCgroup {
         })
     }
 
-    /// Kill every process of the run (all leaves) and wait within `budget` until none is left.
-    /// True when the cgroup is empty.
-    pub fn kill_and_wait(&self, budget: Duration) -> io::Result<bool> {
-        kill(&self.dir)?;
-        wait_empty(&self.dir, budget)
-    }
-
-    pub fn is_populated(&self) -> bool {
-        populated(&self.dir).unwrap_or(false)
-    }
-
     /// Remove the (empty) cgroup: its leaves first, then itself.
-    pub fn remove(&self) -> io::Result<()> {
+    pub(crate) fn remove(&self) -> io::Result<()> {
         remove_tree(&self.dir)
     }
 }
 
 /// Place the calling (forked, not yet exec'd) process into the leaf whose `cgroup.procs` is
 /// open as `fd`. Async-signal-safe: a single `write`.
-pub fn join_in_child(fd: RawFd) -> io::Result<()> {
+pub(crate) fn join_in_child(fd: RawFd) -> io::Result<()> {
     // SAFETY: write(2) of a static buffer to a descriptor the parent opened for us.
     let rc = unsafe { nix::libc::write(fd, b"0".as_ptr().cast(), 1) };
     if rc == 1 {
@@ -203,7 +172,7 @@ pub fn join_in_child(fd: RawFd) -> io::Result<()> {
 }
 
 /// Kill everything in the cgroup at `dir` (the watchdog's last resort).
-pub fn kill_path(dir: &Path) -> io::Result<()> {
+pub(crate) fn kill_path(dir: &Path) -> io::Result<()> {
     kill(dir)
 }
 
@@ -321,7 +290,7 @@ fn annotate(err: io::Error, what: &str, path: &Path) -> io::Error {
 
 /// A dead supervisor's cgroup, found and dealt with by [`reap_orphans`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Orphan {
+pub(crate) struct Orphan {
     pub path: PathBuf,
     /// Processes it still held when found.
     pub processes: usize,
@@ -333,7 +302,7 @@ pub struct Orphan {
 /// Find every cgroup of ours (`ccci-…-<pid>-<start>`) in the unified hierarchy whose
 /// supervisor is dead, kill what is still in it, wait (within `budget` overall) until it is
 /// empty and remove it. With `dry_run`, only report. Without cgroup v2 there is nothing to find.
-pub fn reap_orphans(dry_run: bool, budget: Duration) -> Vec<Orphan> {
+pub(crate) fn reap_orphans(dry_run: bool, budget: Duration) -> Vec<Orphan> {
     let Some(mount) = mount_point() else {
         return Vec::new();
     };
@@ -345,7 +314,7 @@ pub fn reap_orphans(dry_run: bool, budget: Duration) -> Vec<Orphan> {
         let Some((pid, start)) = dir
             .file_name()
             .and_then(OsStr::to_str)
-            .and_then(parse_group_name)
+            .and_then(parse_cgroup_name)
         else {
             continue;
         };
@@ -396,7 +365,7 @@ fn find_ours(dir: &Path, depth: usize, found: &mut Vec<PathBuf>) {
             continue;
         }
         let name = entry.file_name();
-        if name.as_bytes().starts_with(PREFIX.as_bytes()) {
+        if name.as_bytes().starts_with(CGROUP_PREFIX.as_bytes()) {
             found.push(entry.path());
         } else {
             find_ours(&entry.path(), depth + 1, found);
@@ -404,26 +373,44 @@ fn find_ours(dir: &Path, depth: usize, found: &mut Vec<PathBuf>) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rstest::rstest;
+/// A supervisor's cgroup with its leaves.
+#[derive(Debug)]
+pub(crate) struct Cgroups {
+    pub cgroup: RunCgroup,
+    pub command: Leaf,
+    pub hook: Leaf,
+}
 
-    #[rstest]
-    #[case("ccci-run-42-1234-98765", Some((1234, 98765)))]
-    #[case("ccci-run-manual-7-1234-5", Some((1234, 5)))]
-    #[case("ccci-lock-pkg-cache-99-1", Some((99, 1)))]
-    #[case("ccci-run-42-0-5", None)]
-    #[case("ccci-run-x-y", None)]
-    #[case("other-run-1-2", None)]
-    #[case("ccci-", None)]
-    fn group_names_name_their_supervisor(#[case] name: &str, #[case] want: Option<(i32, u64)>) {
-        assert_eq!(parse_group_name(name), want);
+/// Create the supervisor's cgroup `ccci-<kind>-<label>-<pid>-<start>` with its leaves, unless
+/// cgroups are off or not writable here; then say why (at `-v`) and use the fallback.
+pub(crate) fn run_cgroup(mode: CgroupMode, kind: &str, label: &str) -> Option<Cgroups> {
+    if mode == CgroupMode::Off {
+        tracing::info!(
+            "cgroups off (--cgroup off): process groups, subreaping and the environment scan only"
+        );
+        return None;
     }
-
-    #[test]
-    fn names_round_trip() {
-        let name = group_name("run", "manual-3", 4321, 1_000_000);
-        assert_eq!(parse_group_name(&name), Some((4321, 1_000_000)));
+    let name = cgroup_name(kind, label, std::process::id(), linux::own_start_time());
+    let made = RunCgroup::create(&name).and_then(|cgroup| {
+        let command = cgroup.leaf(COMMAND_LEAF)?;
+        let hook = cgroup.leaf(HOOK_LEAF)?;
+        Ok(Cgroups {
+            cgroup,
+            command,
+            hook,
+        })
+    });
+    match made {
+        Ok(cgroups) => {
+            tracing::info!(cgroup = %cgroups.cgroup.path().display(), "running in a cgroup of its own");
+            Some(cgroups)
+        }
+        Err(err) => {
+            tracing::info!(
+                "cgroup v2 is not usable here ({err}); falling back to process groups, \
+                 subreaping and the environment scan"
+            );
+            None
+        }
     }
 }

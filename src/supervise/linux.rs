@@ -14,13 +14,13 @@ use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::unistd::Pid;
 
 /// Ask the kernel to send `signal` to this process when the thread that forked it exits.
-pub fn set_parent_death_signal(signal: Signal) -> nix::Result<()> {
+pub(crate) fn set_parent_death_signal(signal: Signal) -> nix::Result<()> {
     prctl::set_pdeathsig(signal)
 }
 
 /// Become a child subreaper: orphaned descendants (daemons that `setsid` and fork) are
 /// re-parented to us instead of init, so teardown can still find and kill them.
-pub fn become_subreaper() -> nix::Result<()> {
+pub(crate) fn become_subreaper() -> nix::Result<()> {
     prctl::set_child_subreaper(true)
 }
 
@@ -28,7 +28,7 @@ pub fn become_subreaper() -> nix::Result<()> {
 ///
 /// With `SA_RESTART` a blocking `flock` or `waitpid` silently resumes after our handler ran, so
 /// a SIGTERM would not end a parked wait. Without it those calls return `EINTR`.
-pub fn clear_sa_restart(signal: libc::c_int) -> io::Result<()> {
+pub(crate) fn clear_sa_restart(signal: libc::c_int) -> io::Result<()> {
     // SAFETY: a null `act` only reads the current action; writing back the same action with one
     // flag cleared keeps the handler signal-hook installed.
     unsafe {
@@ -46,13 +46,13 @@ pub fn clear_sa_restart(signal: libc::c_int) -> io::Result<()> {
 
 /// The real-time signal used to interrupt a helper thread parked in a blocking call. Nothing
 /// outside this process sends it; its handler does nothing but make the call return `EINTR`.
-pub fn kick_signal() -> libc::c_int {
+pub(crate) fn kick_signal() -> libc::c_int {
     libc::SIGRTMIN()
 }
 
 /// In the calling thread, block every signal but [`kick_signal`]: process-directed signals then
 /// go to the main thread, and only a deliberate kick interrupts this one.
-pub fn block_all_signals_but_kick() {
+pub(crate) fn block_all_signals_but_kick() {
     // SAFETY: sigset manipulation on a local set, then a per-thread mask change.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -63,7 +63,7 @@ pub fn block_all_signals_but_kick() {
 }
 
 /// Interrupt the thread `thread` with [`kick_signal`].
-pub fn kick_thread(thread: libc::pthread_t) {
+pub(crate) fn kick_thread(thread: libc::pthread_t) {
     // SAFETY: the caller keeps the thread joinable (not yet joined), so the id is valid.
     unsafe {
         libc::pthread_kill(thread, kick_signal());
@@ -71,7 +71,7 @@ pub fn kick_thread(thread: libc::pthread_t) {
 }
 
 /// Arm (or re-arm) the process's single `SIGALRM` timer.
-pub fn arm_alarm(secs: u32) {
+pub(crate) fn arm_alarm(secs: u32) {
     nix::unistd::alarm::set(secs);
 }
 
@@ -79,7 +79,7 @@ pub fn arm_alarm(secs: u32) {
 /// clean signal state, and inherit no descriptor but stdin, stdout and stderr.
 ///
 /// Runs between fork and exec: async-signal-safe calls only, no allocation.
-pub fn prepare_child(supervisor: Pid) -> io::Result<()> {
+pub(crate) fn prepare_child(supervisor: Pid) -> io::Result<()> {
     // SIGKILL rather than SIGTERM: when the supervisor is gone nobody is left to escalate.
     prctl::set_pdeathsig(Signal::SIGKILL)?;
     // The supervisor may have died between fork and prctl; then no signal will ever come.
@@ -129,7 +129,7 @@ fn mark_inherited_fds_cloexec() -> io::Result<()> {
 
 /// One process as `/proc/<pid>/stat` describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcStat {
+pub(crate) struct ProcStat {
     pub pid: Pid,
     pub ppid: Pid,
     pub zombie: bool,
@@ -137,7 +137,7 @@ pub struct ProcStat {
 
 /// Parse `/proc/<pid>/stat`. The command name may hold spaces and parentheses, so the fields
 /// are read after the last `)`.
-pub fn parse_stat(text: &str) -> Option<ProcStat> {
+pub(crate) fn parse_stat(text: &str) -> Option<ProcStat> {
     let (head, tail) = text.rsplit_once(')')?;
     let pid = head.split_once(" (")?.0.trim().parse().ok()?;
     let mut fields = tail.split_ascii_whitespace();
@@ -154,7 +154,7 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
 ///
 /// Processes that appear or vanish during the walk are expected: callers loop until this is
 /// empty.
-pub fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
+pub(crate) fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
     let mut children: HashMap<Pid, Vec<ProcStat>> = HashMap::new();
     for entry in std::fs::read_dir("/proc")? {
         let Ok(entry) = entry else { continue };
@@ -192,20 +192,20 @@ pub fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
 /// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`), or `None`
 /// when no such process exists. A pid plus its start time names one process for good, even
 /// after the pid is reused.
-pub fn process_start_time(pid: i32) -> Option<u64> {
+pub(crate) fn process_start_time(pid: i32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_start_time(&text)
 }
 
 /// Field 22 (`starttime`) of a `/proc/<pid>/stat` line; the fields are counted after the last `)`.
-pub fn parse_start_time(text: &str) -> Option<u64> {
+pub(crate) fn parse_start_time(text: &str) -> Option<u64> {
     let (_, tail) = text.rsplit_once(')')?;
     tail.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
 /// True when the process `pid` that started at `start` is still running. A zombie is dead: it
 /// will never act again, whoever reaps it and when.
-pub fn is_running(pid: i32, start: u64) -> bool {
+pub(crate) fn is_running(pid: i32, start: u64) -> bool {
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };
@@ -213,12 +213,12 @@ pub fn is_running(pid: i32, start: u64) -> bool {
 }
 
 /// This process's own start time.
-pub fn own_start_time() -> u64 {
+pub(crate) fn own_start_time() -> u64 {
     process_start_time(std::process::id() as i32).unwrap_or(0)
 }
 
 /// A pidfd for `pid`: it turns readable when the process exits, whoever its parent is.
-pub fn pidfd_open(pid: Pid) -> io::Result<std::os::fd::OwnedFd> {
+pub(crate) fn pidfd_open(pid: Pid) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: pidfd_open(2) returns a new descriptor or -1; flags 0.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
@@ -230,7 +230,7 @@ pub fn pidfd_open(pid: Pid) -> io::Result<std::os::fd::OwnedFd> {
 }
 
 /// The mount point of the unified (cgroup v2) hierarchy, from `/proc/self/mountinfo`.
-pub fn cgroup2_mount(mountinfo: &str) -> Option<std::path::PathBuf> {
+pub(crate) fn cgroup2_mount(mountinfo: &str) -> Option<std::path::PathBuf> {
     mountinfo.lines().find_map(|line| {
         // `<id> <parent> <maj:min> <root> <mount point> <options> [optional...] - <fstype> ...`
         let (head, tail) = line.split_once(" - ")?;
@@ -263,7 +263,7 @@ fn unescape_mountinfo(field: &str) -> String {
 }
 
 /// This process's path in the unified hierarchy: the `0::<path>` line of `/proc/self/cgroup`.
-pub fn cgroup2_path(proc_cgroup: &str) -> Option<String> {
+pub(crate) fn cgroup2_path(proc_cgroup: &str) -> Option<String> {
     proc_cgroup
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
@@ -271,7 +271,7 @@ pub fn cgroup2_path(proc_cgroup: &str) -> Option<String> {
 }
 
 /// `populated` from a `cgroup.events` file.
-pub fn cgroup_populated(events: &str) -> Option<bool> {
+pub(crate) fn cgroup_populated(events: &str) -> Option<bool> {
     events
         .lines()
         .find_map(|l| match l.strip_prefix("populated ")? {
@@ -282,13 +282,13 @@ pub fn cgroup_populated(events: &str) -> Option<bool> {
 }
 
 /// The value of `key` in the environment of `pid`, as it was at exec (`/proc/<pid>/environ`).
-pub fn environ_value(pid: Pid, key: &str) -> Option<Vec<u8>> {
+pub(crate) fn environ_value(pid: Pid, key: &str) -> Option<Vec<u8>> {
     let data = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     environ_lookup(&data, key).map(<[u8]>::to_vec)
 }
 
 /// Look `key` up in a NUL-separated `KEY=value` block.
-pub fn environ_lookup<'a>(data: &'a [u8], key: &str) -> Option<&'a [u8]> {
+pub(crate) fn environ_lookup<'a>(data: &'a [u8], key: &str) -> Option<&'a [u8]> {
     data.split(|b| *b == 0).find_map(|entry| {
         entry
             .strip_prefix(key.as_bytes())
@@ -297,7 +297,7 @@ pub fn environ_lookup<'a>(data: &'a [u8], key: &str) -> Option<&'a [u8]> {
 }
 
 /// Every pid in `/proc`.
-pub fn all_pids() -> Vec<Pid> {
+pub(crate) fn all_pids() -> Vec<Pid> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -310,7 +310,7 @@ pub fn all_pids() -> Vec<Pid> {
 
 /// One line of `/proc/locks`: a flock held (or waited for) on an inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcLock {
+pub(crate) struct ProcLock {
     pub pid: i32,
     pub major: u32,
     pub minor: u32,
@@ -321,7 +321,7 @@ pub struct ProcLock {
 
 /// Parse one `/proc/locks` line such as `3: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF`
 /// (device numbers in hex, the inode in decimal). Only flocks are returned.
-pub fn parse_proc_lock(line: &str) -> Option<ProcLock> {
+pub(crate) fn parse_proc_lock(line: &str) -> Option<ProcLock> {
     let mut fields = line.split_ascii_whitespace();
     fields.next()?.strip_suffix(':')?;
     let mut kind = fields.next()?;
@@ -349,7 +349,7 @@ pub fn parse_proc_lock(line: &str) -> Option<ProcLock> {
 }
 
 /// Every flock in the system, from `/proc/locks`.
-pub fn proc_locks() -> io::Result<Vec<ProcLock>> {
+pub(crate) fn proc_locks() -> io::Result<Vec<ProcLock>> {
     Ok(std::fs::read_to_string("/proc/locks")?
         .lines()
         .filter_map(parse_proc_lock)
@@ -357,17 +357,17 @@ pub fn proc_locks() -> io::Result<Vec<ProcLock>> {
 }
 
 /// The major number of a device id, as `/proc/locks` prints it.
-pub fn dev_major(dev: u64) -> u32 {
+pub(crate) fn dev_major(dev: u64) -> u32 {
     nix::sys::stat::major(dev) as u32
 }
 
 /// The minor number of a device id, as `/proc/locks` prints it.
-pub fn dev_minor(dev: u64) -> u32 {
+pub(crate) fn dev_minor(dev: u64) -> u32 {
     nix::sys::stat::minor(dev) as u32
 }
 
 /// True when `pid` is this process's parent, grandparent, ... (walking `/proc`).
-pub fn is_ancestor(pid: Pid) -> bool {
+pub(crate) fn is_ancestor(pid: Pid) -> bool {
     let mut current = nix::unistd::getppid();
     for _ in 0..4096 {
         if current == pid {
@@ -388,7 +388,7 @@ pub fn is_ancestor(pid: Pid) -> bool {
 }
 
 /// Send `signal` to one process; a process that is already gone is not an error.
-pub fn signal_process(pid: Pid, signal: Signal) -> nix::Result<()> {
+pub(crate) fn signal_process(pid: Pid, signal: Signal) -> nix::Result<()> {
     match nix::sys::signal::kill(pid, signal) {
         Err(Errno::ESRCH) => Ok(()),
         other => other,

@@ -18,15 +18,17 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use crate::linux;
 use crate::report;
+use crate::supervise::linux;
+use crate::supervise::shutdown::Event;
+use crate::supervise::worker::Awaitable;
 
 /// The signals the funnel catches and acts on, in the order they are reported when several
 /// are pending. SIGQUIT is a request to stop like the others; SIGALRM is the hard deadline;
@@ -66,7 +68,7 @@ static KICKED: AtomicBool = AtomicBool::new(false);
 /// What happened since the last look: signals in [`CAUGHT`] order, and whether the tied
 /// process or our parent died.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Arrived {
+pub(crate) struct Arrived {
     signals: Vec<Signal>,
     /// The `--tie-to` process exited (reported once).
     pub tied_pid_died: bool,
@@ -75,15 +77,15 @@ pub struct Arrived {
 }
 
 impl Arrived {
-    pub fn iter(&self) -> impl Iterator<Item = Signal> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Signal> + '_ {
         self.signals.iter().copied()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.signals.is_empty() && !self.tied_pid_died && !self.parent_died
     }
 
-    pub fn contains(&self, signal: Signal) -> bool {
+    pub(crate) fn contains(&self, signal: Signal) -> bool {
         self.signals.contains(&signal)
     }
 }
@@ -91,13 +93,12 @@ impl Arrived {
 /// The process a run is tied to (`--tie-to`): its pidfd turns readable when it exits.
 #[derive(Debug)]
 struct Tie {
-    pid: Pid,
     fd: OwnedFd,
     reported: Cell<bool>,
 }
 
 /// The installed funnel. There is one per process.
-pub struct SignalFunnel {
+pub(crate) struct SignalFunnel {
     wake: UnixStream,
     /// Our parent when we started: a SIGTERM that arrives once it changed is the parent-death
     /// signal, not somebody's request.
@@ -109,7 +110,7 @@ pub struct SignalFunnel {
 
 #[derive(Debug, thiserror::Error)]
 #[error("failed to install the {signal} handler: {source}")]
-pub struct InstallError {
+pub(crate) struct InstallError {
     signal: String,
     source: io::Error,
 }
@@ -117,7 +118,7 @@ pub struct InstallError {
 impl SignalFunnel {
     /// Install the handlers. Call once, before any child is spawned. `start_ppid` is the
     /// parent as read first thing in `main`.
-    pub fn install(start_ppid: Pid) -> Result<Self, InstallError> {
+    pub(crate) fn install(start_ppid: Pid) -> Result<Self, InstallError> {
         let fail = |signal: libc::c_int| {
             move |source| InstallError {
                 signal: signal_name(signal),
@@ -155,33 +156,28 @@ impl SignalFunnel {
 
     /// The hard deadline was armed to fire at `at`: a SIGALRM that comes earlier (sent by
     /// someone else) is reported and ignored rather than taken for it.
-    pub fn expect_deadline_at(&mut self, at: std::time::Instant) {
+    pub(crate) fn expect_deadline_at(&mut self, at: std::time::Instant) {
         self.deadline = Some(at);
     }
 
-    /// Watch `pid` (an ancestor, `--tie-to`): its exit is reported as [`Arrived::tied_pid_died`].
-    pub fn tie_to(&mut self, pid: Pid, fd: OwnedFd) {
+    /// Watch the process behind `fd` (a pidfd on an ancestor, `--tie-to`): its exit is reported
+    /// as [`Arrived::tied_pid_died`].
+    pub(crate) fn tie_to(&mut self, fd: OwnedFd) {
         self.tie = Some(Tie {
-            pid,
             fd,
             reported: Cell::new(false),
         });
     }
 
     /// True when the tied process has exited, without consuming anything pending.
-    pub fn tied_pid_exited(&self) -> bool {
+    pub(crate) fn tied_pid_exited(&self) -> bool {
         self.tie
             .as_ref()
             .is_some_and(|t| readable_now(t.fd.as_fd()))
     }
 
-    /// The pid of the tied process, if any.
-    pub fn tied_pid(&self) -> Option<Pid> {
-        self.tie.as_ref().map(|t| t.pid)
-    }
-
     /// Signals (and deaths) that have arrived since the last call, without waiting.
-    pub fn pending(&self) -> Arrived {
+    pub(crate) fn pending(&self) -> Arrived {
         self.drain_wake_pipe();
         for signal in IGNORED
             .iter()
@@ -228,13 +224,13 @@ impl SignalFunnel {
     }
 
     /// Wait until at least one signal arrives or `timeout` passes (`None`: no limit).
-    pub fn wait(&self, timeout: Option<Duration>) -> Arrived {
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Arrived {
         self.wait_or(None, timeout).0
     }
 
     /// Like [`wait`](Self::wait), but also return when `other` becomes readable; the flag
     /// says whether it is.
-    pub fn wait_or(
+    pub(crate) fn wait_or(
         &self,
         other: Option<BorrowedFd<'_>>,
         timeout: Option<Duration>,
@@ -265,11 +261,75 @@ impl SignalFunnel {
         (self.pending(), other_ready)
     }
 
+    /// Wait for `work` until it is done, a way out arrives (a stop signal, the deadline, the
+    /// parent or the tied process dying), or `until` passes; a `keepalive` `(every, tick)` calls
+    /// `tick` at least every `every` while waiting. This is the one loop in which the main
+    /// thread waits on a helper: the funnel and the work share one `poll`, so no signal goes
+    /// unnoticed. On any outcome but `Done` the work is cancelled, and whatever it got is let go.
+    pub(crate) fn await_work<W: Awaitable>(
+        &self,
+        mut work: W,
+        until: Option<Instant>,
+        mut keepalive: Option<(Duration, &mut dyn FnMut())>,
+    ) -> Awaited<W::Output> {
+        loop {
+            let left = until.map(|u| u.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                work.cancel();
+                return Awaited::TimedOut;
+            }
+            let every = keepalive.as_ref().map(|(every, _)| *every);
+            let timeout = match (left, every) {
+                (Some(left), Some(every)) => Some(left.min(every)),
+                (left, every) => left.or(every),
+            };
+            let (arrived, ready) = self.wait_or(Some(work.ready_fd()), timeout);
+            if let Some(event) = shutdown_events(&arrived).next() {
+                work.cancel();
+                return Awaited::Stopped(event);
+            }
+            if let Some((_, tick)) = keepalive.as_mut() {
+                tick();
+            }
+            if ready {
+                if let Some(outcome) = work.try_finish() {
+                    return Awaited::Done(outcome);
+                }
+            }
+        }
+    }
+
     fn drain_wake_pipe(&self) {
         let mut buf = [0u8; 64];
         // Non-blocking: stops at WouldBlock; the pipe only ever holds wake-up bytes.
         while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
     }
+}
+
+/// Turn caught signals into supervision events (SIGCHLD only wakes the loop up).
+pub(crate) fn shutdown_events(arrived: &Arrived) -> impl Iterator<Item = Event> + '_ {
+    let deaths = [
+        arrived.tied_pid_died.then_some(Event::TiedPidDied),
+        arrived.parent_died.then_some(Event::ParentDied),
+    ];
+    deaths
+        .into_iter()
+        .flatten()
+        .chain(arrived.iter().filter_map(|signal| match signal {
+            Signal::SIGALRM => Some(Event::Deadline),
+            Signal::SIGCHLD => None,
+            other => Some(Event::Signal(other)),
+        }))
+}
+
+/// How a wait for a helper's work ended.
+#[derive(Debug)]
+pub(crate) enum Awaited<T> {
+    Done(T),
+    /// A way out arrived first; the work was cancelled.
+    Stopped(Event),
+    /// The budget ran out first; the work was cancelled.
+    TimedOut,
 }
 
 /// `SIGUSR1`, or `SIGRTMIN+3` for a real-time signal.

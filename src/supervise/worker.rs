@@ -19,18 +19,46 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::linux;
+use crate::supervise::linux;
 
 /// How long [`Worker::cancel`] keeps kicking before it leaves the thread to the process's exit.
 const CANCEL_PATIENCE: Duration = Duration::from_secs(5);
 const KICK_INTERVAL: Duration = Duration::from_millis(5);
 
+/// Work the main thread waits for next to the signal funnel
+/// ([`SignalFunnel::await_work`](crate::supervise::signals::SignalFunnel::await_work)).
+pub(crate) trait Awaitable {
+    type Output;
+    /// Becomes readable once the work is done.
+    fn ready_fd(&self) -> BorrowedFd<'_>;
+    /// The outcome, if the work is done.
+    fn try_finish(&mut self) -> Option<Self::Output>;
+    /// Stop the work and let go of whatever it got meanwhile.
+    fn cancel(self);
+}
+
+impl<T: Send + 'static> Awaitable for Worker<T> {
+    type Output = T;
+
+    fn ready_fd(&self) -> BorrowedFd<'_> {
+        Worker::ready_fd(self)
+    }
+
+    fn try_finish(&mut self) -> Option<T> {
+        Worker::try_finish(self)
+    }
+
+    fn cancel(self) {
+        drop(Worker::cancel(self));
+    }
+}
+
 /// Set once the owner wants the work to stop; the work checks it whenever it can.
 #[derive(Debug, Clone, Default)]
-pub struct CancelFlag(Arc<AtomicBool>);
+pub(crate) struct CancelFlag(Arc<AtomicBool>);
 
 impl CancelFlag {
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
 
@@ -41,7 +69,7 @@ impl CancelFlag {
 
 /// Work under way on a helper thread, producing a `T`.
 #[derive(Debug)]
-pub struct Worker<T> {
+pub(crate) struct Worker<T> {
     outcome: Receiver<T>,
     ready: UnixStream,
     thread: Option<JoinHandle<()>>,
@@ -51,7 +79,7 @@ pub struct Worker<T> {
 
 impl<T: Send + 'static> Worker<T> {
     /// Start `work` on a thread called `name`.
-    pub fn spawn(
+    pub(crate) fn spawn(
         name: &'static str,
         work: impl FnOnce(&CancelFlag) -> T + Send + 'static,
     ) -> std::io::Result<Self> {
@@ -78,12 +106,12 @@ impl<T: Send + 'static> Worker<T> {
     }
 
     /// Becomes readable once the work is done.
-    pub fn ready_fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn ready_fd(&self) -> BorrowedFd<'_> {
         self.ready.as_fd()
     }
 
     /// The outcome, if the work is done.
-    pub fn try_finish(&mut self) -> Option<T> {
+    pub(crate) fn try_finish(&mut self) -> Option<T> {
         match self.outcome.try_recv() {
             Ok(outcome) => {
                 self.join();
@@ -99,7 +127,7 @@ impl<T: Send + 'static> Worker<T> {
 
     /// Stop the work: raise the flag and kick the thread until it answers. Returns what it
     /// produced, if it got that far (a lock it acquired meanwhile, say: dropping it lets go).
-    pub fn cancel(mut self) -> Option<T> {
+    pub(crate) fn cancel(mut self) -> Option<T> {
         self.flag.cancel();
         let thread = self.thread.take()?;
         let id = thread.as_pthread_t();

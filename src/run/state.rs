@@ -14,31 +14,10 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 use nix::unistd::Uid;
 
-use crate::names::RunId;
-
-/// The kinds of state file, with the environment variable each one is exported as.
-pub const KINDS: [(&str, &str); 4] = [
-    ("deploys", "CCCI_DEPLOYS_FILE"),
-    ("opstate", "CCCI_OPSTATE_FILE"),
-    ("deps", "CCCI_DEPS_FILE"),
-    ("depskip", "CCCI_DEPSKIP_FILE"),
-];
-
-/// The run id and pid a state file name (`ccci-<kind>-<run-id>-<pid>`) belongs to.
-pub fn parse_file_name(name: &str) -> Option<(RunId, u32)> {
-    let rest = name.strip_prefix("ccci-")?;
-    let rest = KINDS
-        .iter()
-        .find_map(|(kind, _)| rest.strip_prefix(kind)?.strip_prefix('-'))?;
-    let (run_id, pid) = rest.rsplit_once('-')?;
-    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((RunId::parse(run_id).ok()?, pid.parse().ok()?))
-}
+use crate::names::{RunId, STATE_FILES, state_file_name};
 
 #[derive(Debug, thiserror::Error)]
-pub enum StateError {
+pub(crate) enum StateError {
     #[error("failed to create state file {path}: {source}")]
     Create {
         path: PathBuf,
@@ -51,19 +30,19 @@ pub enum StateError {
 
 /// The run's state files, created and owned by this run.
 #[derive(Debug, Default)]
-pub struct StateFiles {
+pub(crate) struct StateFiles {
     files: Vec<(&'static str, PathBuf)>,
 }
 
 impl StateFiles {
     /// The path of one kind of state file for a run.
-    pub fn path(dir: &Path, kind: &str, run_id: &RunId, pid: u32) -> PathBuf {
-        dir.join(format!("ccci-{kind}-{run_id}-{pid}"))
+    pub(crate) fn path(dir: &Path, kind: &str, run_id: &RunId, pid: u32) -> PathBuf {
+        dir.join(state_file_name(kind, run_id, pid))
     }
 
     /// Create every kind, empty and 0600. A leftover from a dead run that had our pid is
     /// replaced if it is our own regular file, refused otherwise (it may be a planted symlink).
-    pub fn create(dir: &Path, run_id: &RunId, pid: u32) -> Result<Self, StateError> {
+    pub(crate) fn create(dir: &Path, run_id: &RunId, pid: u32) -> Result<Self, StateError> {
         // A missing state dir is created like the other dirs (root-only when we make it).
         if !dir.exists() {
             std::fs::DirBuilder::new()
@@ -76,7 +55,7 @@ impl StateFiles {
                 })?;
         }
         let mut created = Self::default();
-        for (kind, var) in KINDS {
+        for (kind, var) in STATE_FILES {
             let path = Self::path(dir, kind, run_id, pid);
             if let Err(err) = create_private(&path) {
                 created.remove();
@@ -88,12 +67,12 @@ impl StateFiles {
     }
 
     /// `(variable, path)` pairs for the command's environment.
-    pub fn env(&self) -> impl Iterator<Item = (&'static str, &Path)> {
+    pub(crate) fn env(&self) -> impl Iterator<Item = (&'static str, &Path)> {
         self.files.iter().map(|(var, path)| (*var, path.as_path()))
     }
 
     /// Remove them all; returns the failures (a file already gone is not one).
-    pub fn remove(&mut self) -> Vec<String> {
+    pub(crate) fn remove(&mut self) -> Vec<String> {
         let mut errors = Vec::new();
         for (_, path) in self.files.drain(..) {
             match std::fs::remove_file(&path) {
@@ -141,6 +120,7 @@ fn create_private(path: &Path) -> Result<(), StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::parse_state_file_name;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
@@ -161,10 +141,10 @@ mod tests {
     #[test]
     fn file_names_parse_back_to_run_and_pid() {
         let run = RunId::parse("build-7.1").unwrap();
-        for (kind, _) in KINDS {
+        for (kind, _) in STATE_FILES {
             let path = StateFiles::path(Path::new("/tmp"), kind, &run, 4242);
             let name = path.file_name().unwrap().to_str().unwrap();
-            assert_eq!(parse_file_name(name), Some((run.clone(), 4242)));
+            assert_eq!(parse_state_file_name(name), Some((run.clone(), 4242)));
         }
         for bad in [
             "ccci-deploys-",
@@ -173,7 +153,7 @@ mod tests {
             "ccci-deploys--1",
             "x",
         ] {
-            assert_eq!(parse_file_name(bad), None, "{bad}");
+            assert_eq!(parse_state_file_name(bad), None, "{bad}");
         }
     }
 

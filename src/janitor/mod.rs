@@ -1,0 +1,367 @@
+//! The janitor: the sweep ([`sweep`]) that finds run apps, the pure decision ([`decide`]), the
+//! reaping of dead runs' processes and apps ([`reap`]), the tidying of orphaned lock and state
+//! files ([`tidy`]), the report ([`report`]: table, JSON, metrics) and the retention of old run
+//! directories ([`retention`]).
+//!
+//! It must never reap an app whose lock it does not hold, and a dry run changes nothing at all.
+//!
+//! The flock-probe janitor: finds run apps, probes each app lock without blocking, and reaps
+//! the apps whose owner is dead — while holding the probe lock.
+//!
+//! A held lock means a live owner (the kernel releases a flock when its holder dies, however it
+//! dies); a lock the probe can take means the owner is gone. Reaping under the probe lock closes
+//! the race with a new run of the same domain: it blocks on the lock until the reap is over, then
+//! sees the unlinked inode and retries on the live path.
+//!
+//! Invariants: only domains matching `RUN_APP_RE` are ever probed; a held lock is never stolen;
+//! a dry run changes nothing at all. The decision is a pure function ([`decide`]) of what the
+//! probe saw; everything else here only carries it out.
+
+pub(crate) mod decide;
+pub(crate) mod reap;
+pub(crate) mod report;
+pub(crate) mod retention;
+pub(crate) mod tidy;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::time::Instant;
+
+use crate::app::RemovedResources;
+use crate::config::{DockerMode, Global, SweepOptions};
+use crate::docker::{DockerLink, DockerSeam, Reaped, StackResources};
+use crate::janitor::decide::{Decision, Probe, decide};
+use crate::janitor::reap::{finish_reap, reap_dead_runs_processes};
+use crate::janitor::report::{CandidateReport, Source, SweepReport};
+use crate::janitor::tidy::tidy_state_files;
+use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey};
+use crate::names::AppDomain;
+use crate::report as status;
+
+/// A run app found on disk (or, later, in Docker).
+#[derive(Debug, Clone)]
+pub(crate) struct Candidate {
+    pub domain: AppDomain,
+    pub sources: BTreeSet<Source>,
+    /// Its Docker resources, when Docker discovery found any.
+    pub docker: Option<StackResources>,
+}
+
+/// Run-app domains from `<abra-home>/servers/*/<domain>.env`, filtered by `RUN_APP_RE`.
+/// Unreadable server directories are reported, odd names skipped, nothing ever followed.
+pub(crate) fn discover_env(
+    global: &Global,
+    errors: &mut Vec<String>,
+) -> BTreeMap<AppDomain, Candidate> {
+    let mut found = BTreeMap::new();
+    let servers = global.abra_home.join("servers");
+    let entries = match std::fs::read_dir(&servers) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return found,
+        Err(err) => {
+            errors.push(format!("failed to list {}: {err}", servers.display()));
+            return found;
+        }
+    };
+    for server in entries.flatten() {
+        if !server.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let files = match std::fs::read_dir(server.path()) {
+            Ok(files) => files,
+            Err(err) => {
+                errors.push(format!("failed to list {}: {err}", server.path().display()));
+                continue;
+            }
+        };
+        for file in files.flatten() {
+            if !file
+                .file_type()
+                .is_ok_and(|t| t.is_file() || t.is_symlink())
+            {
+                continue;
+            }
+            let name = file.file_name();
+            if let Some(domain) = name
+                .to_str()
+                .and_then(|n| global.pattern.domain_of_env_file(n))
+            {
+                found
+                    .entry(domain.clone())
+                    .or_insert_with(|| Candidate {
+                        domain,
+                        sources: BTreeSet::new(),
+                        docker: None,
+                    })
+                    .sources
+                    .insert(Source::Env);
+            }
+        }
+    }
+    found
+}
+
+/// Docker as this sweep sees it.
+enum DockerState<'a> {
+    Off,
+    On(&'a DockerSeam),
+    /// `--docker auto` and the engine did not answer: nothing that may have Docker resources
+    /// is reaped, since deleting its `.env` would lose the trace of a stack still running.
+    Unavailable(String),
+}
+
+impl<'a> DockerState<'a> {
+    fn connect(link: &'a DockerLink, report: &mut SweepReport) -> Option<Self> {
+        match link.get() {
+            None => Some(Self::Off),
+            Some(Ok(seam)) => Some(Self::On(seam)),
+            Some(Err(err)) if link.mode() == DockerMode::Required => {
+                report.errors.push(format!("Docker is required: {err}"));
+                None
+            }
+            Some(Err(err)) => {
+                status::line(&format!(
+                    "!! janitor: {err}; apps that may have Docker resources are not reaped"
+                ));
+                Some(Self::Unavailable(err.0.clone()))
+            }
+        }
+    }
+}
+
+/// One sweep over every candidate, then the tidy sweep of orphaned lock files.
+pub(crate) fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepReport {
+    let started = Instant::now();
+    let mut sweep = Sweep {
+        global,
+        opts,
+        locks: crate::lock::backend(global),
+        report: SweepReport {
+            dry_run: opts.dry_run,
+            ..SweepReport::default()
+        },
+    };
+    sweep.run(link);
+    sweep.report.duration = started.elapsed();
+    sweep.report
+}
+
+/// One sweep's context: what every step needs, said once.
+struct Sweep<'a> {
+    global: &'a Global,
+    opts: &'a SweepOptions,
+    locks: Box<dyn LockBackend>,
+    report: SweepReport,
+}
+
+/// A candidate to reap, its line in the report, and its probe lock, held until it is done.
+struct ToReap<'c> {
+    candidate: &'c Candidate,
+    line: usize,
+    lock: Box<dyn Lease>,
+}
+
+impl Sweep<'_> {
+    fn run(&mut self, link: &DockerLink) {
+        if let Err(err) = self.locks.prepare(!self.opts.dry_run) {
+            self.report.errors.push(err.to_string());
+            return;
+        }
+        // Before any app is reaped: what dead runs still have running goes first, so no leftover
+        // deploy or test script acts on an app while (or after) it is removed.
+        let (dead_cgroups, leftover_processes) =
+            reap_dead_runs_processes(&mut self.report.errors, self.opts.dry_run);
+        self.report.dead_cgroups = dead_cgroups;
+        self.report.leftover_processes = leftover_processes;
+        let Some(mut docker) = DockerState::connect(link, &mut self.report) else {
+            return;
+        };
+        let candidates = self.discover(&mut docker);
+        let to_reap = self.probe_all(&candidates, &docker);
+        self.reap(to_reap, &docker);
+        if let DockerState::On(seam) = &docker {
+            self.report.docker_list_calls = Some(seam.list_calls());
+            self.report.docker_poll_rounds = Some(seam.poll_rounds());
+        }
+        let (tidied, errors) = self
+            .locks
+            .tidy(&|domain| candidates.contains_key(domain), self.opts.dry_run);
+        self.report.tidied.extend(tidied);
+        self.report.errors.extend(errors);
+        tidy_state_files(self.global, self.opts, &mut self.report);
+    }
+
+    /// Every run app: from `.env` files, and from Docker when it is on. A Docker discovery
+    /// that fails makes Docker unavailable for this sweep.
+    fn discover(&mut self, docker: &mut DockerState<'_>) -> BTreeMap<AppDomain, Candidate> {
+        let mut candidates = discover_env(self.global, &mut self.report.errors);
+        let DockerState::On(seam) = docker else {
+            return candidates;
+        };
+        match seam.discover(&self.global.pattern) {
+            Ok(stacks) => {
+                for (domain, resources) in stacks {
+                    let candidate = candidates
+                        .entry(domain.clone())
+                        .or_insert_with(|| Candidate {
+                            domain,
+                            sources: BTreeSet::new(),
+                            docker: None,
+                        });
+                    candidate.sources.insert(Source::Docker);
+                    candidate.docker = Some(resources);
+                }
+            }
+            Err(err) => {
+                self.report.errors.push(err.to_string());
+                *docker = DockerState::Unavailable(err.0);
+            }
+        }
+        candidates
+    }
+
+    /// Probe every candidate; keep the probe locks of the ones to reap.
+    fn probe_all<'c>(
+        &mut self,
+        candidates: &'c BTreeMap<AppDomain, Candidate>,
+        docker: &DockerState<'_>,
+    ) -> Vec<ToReap<'c>> {
+        let mut to_reap = Vec::new();
+        for candidate in candidates.values() {
+            let (mut line, held) = self.probe(candidate);
+            if line.decision == Decision::Reap {
+                if let DockerState::Unavailable(why) = docker {
+                    line.decision = Decision::WouldReap;
+                    line.error = Some(format!("docker unavailable: {why}"));
+                }
+            }
+            match (line.decision, held) {
+                (Decision::Reap, Some(lock)) => to_reap.push(ToReap {
+                    candidate,
+                    line: self.report.candidates.len(),
+                    lock,
+                }),
+                // We created this lock file only to probe an app that is gone: do not leave it.
+                (Decision::Raced, Some(lock)) if !self.opts.dry_run => {
+                    let _ = lock.remove();
+                }
+                // Any other probe lock is released right here.
+                _ => {}
+            }
+            self.report.candidates.push(line);
+        }
+        to_reap
+    }
+
+    /// Docker resources first, several stacks at a time, each under its own probe lock, and
+    /// confirmed gone before anything else of the app goes or the lock is released.
+    fn reap(&mut self, to_reap: Vec<ToReap<'_>>, docker: &DockerState<'_>) {
+        let stacks: Vec<(AppDomain, StackResources)> = to_reap
+            .iter()
+            .map(|r| {
+                let resources = r.candidate.docker.clone().unwrap_or_default();
+                (r.candidate.domain.clone(), resources)
+            })
+            .collect();
+        let reaped = match docker {
+            DockerState::On(seam) if stacks.iter().any(|(_, s)| !s.is_empty()) => {
+                seam.reap(&self.global.pattern, stacks, self.opts.reap_budget)
+            }
+            _ => vec![
+                Reaped {
+                    confirmed: true,
+                    ..Reaped::default()
+                };
+                to_reap.len()
+            ],
+        };
+        for (r, reaped) in to_reap.into_iter().zip(reaped) {
+            let line = &mut self.report.candidates[r.line];
+            let gone = reaped.gone();
+            let problems = reaped.problems();
+            line.removed.docker = reaped.removed;
+            if gone {
+                finish_reap(self.global, r.candidate, &*r.lock, line);
+            } else {
+                // The .env and the lock file stay: they bring the next sweep back to this stack.
+                line.decision = Decision::ReapIncomplete;
+                line.error = Some(problems.join("; "));
+                status::line(&format!(
+                    "!! janitor: {} is not gone yet: {}",
+                    r.candidate.domain,
+                    problems.join("; ")
+                ));
+            }
+            // Releasing the probe lock: only now may a new run of this domain go on.
+            drop(r.lock);
+        }
+    }
+
+    /// Probe one candidate's lock and decide. A lock taken for a `reap` (or `raced`) is
+    /// handed back still held.
+    fn probe(&self, candidate: &Candidate) -> (CandidateReport, Option<Box<dyn Lease>>) {
+        let domain = &candidate.domain;
+        let mut line = CandidateReport {
+            domain: domain.to_string(),
+            stack: domain.stack_name(),
+            sources: candidate.sources.clone(),
+            decision: Decision::Unreadable,
+            lock_age_s: None,
+            removed: RemovedResources::default(),
+            error: None,
+        };
+        let mut held = None;
+        let mut elsewhere = None;
+        let probe = match self
+            .locks
+            .try_take(LockKey::App(domain), !self.opts.dry_run)
+        {
+            Err(err) if err.is_foreign() => Probe::Foreign(err.to_string()),
+            Err(err) => Probe::Unreadable(err.to_string()),
+            Ok(Attempt::Missing) => Probe::NoLockFile,
+            Ok(Attempt::Held { age, note }) => {
+                elsewhere = note;
+                Probe::Held { age }
+            }
+            Ok(Attempt::Taken { lease, current }) => {
+                held = Some(lease);
+                Probe::Acquired {
+                    identity_ok: current,
+                    app_present: candidate.docker.as_ref().is_some_and(|d| !d.is_empty())
+                        || crate::app::app_present(self.global, domain),
+                }
+            }
+        };
+        if let Probe::Held { age: Some(age) } = &probe {
+            line.lock_age_s = Some(age.as_secs());
+        }
+        line.decision = decide(&probe, self.opts.dry_run, self.opts.long_held);
+        match (&probe, line.decision, elsewhere) {
+            // Defense in depth: a free app lock is not the last word while another account
+            // says a live run owns the domain.
+            (_, _, Some(note)) => {
+                status::line(&format!(
+                    "!! janitor: {domain}: its lock under {} is free, but it is {note} (lock file \
+                     deleted by hand, or a lock dir that differs between runs and janitor?); \
+                     not reaping",
+                    self.locks.describe(LockKey::App(domain))
+                ));
+                line.error = Some(note);
+            }
+            (Probe::Foreign(why), _, _) => {
+                status::line(&format!("!! janitor: {domain}: {why}"));
+                line.error = Some(why.clone());
+            }
+            (Probe::Unreadable(why), _, _) => {
+                tracing::warn!("janitor: {domain}: {why}");
+                line.error = Some(why.clone());
+            }
+            (_, Decision::LongHeld, _) => status::line(&format!(
+                "!! lock for {domain} held >{}min — possible leaked run; inspect with lslocks",
+                self.opts.long_held.as_secs() / 60
+            )),
+            _ => {}
+        }
+        (line, held)
+    }
+}

@@ -1,0 +1,222 @@
+//! What a sweep reports: the per-candidate lines, the table an operator reads, the JSON a script
+//! reads (the same structure), and the Prometheus metrics a textfile collector reads.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::run::record;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+use crate::app::RemovedResources;
+use crate::janitor::decide::Decision;
+use crate::supervise::{cgroup, leftovers};
+
+/// Where a candidate was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Source {
+    Env,
+    Docker,
+}
+
+/// One candidate's line in the report.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct CandidateReport {
+    pub domain: String,
+    pub stack: String,
+    pub sources: BTreeSet<Source>,
+    pub decision: Decision,
+    pub lock_age_s: Option<u64>,
+    pub removed: RemovedResources,
+    pub error: Option<String>,
+}
+
+/// The outcome of one sweep; `--json` prints it as is.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct SweepReport {
+    pub dry_run: bool,
+    pub candidates: Vec<CandidateReport>,
+    pub tidied: Vec<PathBuf>,
+    pub errors: Vec<String>,
+    /// Per-run directories removed by `--keep-runs` (or that would be, in a dry run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs_removed: Option<Vec<PathBuf>>,
+    /// Docker list calls this sweep made (one per resource kind), when Docker was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_list_calls: Option<usize>,
+    /// Rounds of "is it gone yet?" polling (each one list call per kind), when Docker was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_poll_rounds: Option<usize>,
+    /// Cgroups of dead runs and `lock` commands, killed and removed (or that would be).
+    pub dead_cgroups: Vec<cgroup::Orphan>,
+    /// Processes of dead supervisors found by their environment, killed (or that would be).
+    pub leftover_processes: Vec<leftovers::Leftover>,
+    #[serde(skip)]
+    pub duration: Duration,
+}
+
+impl SweepReport {
+    /// True when a reap (or the sweep itself) failed: exit 1. Skipped candidates (unreadable,
+    /// foreign) carry their reason in `error` but are not failures.
+    pub(crate) fn failed(&self) -> bool {
+        !self.errors.is_empty()
+            || self.candidates.iter().any(|c| {
+                (c.error.is_some() && matches!(c.decision, Decision::Reap | Decision::WouldReap))
+                    || c.decision == Decision::ReapIncomplete
+            })
+    }
+
+    pub(crate) fn count(&self, decision: Decision) -> usize {
+        self.candidates
+            .iter()
+            .filter(|c| c.decision == decision)
+            .count()
+    }
+}
+
+/// The human-readable table.
+pub(crate) fn render_table(report: &SweepReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<40} {:<10} {:<11} {:>9}  DETAIL",
+        "DOMAIN", "SOURCES", "DECISION", "LOCK AGE"
+    );
+    for c in &report.candidates {
+        let sources: Vec<&str> = c
+            .sources
+            .iter()
+            .map(|s| match s {
+                Source::Env => "env",
+                Source::Docker => "docker",
+            })
+            .collect();
+        let age = c
+            .lock_age_s
+            .map(|s| humantime::format_duration(Duration::from_secs(s)).to_string())
+            .unwrap_or_else(|| "-".to_owned());
+        let detail = match &c.error {
+            Some(err) => format!("error: {err}"),
+            None if c.decision == Decision::Reap => format!("removed {}", c.removed.summary()),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<40} {:<10} {:<11} {:>9}  {}",
+            c.domain,
+            sources.join(","),
+            c.decision.as_str(),
+            age,
+            detail
+        );
+    }
+    for path in &report.tidied {
+        let verb = if report.dry_run {
+            "would tidy"
+        } else {
+            "tidied"
+        };
+        let _ = writeln!(out, "{verb} {}", path.display());
+    }
+    for path in report.runs_removed.iter().flatten() {
+        let verb = if report.dry_run {
+            "would remove run dir"
+        } else {
+            "removed run dir"
+        };
+        let _ = writeln!(out, "{verb} {}", path.display());
+    }
+    for err in &report.errors {
+        let _ = writeln!(out, "error: {err}");
+    }
+    let _ = writeln!(
+        out,
+        "{} candidate(s), {} {}, {} lock file(s) {} in {:.3} s{}",
+        report.candidates.len(),
+        report.count(Decision::Reap) + report.count(Decision::WouldReap),
+        if report.dry_run {
+            "would be reaped"
+        } else {
+            "reaped"
+        },
+        report.tidied.len(),
+        if report.dry_run { "to tidy" } else { "tidied" },
+        report.duration.as_secs_f64(),
+        if report.dry_run {
+            " (dry run: nothing changed)"
+        } else {
+            ""
+        }
+    );
+    out
+}
+
+/// Prometheus text format for node_exporter's textfile collector, written atomically.
+/// The last-success time carries over from the previous file when this sweep failed.
+pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()> {
+    const LAST: &str = "ccci_janitor_last_success_timestamp_seconds";
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let last_success = if report.failed() {
+        std::fs::read_to_string(path).ok().and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(LAST)?.trim().parse::<f64>().ok())
+        })
+    } else {
+        Some(now)
+    };
+    let mut out = String::new();
+    out.push_str("# HELP ccci_janitor_candidates Candidates of the last sweep, by decision.\n");
+    out.push_str("# TYPE ccci_janitor_candidates gauge\n");
+    for decision in Decision::ALL {
+        let _ = writeln!(
+            out,
+            "ccci_janitor_candidates{{decision=\"{}\"}} {}",
+            decision.as_str(),
+            report.count(decision)
+        );
+    }
+    out.push_str("# HELP ccci_janitor_removed Resources removed by the last sweep, by kind.\n");
+    out.push_str("# TYPE ccci_janitor_removed gauge\n");
+    let mut totals = RemovedResources::default().counts();
+    for c in &report.candidates {
+        for (total, (_, n)) in totals.iter_mut().zip(c.removed.counts()) {
+            total.1 += n;
+        }
+    }
+    for (kind, count) in totals {
+        let _ = writeln!(out, "ccci_janitor_removed{{kind=\"{kind}\"}} {count}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ccci_janitor_tidied_lock_files Orphaned lock files unlinked by the last sweep.\n\
+         # TYPE ccci_janitor_tidied_lock_files gauge\nccci_janitor_tidied_lock_files {}",
+        report.tidied.len()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ccci_janitor_sweep_duration_seconds Duration of the last sweep.\n\
+         # TYPE ccci_janitor_sweep_duration_seconds gauge\nccci_janitor_sweep_duration_seconds {:.6}",
+        report.duration.as_secs_f64()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ccci_janitor_sweep_failed 1 when the last sweep had a failed reap or error.\n\
+         # TYPE ccci_janitor_sweep_failed gauge\nccci_janitor_sweep_failed {}",
+        u8::from(report.failed())
+    );
+    if let Some(last) = last_success {
+        let _ = writeln!(
+            out,
+            "# HELP {LAST} Unix time of the last sweep that completed without errors.\n\
+             # TYPE {LAST} gauge\n{LAST} {last:.3}"
+        );
+    }
+    record::write_atomically(path, out.trim_end().as_bytes())
+}

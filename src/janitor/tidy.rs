@@ -1,0 +1,101 @@
+//! Tidying after a sweep: unheld lock files no candidate stands behind, and the state files of
+//! dead runs. Only ever what this user owns, and never anything a live run holds.
+
+use std::collections::BTreeMap;
+use std::io;
+
+use crate::config::{Global, SweepOptions};
+use crate::janitor::report::SweepReport;
+use crate::lock::{Holder, LockFile, TryLock};
+use crate::names::RunId;
+
+/// Remove the state files of runs that are dead: their run's guard lock is free (or gone), or
+/// held by a later run with the same id under another pid. A SIGKILLed run cannot remove its own.
+pub(super) fn tidy_state_files(global: &Global, opts: &SweepOptions, report: &mut SweepReport) {
+    let entries = match std::fs::read_dir(&global.state_dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return,
+        Err(err) => {
+            report.errors.push(format!(
+                "failed to list state dir {} (--state-dir, CCCI_STATE_DIR): {err}",
+                global.state_dir.display()
+            ));
+            return;
+        }
+    };
+    let us = nix::unistd::Uid::effective().as_raw();
+    let mut runs: BTreeMap<String, RunState> = BTreeMap::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((run_id, pid)) = name.to_str().and_then(crate::names::parse_state_file_name)
+        else {
+            continue;
+        };
+        if !entry
+            .file_type()
+            .is_ok_and(|t| t.is_file() || t.is_symlink())
+        {
+            continue;
+        }
+        // Only our own files: in a shared /tmp a name alone proves nothing.
+        if std::fs::symlink_metadata(entry.path())
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) != us)
+            .unwrap_or(true)
+        {
+            continue;
+        }
+        let state = *runs
+            .entry(run_id.as_str().to_owned())
+            .or_insert_with(|| run_state(global, &run_id));
+        let dead = match state {
+            RunState::Dead => true,
+            // A later run with the same id (Drone reuses build numbers) under another pid.
+            RunState::Live(holder) => holder != pid,
+            RunState::Unknown => false,
+        };
+        if !dead {
+            continue;
+        }
+        let path = entry.path();
+        if opts.dry_run {
+            report.tidied.push(path);
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => report.tidied.push(path),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => report.errors.push(format!(
+                "failed to remove state file {}: {err}",
+                path.display()
+            )),
+        }
+    }
+}
+
+/// Whether a run id has a live run, judged by its guard lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunState {
+    /// No run with this id is live.
+    Dead,
+    /// The live run with this id has this pid.
+    Live(u32),
+    /// Live (or unreadable) but its pid unknown: keep everything rather than guess.
+    Unknown,
+}
+
+fn run_state(global: &Global, run_id: &RunId) -> RunState {
+    let guard = global
+        .runs_dir
+        .join(run_id.as_str())
+        .join(crate::names::RUN_GUARD_FILE);
+    match LockFile::open_existing(&guard) {
+        Ok(None) => RunState::Dead,
+        Ok(Some(file)) => match file.try_lock() {
+            Ok(TryLock::Acquired(_)) => RunState::Dead,
+            Ok(TryLock::Busy(mut file)) => Holder::parse(&file.read_holder())
+                .map_or(RunState::Unknown, |h| RunState::Live(h.pid)),
+            Err(_) => RunState::Unknown,
+        },
+        Err(_) => RunState::Unknown,
+    }
+}

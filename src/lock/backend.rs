@@ -1,0 +1,116 @@
+//! The lock-backend seam: what `run`, `lock`, `locks` and the janitor need of a lock, whoever
+//! keeps it. On one host the kernel keeps it ([`Local`](crate::lock::local::Local): flock on
+//! files); a backend beyond one host adds a module that implements [`LockBackend`] and
+//! [`Lease`], and none of the users changes.
+//!
+//! The contract every backend keeps:
+//! - a lock is held by a live process only: when the holder dies, however it dies, the lock is
+//!   free (or, for a backend that can lose it behind the holder's back, the holder is told:
+//!   [`Lease::lost_fd`]);
+//! - waiting is interruptible: a stop signal, the hard deadline or the budget ends a wait at
+//!   once, and a lock got meanwhile is let go;
+//! - a look ([`LockBackend::try_take`] with `create: false`, [`LockBackend::list`]) changes
+//!   nothing.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::lock::list::LockInfo;
+use crate::lock::queue::Class;
+use crate::lock::{Holder, LockError};
+use crate::names::{AppDomain, LockName};
+use crate::supervise::shutdown::Event;
+use crate::supervise::signals::SignalFunnel;
+
+/// Which lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LockKey<'a> {
+    /// The lock of one app domain: held by its run for as long as the run lives, probed by the
+    /// janitor.
+    App(&'a AppDomain),
+    /// A named host lock (`ccci-run lock NAME`).
+    Named(&'a LockName),
+}
+
+/// What one non-blocking try saw.
+pub(crate) enum Attempt {
+    /// We hold it now. `current`: the lock still names what it locked (a lock whose record was
+    /// removed and recreated meanwhile protects nothing).
+    Taken {
+        lease: Box<dyn Lease>,
+        current: bool,
+    },
+    /// Nothing names this lock, so nobody can hold it (only when asked not to create it).
+    Missing,
+    /// Someone holds it: since `age` (when the backend knows), with `note` when the verdict
+    /// came from a second account of ownership rather than the lock itself.
+    Held {
+        age: Option<Duration>,
+        note: Option<String>,
+    },
+}
+
+/// How to wait for a lock.
+pub(crate) struct Wait<'a> {
+    /// Who we are, recorded as the holder once the lock is ours.
+    pub holder: &'a Holder,
+    /// Stop signals and the deadline end the wait.
+    pub funnel: &'a SignalFunnel,
+    /// Give up at this instant (`None`: wait as long as it takes).
+    pub until: Option<Instant>,
+    /// Named locks: the queue class, and when a normal waiter joins the fast class.
+    pub class: Class,
+    pub promote_after: Duration,
+}
+
+/// How a wait for a lock ended.
+pub(crate) enum Taken {
+    Held(Box<dyn Lease>),
+    /// A way out arrived first; nothing is held.
+    Stopped(Event),
+    /// The budget ran out after `waited`, on `lock` (named as messages name it); `detail` says
+    /// who holds it, or where in line we were.
+    TimedOut {
+        waited: Duration,
+        lock: String,
+        detail: String,
+    },
+}
+
+/// A lock we hold. Dropping it releases it.
+pub(crate) trait Lease {
+    /// The holder line recorded with the lock, as read back now.
+    fn holder(&self) -> Option<Holder>;
+    /// Names this very lock instance, for a child that inherits it (`CCCI_HELD_LOCKS`): no
+    /// commas, no newlines.
+    fn token(&self) -> Result<String, LockError>;
+    /// Remove what names the lock while still holding it (after a reap: the app is gone);
+    /// whether it was removed. The lock is released when the lease is dropped.
+    fn remove(&self) -> Result<bool, LockError>;
+}
+
+/// A place that keeps locks.
+pub(crate) trait LockBackend {
+    /// How to name the lock in messages (a path, a key).
+    fn describe(&self, key: LockKey<'_>) -> String;
+    /// Make sure locks can be kept (`create`) or looked at (a look creates nothing).
+    fn prepare(&self, create: bool) -> Result<(), LockError>;
+    /// Try once without waiting; `create: false` only looks.
+    fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError>;
+    /// Take it within the wait's budget, interruptibly. `on_wait` is called once, with the
+    /// holder when known, if the lock is busy and the wait begins.
+    fn take(
+        &self,
+        key: LockKey<'_>,
+        wait: &Wait<'_>,
+        on_wait: &mut dyn FnMut(Option<&Holder>),
+    ) -> Result<Taken, LockError>;
+    /// Whether process `pid` holds the lock instance `token` names.
+    fn is_held_by(&self, key: LockKey<'_>, pid: i32, token: &str) -> bool;
+    /// Every lock this backend keeps, held or not.
+    fn list(&self, long_held: Duration) -> std::io::Result<Vec<LockInfo>>;
+    /// Remove the records of free app locks that no app stands behind (`keep` says which do);
+    /// returns what was (or, in a dry run, would be) removed, and what failed.
+    fn tidy(&self, keep: &dyn Fn(&AppDomain) -> bool, dry_run: bool)
+    -> (Vec<PathBuf>, Vec<String>);
+}

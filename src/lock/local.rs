@@ -1,0 +1,339 @@
+//! The local lock backend: the kernel keeps the locks, as flocks on files in the lock dir.
+//!
+//! An app lock is two lock files, taken always in this order: `<lock-dir>/cc-ci-app-<domain>.lock`
+//! and the same name in `<runs-dir>/.domains/`. The second is defense in depth: a lock file
+//! deleted by hand, or a lock dir that differs between runs (or between a run and the janitor),
+//! can neither let two runs of one domain overlap nor a probe take a live run's domain for dead.
+//! A named lock is `<lock-dir>/ccci-<NAME>.lock` behind its ticket queue
+//! ([`crate::lock::queue`]).
+//!
+//! A flock is never lost while its holder lives, and always released when it dies.
+
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, Taken, Wait};
+use crate::lock::list::{self, LockInfo};
+use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
+use crate::names::{self, AppDomain, RunAppPattern};
+use crate::supervise::linux;
+use crate::supervise::signals::Awaited;
+
+/// Locks as flocks on files.
+#[derive(Debug, Clone)]
+pub(crate) struct Local {
+    lock_dir: PathBuf,
+    domains_dir: PathBuf,
+    pattern: RunAppPattern,
+}
+
+impl Local {
+    pub(crate) fn new(lock_dir: &Path, runs_dir: &Path, pattern: &RunAppPattern) -> Self {
+        Self {
+            lock_dir: lock_dir.to_owned(),
+            domains_dir: names::domains_dir(runs_dir),
+            pattern: pattern.clone(),
+        }
+    }
+
+    fn path(&self, key: LockKey<'_>) -> PathBuf {
+        match key {
+            LockKey::App(domain) => self.lock_dir.join(domain.lock_file_name()),
+            LockKey::Named(name) => self.lock_dir.join(name.file_name()),
+        }
+    }
+
+    /// The run that owns `domain` by the runs dir's account, if any. A try that finds that
+    /// lock free lets go at once.
+    fn owner_by_runs_dir(&self, domain: &AppDomain) -> Option<String> {
+        let path = self.domains_dir.join(domain.lock_file_name());
+        match LockFile::open_existing(&path) {
+            Ok(Some(file)) => match file.try_lock() {
+                Ok(TryLock::Busy(mut file)) => Some(
+                    Holder::parse(&file.read_holder()).map_or_else(|| "?".to_owned(), |h| h.run_id),
+                ),
+                // Free, or unreadable: the lock dir's verdict stands.
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Take the lock file at `path` in `dir` for `wait.holder`, waiting in ONE blocking flock
+    /// (the kernel's queue) within the budget; a file replaced meanwhile is retried on the
+    /// live path.
+    fn take_file(
+        &self,
+        dir: &Path,
+        path: &Path,
+        wait: &Wait<'_>,
+        on_wait: &mut dyn FnMut(Option<&Holder>),
+    ) -> Result<Result<HeldLock, Taken>, LockError> {
+        lock::prepare_dir(dir)?;
+        let started = Instant::now();
+        let mut announced = false;
+        loop {
+            let mut lock = match LockFile::open(path)?.try_lock()? {
+                TryLock::Acquired(lock) => lock,
+                TryLock::Busy(mut file) => {
+                    if !announced {
+                        announced = true;
+                        on_wait(Holder::parse(&file.read_holder()).as_ref());
+                    }
+                    match wait
+                        .funnel
+                        .await_work(file.lock_in_background()?, wait.until, None)
+                    {
+                        Awaited::Done(outcome) => outcome?,
+                        Awaited::Stopped(event) => return Ok(Err(Taken::Stopped(event))),
+                        Awaited::TimedOut => {
+                            return Ok(Err(Taken::TimedOut {
+                                waited: started.elapsed(),
+                                lock: path.display().to_string(),
+                                detail: format!("held by {}", describe_holder(self.read(path))),
+                            }));
+                        }
+                    }
+                }
+            };
+            // A janitor may have reaped and unlinked the file while we waited on it.
+            if !lock.identity_matches()? {
+                tracing::info!(path = %path.display(), "lock file was replaced; retrying on the live path");
+                continue;
+            }
+            lock.write_holder(&wait.holder.to_line())?;
+            return Ok(Ok(lock));
+        }
+    }
+
+    /// The holder a lock file names, read without taking it.
+    fn read(&self, path: &Path) -> Option<Holder> {
+        let mut file = LockFile::open_existing(path).ok().flatten()?;
+        Holder::parse(&file.read_holder())
+    }
+
+    /// Unlink the unheld run-app lock files in `dir` that `keep` does not stand behind.
+    fn tidy_dir(
+        &self,
+        dir: &Path,
+        keep: &dyn Fn(&AppDomain) -> bool,
+        dry_run: bool,
+        tidied: &mut Vec<PathBuf>,
+        errors: &mut Vec<String>,
+    ) {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return,
+            Err(err) => {
+                errors.push(format!("failed to list lock dir {}: {err}", dir.display()));
+                return;
+            }
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(domain) = name
+                .to_str()
+                .and_then(|n| self.pattern.domain_of_lock_file(n))
+            else {
+                continue;
+            };
+            if keep(&domain) {
+                continue;
+            }
+            let path = entry.path();
+            let file = match LockFile::open_existing(&path) {
+                Ok(Some(file)) => file,
+                Ok(None) => continue,
+                Err(err) => {
+                    tracing::warn!("janitor: not tidying {}: {err}", path.display());
+                    continue;
+                }
+            };
+            // Held: a live run that has not created its app yet. Leave it.
+            let Ok(TryLock::Acquired(lock)) = file.try_lock() else {
+                continue;
+            };
+            if dry_run {
+                if lock.identity_matches().unwrap_or(false) {
+                    tidied.push(path);
+                }
+                continue;
+            }
+            match lock.unlink() {
+                Ok(true) => tidied.push(path),
+                Ok(false) => {}
+                Err(err) => errors.push(err.to_string()),
+            }
+        }
+    }
+}
+
+/// "run 42 (pid 7 on host since …)", or what is known when the holder left no metadata.
+pub(crate) fn describe_holder(holder: Option<Holder>) -> String {
+    match holder {
+        Some(h) => format!(
+            "run {} (pid {} on {} since {})",
+            h.run_id, h.pid, h.host, h.started_at
+        ),
+        None => "a holder that left no metadata".to_owned(),
+    }
+}
+
+impl LockBackend for Local {
+    fn describe(&self, key: LockKey<'_>) -> String {
+        self.path(key).display().to_string()
+    }
+
+    fn prepare(&self, create: bool) -> Result<(), LockError> {
+        if create {
+            return lock::prepare_dir(&self.lock_dir);
+        }
+        lock::check_dir(&self.lock_dir).or_else(|err| match err {
+            // A look creates nothing: a missing lock dir simply holds no locks.
+            _ if !self.lock_dir.exists() => Ok(()),
+            err => Err(err),
+        })
+    }
+
+    fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError> {
+        let path = self.path(key);
+        let opened = if create {
+            LockFile::open(&path).map(Some)?
+        } else {
+            LockFile::open_existing(&path)?
+        };
+        let attempt = match opened {
+            None => Attempt::Missing,
+            Some(file) => match file.try_lock()? {
+                TryLock::Busy(file) => {
+                    return Ok(Attempt::Held {
+                        age: file.age(),
+                        note: None,
+                    });
+                }
+                TryLock::Acquired(lock) => Attempt::Taken {
+                    current: lock.identity_matches()?,
+                    lease: Box::new(FileLease::one(lock)),
+                },
+            },
+        };
+        // Free here: the runs dir may still say a live run owns the domain.
+        if let LockKey::App(domain) = key {
+            if let Some(run_id) = self.owner_by_runs_dir(domain) {
+                return Ok(Attempt::Held {
+                    age: None,
+                    note: Some(format!("held by run {run_id} under another lock dir")),
+                });
+            }
+        }
+        Ok(attempt)
+    }
+
+    fn take(
+        &self,
+        key: LockKey<'_>,
+        wait: &Wait<'_>,
+        on_wait: &mut dyn FnMut(Option<&Holder>),
+    ) -> Result<Taken, LockError> {
+        let domain = match key {
+            LockKey::Named(name) => {
+                lock::prepare_dir(&self.lock_dir)?;
+                return crate::lock::queue::acquire(name, &self.path(key), &self.lock_dir, wait);
+            }
+            LockKey::App(domain) => domain,
+        };
+        let mut held = Vec::new();
+        for dir in [&self.lock_dir, &self.domains_dir] {
+            let path = dir.join(domain.lock_file_name());
+            match self.take_file(dir, &path, wait, on_wait)? {
+                Ok(lock) => held.push(lock),
+                Err(taken) => return Ok(taken),
+            }
+        }
+        Ok(Taken::Held(Box::new(FileLease { locks: held })))
+    }
+
+    fn is_held_by(&self, key: LockKey<'_>, pid: i32, token: &str) -> bool {
+        let Ok(meta) = std::fs::metadata(self.path(key)) else {
+            return false;
+        };
+        if token != file_token(&meta) {
+            return false;
+        }
+        let (major, minor) = (linux::dev_major(meta.dev()), linux::dev_minor(meta.dev()));
+        linux::proc_locks().is_ok_and(|locks| {
+            locks.iter().any(|l| {
+                !l.waiting
+                    && l.pid == pid
+                    && l.inode == meta.ino()
+                    && l.major == major
+                    && l.minor == minor
+            })
+        })
+    }
+
+    fn list(&self, long_held: Duration) -> io::Result<Vec<LockInfo>> {
+        list::list(&self.lock_dir, long_held)
+    }
+
+    fn tidy(
+        &self,
+        keep: &dyn Fn(&AppDomain) -> bool,
+        dry_run: bool,
+    ) -> (Vec<PathBuf>, Vec<String>) {
+        let (mut tidied, mut errors) = (Vec::new(), Vec::new());
+        for dir in [&self.lock_dir, &self.domains_dir] {
+            self.tidy_dir(dir, keep, dry_run, &mut tidied, &mut errors);
+        }
+        (tidied, errors)
+    }
+}
+
+/// `MAJOR:MINOR:INODE` of a lock file: names the very file a flock is on.
+fn file_token(meta: &std::fs::Metadata) -> String {
+    format!(
+        "{}:{}:{}",
+        linux::dev_major(meta.dev()),
+        linux::dev_minor(meta.dev()),
+        meta.ino()
+    )
+}
+
+/// Held lock files; the first is the lock itself, any other its second account.
+#[derive(Debug)]
+pub(crate) struct FileLease {
+    locks: Vec<HeldLock>,
+}
+
+impl FileLease {
+    pub(crate) fn one(lock: HeldLock) -> Self {
+        Self { locks: vec![lock] }
+    }
+}
+
+impl Lease for FileLease {
+    fn holder(&self) -> Option<Holder> {
+        Holder::parse(&self.locks.first()?.read_holder())
+    }
+
+    fn token(&self) -> Result<String, LockError> {
+        let Some(lock) = self.locks.first() else {
+            return Ok(String::new());
+        };
+        let meta = lock.file().metadata().map_err(|source| LockError::Io {
+            what: "inspect",
+            path: PathBuf::new(),
+            source,
+        })?;
+        Ok(file_token(&meta))
+    }
+
+    fn remove(&self) -> Result<bool, LockError> {
+        match self.locks.first() {
+            Some(lock) => lock.unlink(),
+            None => Ok(false),
+        }
+    }
+}

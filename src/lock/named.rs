@@ -1,0 +1,300 @@
+//! `ccci-run lock NAME`: run a command holding a fair, bounded, observable named host lock.
+//!
+//! The lock is taken through the lock backend (on one host: a ticket queue in front of a lock
+//! file, [`crate::lock::queue`]); a command that runs `ccci-run lock NAME` again under a holder
+//! is granted the lock its ancestor holds (`CCCI_HELD_LOCKS`) instead of waiting for itself.
+//!
+//! Invariant: the lock is released only by the process's exit, after the command's whole
+//! process group (and cgroup) is gone.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use nix::unistd::Pid;
+
+use crate::exit;
+use crate::lock::backend::{LockBackend, LockKey, Taken, Wait};
+use crate::lock::{Holder, LockError};
+use crate::names::LockName;
+use crate::report;
+use crate::supervise::guards::{self, GuardOptions};
+use crate::supervise::linux;
+use crate::supervise::process::CommandSpec;
+use crate::supervise::shutdown::Event;
+use crate::supervise::signals::SignalFunnel;
+use crate::supervise::{Supervisor, cgroup};
+
+/// The variable that carries the locks an ancestor holds: `NAME:PID:MAJOR:MINOR:INODE:DEPTH`,
+/// comma-separated.
+pub(crate) const HELD_VAR: &str = "CCCI_HELD_LOCKS";
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NamedLockError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(
+        "lock {name}: an ancestor (pid {pid}) says it holds it, but it no longer does; refusing to take it behind its back"
+    )]
+    StaleAncestor { name: LockName, pid: i32 },
+    #[error("failed to set up signal handling: {0}")]
+    Guards(String),
+}
+
+pub(crate) type LockOptions = crate::config::LockConfig;
+
+/// Run `ccci-run lock`; returns the exit code.
+pub(crate) fn run(
+    backend: &dyn LockBackend,
+    opts: &LockOptions,
+    start_ppid: Pid,
+) -> Result<u8, NamedLockError> {
+    let guards = GuardOptions {
+        tie_to: opts.tie_to,
+        ..GuardOptions::default()
+    };
+    let funnel = guards::install_guards(start_ppid, &guards)
+        .map_err(|e| NamedLockError::Guards(e.to_string()))?;
+    backend.prepare(true)?;
+    let key = LockKey::Named(&opts.name);
+    let mut held = HeldLocks::inherited(std::env::var(HELD_VAR).unwrap_or_default());
+    let _lease = match held.grant(backend, &opts.name)? {
+        Some(depth) => {
+            tracing::info!(depth, "lock already held by an ancestor; granted");
+            None
+        }
+        None => {
+            let wait = Wait {
+                holder: &Holder::this_process(opts.name.as_str()),
+                funnel: &funnel,
+                until: opts.wait.map(|w| Instant::now() + w),
+                class: opts.class,
+                promote_after: opts.promote_after,
+            };
+            match backend.take(key, &wait, &mut |_| {})? {
+                Taken::Held(lease) => {
+                    held.push(HeldEntry {
+                        name: opts.name.to_string(),
+                        pid: std::process::id() as i32,
+                        token: lease.token()?,
+                        depth: 1,
+                    });
+                    Some(lease)
+                }
+                Taken::TimedOut { waited, detail, .. } => {
+                    report::line(&format!(
+                        "ccci-run: lock {} not acquired within {} s {detail}",
+                        opts.name,
+                        (waited.as_secs_f64() * 10.0).round() / 10.0,
+                    ));
+                    return Ok(exit::LOCK_TIMEOUT);
+                }
+                Taken::Stopped(event) => return Ok(stopped_while_waiting(&opts.name, event)),
+            }
+        }
+    };
+    Ok(run_holding(&funnel, opts, &held))
+}
+
+/// The exit code of a wait that a signal (or a death) ended.
+fn stopped_while_waiting(name: &LockName, event: Event) -> u8 {
+    match event {
+        Event::Signal(signal) => {
+            report::line(&format!(
+                "== {signal} received while waiting for lock {name} — giving up =="
+            ));
+            exit::for_signal(signal)
+        }
+        _ => exit::INTERNAL,
+    }
+}
+
+/// Run the command, holding the lock, in its own process group and cgroup; signals go on to it.
+fn run_holding(funnel: &SignalFunnel, opts: &LockOptions, held: &HeldLocks) -> u8 {
+    let (program, args) = opts.command.split_first().expect("clap requires a command");
+    let spec = CommandSpec {
+        program: program.clone(),
+        args: args.to_vec(),
+        env: vec![(HELD_VAR.to_owned(), held.to_string().into())],
+        cwd: None,
+    };
+    let cgroups = cgroup::run_cgroup(opts.cgroup, "lock", opts.name.as_str());
+    let supervisor = Supervisor {
+        funnel,
+        kill_grace: opts.kill_grace,
+        deadline: Duration::ZERO,
+        forward_signals: true,
+        teardown_timeout: opts.teardown_timeout,
+        hard_end: None,
+        leaf: cgroups.as_ref().map(|c| &c.command),
+    };
+    let stopped = supervisor.start_and_stop(&spec, VecDeque::new(), &mut |_| {});
+    let mut problems = stopped.errors;
+    problems.extend(
+        supervisor
+            .kill_leftovers(cgroups.as_ref().map(|c| &c.command), stopped.teardown_until)
+            .err(),
+    );
+    if let Some(Err(err)) = cgroups.as_ref().map(|c| c.cgroup.remove()) {
+        problems.push(err.to_string());
+    }
+    for problem in problems {
+        report::line(&format!("!! lock {}: {problem}", opts.name));
+    }
+    stopped.reason.exit_code()
+}
+
+/// One lock an ancestor holds, as carried in `CCCI_HELD_LOCKS`: `NAME:PID:TOKEN:DEPTH`, where
+/// the token names the lock instance for the backend (the local one: `MAJOR:MINOR:INODE`) and
+/// the depth counts the nested `lock` commands that were granted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HeldEntry {
+    pub name: String,
+    pub pid: i32,
+    pub token: String,
+    pub depth: u32,
+}
+
+impl FromStr for HeldEntry {
+    type Err = String;
+
+    fn from_str(entry: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("{why} in {HELD_VAR} entry {entry:?}");
+        if entry.contains(',') {
+            return Err(bad("a comma"));
+        }
+        let (name, rest) = entry.split_once(':').ok_or_else(|| bad("no pid"))?;
+        let (pid, rest) = rest.split_once(':').ok_or_else(|| bad("no token"))?;
+        let (token, depth) = rest.rsplit_once(':').ok_or_else(|| bad("no depth"))?;
+        if name.is_empty() || token.is_empty() {
+            return Err(bad("an empty field"));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            pid: pid
+                .parse()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| bad("a bad pid"))?,
+            token: token.to_owned(),
+            depth: depth.parse().map_err(|_| bad("a bad depth"))?,
+        })
+    }
+}
+
+impl fmt::Display for HeldEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}:{}",
+            self.name, self.pid, self.token, self.depth
+        )
+    }
+}
+
+/// The entries of `CCCI_HELD_LOCKS`, passed on to the command with ours added. Entries for
+/// other locks are passed on as they came.
+#[derive(Debug, Default)]
+struct HeldLocks {
+    entries: Vec<String>,
+}
+
+impl HeldLocks {
+    fn inherited(value: String) -> Self {
+        Self {
+            entries: value
+                .split(',')
+                .filter(|e| !e.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+
+    fn push(&mut self, entry: HeldEntry) {
+        self.entries.push(entry.to_string());
+    }
+
+    /// The depth at which an ancestor's hold on `name` is granted to us, if one holds it. An
+    /// entry whose pid is not even our ancestor was not inherited from a holder: it says
+    /// nothing about us (forged, or leaked into an unrelated environment) and is dropped. An
+    /// ancestor's entry that the backend does not confirm is refused: taking the lock behind
+    /// the ancestor's back would wait for ourselves.
+    fn grant(
+        &mut self,
+        backend: &dyn LockBackend,
+        name: &LockName,
+    ) -> Result<Option<u32>, NamedLockError> {
+        let Some(i) = self
+            .entries
+            .iter()
+            .position(|e| e.split(':').next() == Some(name.as_str()))
+        else {
+            return Ok(None);
+        };
+        let claimed: Option<i32> = self.entries[i]
+            .split(':')
+            .nth(1)
+            .and_then(|p| p.parse().ok());
+        let ancestor = claimed
+            .filter(|p| *p > 1)
+            .is_some_and(|p| linux::is_ancestor(Pid::from_raw(p)));
+        if !ancestor {
+            report::line(&format!(
+                "!! lock {name}: ignoring {HELD_VAR} entry {:?}: its pid is not an ancestor of this \
+                 process; queueing normally",
+                crate::names::escape_outside(self.entries[i].as_bytes())
+            ));
+            self.entries.remove(i);
+            return Ok(None);
+        }
+        let confirmed = self.entries[i]
+            .parse::<HeldEntry>()
+            .ok()
+            .filter(|e| backend.is_held_by(LockKey::Named(name), e.pid, &e.token));
+        let Some(mut entry) = confirmed else {
+            return Err(NamedLockError::StaleAncestor {
+                name: name.clone(),
+                pid: claimed.unwrap_or(0),
+            });
+        };
+        entry.depth += 1;
+        self.entries[i] = entry.to_string();
+        Ok(Some(entry.depth))
+    }
+}
+
+impl fmt::Display for HeldLocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.entries.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("pkg:42:8:1:1234:1", Some(("pkg", 42, "8:1:1234", 1)))]
+    #[case("pkg:42:tok:3", Some(("pkg", 42, "tok", 3)))]
+    #[case("pkg:42:8:1:1234", Some(("pkg", 42, "8:1", 1234)))]
+    #[case("pkg:0:8:1:1234:1", None)]
+    #[case("pkg:x:8:1:1234:1", None)]
+    #[case("pkg:42::1", None)]
+    #[case(":42:t:1", None)]
+    #[case("pkg:42:t:one", None)]
+    #[case("pkg:42", None)]
+    #[case("pkg:42:t:1,x", None)]
+    fn held_entries_parse(#[case] text: &str, #[case] want: Option<(&str, i32, &str, u32)>) {
+        let got = text.parse::<HeldEntry>().ok();
+        assert_eq!(
+            got.as_ref()
+                .map(|e| (e.name.as_str(), e.pid, e.token.as_str(), e.depth)),
+            want
+        );
+        if let Some(entry) = got {
+            assert_eq!(entry.to_string(), text);
+        }
+    }
+}

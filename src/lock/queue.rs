@@ -1,0 +1,591 @@
+//! The ticket queue in front of a named lock file: how the local backend makes `ccci-run lock
+//! NAME` fair and bounded.
+//!
+//! A bare `flock --wait` starves under continuous arrivals: a waiter that re-enters the kernel's
+//! queue loses its place, and a wait budget bounds one attempt, not the wait. Here every waiter
+//! takes a ticket in `ccci-<NAME>.lock.queue/`:
+//!
+//! - `rank-seq-pid`: the sequence number comes from a counter file incremented under its own
+//!   flock, and the ticket is published before that flock is released, so a later ticket is never
+//!   visible while an earlier one is not. Fast tickets (rank 0) precede normal ones (rank 1); a
+//!   normal ticket that waited past `--promote-after` is renamed into the fast class, keeping its
+//!   sequence number.
+//! - Only the head ticket enters ONE blocking flock on `ccci-<NAME>.lock` for its remaining
+//!   budget; everyone else sleeps until the queue directory changes (inotify, no polling).
+//! - Every waiter touches its ticket every 2 s (the head too, while parked — from the main
+//!   thread, which holds no lock and never recreates a removed ticket). A ticket whose owner is
+//!   dead and that is older than 10 s, or any ticket older than 1800 s, is removed by whoever looks.
+//!
+//! Invariant: the ticket is gone as soon as its owner holds the lock, gives up, or dies (the
+//! latter within 10 s of the next look); the lock itself is released only by process exit.
+
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use inotify::{Inotify, WatchMask};
+use nix::errno::Errno;
+use nix::sys::signal::Signal;
+use nix::sys::stat::{UtimensatFlags, utimensat};
+use nix::sys::time::TimeSpec;
+use nix::unistd::Pid;
+
+use crate::lock::backend::{Taken, Wait};
+use crate::lock::local::FileLease;
+use crate::lock::{self, HeldLock, LockError, LockFile, TryLock};
+use crate::names::LockName;
+use crate::report;
+use crate::supervise::shutdown::Event;
+use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
+
+/// A ticket whose owner is dead is removed once it is this old.
+const DEAD_OWNER_AGE: Duration = Duration::from_secs(10);
+/// Any ticket this old is stale: its owner stopped touching it (or its pid was recycled).
+const STALE_AGE: Duration = Duration::from_secs(1800);
+/// How often a waiter touches its own ticket.
+const KEEPALIVE: Duration = Duration::from_secs(2);
+/// How often a waiter repeats its waiting line.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// Fast tickets go before normal ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Class {
+    Fast,
+    Normal,
+}
+
+impl crate::config::Choice for Class {
+    const CHOICES: &'static [(Self, &'static str, &'static str)] =
+        &[(Self::Fast, "fast", ""), (Self::Normal, "normal", "")];
+}
+
+impl Class {
+    fn rank(self) -> u8 {
+        match self {
+            Class::Fast => 0,
+            Class::Normal => 1,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Class::Fast => "fast",
+            Class::Normal => "normal",
+        }
+    }
+}
+
+/// A place in the queue; its file name is `rank-seq-pid`, so names sort in queue order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub(crate) struct Ticket {
+    pub class: Class,
+    pub seq: u64,
+    pub pid: i32,
+}
+
+impl Ticket {
+    pub(crate) fn file_name(&self) -> String {
+        format!("{}-{:012}-{}", self.class.rank(), self.seq, self.pid)
+    }
+
+    /// Parse a queue entry's name; anything else in the directory is not a ticket.
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        let mut parts = name.split('-');
+        let class = match parts.next()? {
+            "0" => Class::Fast,
+            "1" => Class::Normal,
+            _ => return None,
+        };
+        let seq = parts.next()?;
+        let pid = parts.next()?;
+        // Only canonical names are tickets: a ticket is removed by the name it formats to, so
+        // `1-…-01` taken for pid 1 could never be removed and would wedge the queue.
+        if parts.next().is_some()
+            || seq.len() != 12
+            || !seq.bytes().all(|b| b.is_ascii_digit())
+            || pid.is_empty()
+            || pid.starts_with('0')
+            || !pid.bytes().all(|b| b.is_ascii_digit())
+        {
+            return None;
+        }
+        let pid: i32 = pid.parse().ok().filter(|p| *p > 0)?;
+        Some(Self {
+            class,
+            seq: seq.parse().ok()?,
+            pid,
+        })
+    }
+
+    /// "12 (normal, pid 4242)"
+    fn describe(&self) -> String {
+        format!("{} ({}, pid {})", self.seq, self.class.as_str(), self.pid)
+    }
+}
+
+/// A ticket seen in the queue directory, with its age.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct QueuedTicket {
+    pub ticket: Ticket,
+    pub age_s: u64,
+}
+
+/// The queue directory of one named lock.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    dir: PathBuf,
+}
+
+impl Queue {
+    pub(crate) fn dir_for(lock_dir: &Path, name: &LockName) -> PathBuf {
+        lock_dir.join(name.queue_dir_name())
+    }
+
+    /// The queue of an existing directory, for looking only.
+    pub(crate) fn existing(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
+    pub(crate) fn open(lock_dir: &Path, name: &LockName) -> Result<Self, LockError> {
+        let dir = Self::dir_for(lock_dir, name);
+        lock::prepare_private_dir(&dir)?;
+        Ok(Self { dir })
+    }
+
+    fn io_err(&self, what: &'static str) -> impl FnOnce(io::Error) -> LockError + '_ {
+        move |source| LockError::Queue {
+            what,
+            dir: self.dir.clone(),
+            source,
+        }
+    }
+
+    fn path(&self, ticket: &Ticket) -> PathBuf {
+        self.dir.join(ticket.file_name())
+    }
+
+    /// Take the next sequence number and publish the ticket, both under the counter's flock.
+    fn take_ticket(
+        &self,
+        class: Class,
+        funnel: &SignalFunnel,
+    ) -> Result<Option<Ticket>, LockError> {
+        let mut counter = LockFile::open(&self.dir.join(".seq"))?;
+        let held = loop {
+            match counter.lock_briefly() {
+                Ok(held) => break held,
+                Err((file, LockError::Io { source, .. }))
+                    if source.raw_os_error() == Some(Errno::EINTR as i32) =>
+                {
+                    if !funnel_has_shutdown(funnel) {
+                        counter = file;
+                        continue;
+                    }
+                    return Ok(None);
+                }
+                Err((_, err)) => return Err(err),
+            }
+        };
+        let mut file = held.file();
+        let mut text = String::new();
+        let _ = file
+            .rewind()
+            .and_then(|_| file.take(64).read_to_string(&mut text));
+        // A garbled counter must not send sequence numbers backwards: never below a live ticket.
+        let floor = self
+            .scan()
+            .iter()
+            .map(|t| t.ticket.seq + 1)
+            .max()
+            .unwrap_or(0);
+        let seq = text.trim().parse::<u64>().unwrap_or(0).max(floor);
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(format!("{}\n", seq + 1).as_bytes()))
+            .map_err(self.io_err("advance the counter"))?;
+        let ticket = Ticket {
+            class,
+            seq,
+            pid: std::process::id() as i32,
+        };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(self.path(&ticket))
+            .map_err(self.io_err("publish a ticket"))?;
+        drop(held);
+        Ok(Some(ticket))
+    }
+
+    /// Every ticket in the queue, in queue order.
+    pub(crate) fn scan(&self) -> Vec<QueuedTicket> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let now = SystemTime::now();
+        let mut tickets: Vec<QueuedTicket> = entries
+            .flatten()
+            .filter_map(|e| {
+                let ticket = Ticket::parse(e.file_name().to_str()?)?;
+                let modified = e.metadata().ok()?.modified().ok()?;
+                Some(QueuedTicket {
+                    ticket,
+                    age_s: now.duration_since(modified).unwrap_or_default().as_secs(),
+                })
+            })
+            .collect();
+        tickets.sort_by_key(|t| t.ticket);
+        tickets
+    }
+
+    /// Remove dead and stale tickets (never `mine`); returns the live ones, in queue order.
+    fn reap(&self, mine: &Ticket) -> Vec<QueuedTicket> {
+        let mut live = Vec::new();
+        for queued in self.scan() {
+            let t = &queued.ticket;
+            let age = Duration::from_secs(queued.age_s);
+            let dead =
+                t != mine && (age > STALE_AGE || (age > DEAD_OWNER_AGE && !process_exists(t.pid)));
+            if dead {
+                tracing::info!(ticket = t.file_name(), "removing a dead ticket");
+                let _ = std::fs::remove_file(self.path(t));
+            } else {
+                live.push(queued);
+            }
+        }
+        live
+    }
+
+    /// Touch our ticket; false when it is gone (it is never recreated).
+    fn touch(&self, ticket: &Ticket) -> bool {
+        let now = TimeSpec::UTIME_NOW;
+        utimensat(
+            nix::fcntl::AT_FDCWD,
+            &self.path(ticket),
+            &now,
+            &now,
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .is_ok()
+    }
+
+    fn remove(&self, ticket: &Ticket) {
+        let _ = std::fs::remove_file(self.path(ticket));
+    }
+
+    /// Move a normal ticket into the fast class, keeping its sequence number.
+    fn promote(&self, ticket: &Ticket) -> Option<Ticket> {
+        let promoted = Ticket {
+            class: Class::Fast,
+            ..*ticket
+        };
+        std::fs::rename(self.path(ticket), self.path(&promoted)).ok()?;
+        Some(promoted)
+    }
+}
+
+fn process_exists(pid: i32) -> bool {
+    !matches!(
+        nix::sys::signal::kill(Pid::from_raw(pid), None),
+        Err(Errno::ESRCH)
+    )
+}
+
+fn funnel_has_shutdown(funnel: &SignalFunnel) -> bool {
+    shutdown_events(&funnel.pending()).next().is_some()
+}
+
+/// Wait in the queue of `name` (its lock file at `path`) until we hold the lock, the budget
+/// runs out, or a way out arrives. The ticket is gone whichever way this ends.
+pub(crate) fn acquire(
+    name: &LockName,
+    path: &Path,
+    lock_dir: &Path,
+    wait: &Wait<'_>,
+) -> Result<Taken, LockError> {
+    let queue = Queue::open(lock_dir, name)?;
+    let mut inotify = Inotify::init().map_err(queue.io_err("watch"))?;
+    inotify
+        .watches()
+        .add(
+            &queue.dir,
+            WatchMask::CREATE | WatchMask::DELETE | WatchMask::MOVED_FROM | WatchMask::MOVED_TO,
+        )
+        .map_err(queue.io_err("watch"))?;
+    let Some(ticket) = queue.take_ticket(wait.class, wait.funnel)? else {
+        return Ok(Taken::Stopped(first_shutdown(wait.funnel)));
+    };
+    let mut waiter = Waiter {
+        name,
+        path,
+        wait,
+        queue: &queue,
+        ticket,
+        started: Instant::now(),
+        last_report: None,
+    };
+    let taken = waiter.run(&mut inotify);
+    if !matches!(taken, Ok(Taken::TimedOut { .. })) {
+        queue.remove(&waiter.ticket);
+    }
+    taken
+}
+
+/// One waiter's place in the queue while it waits.
+struct Waiter<'a> {
+    name: &'a LockName,
+    path: &'a Path,
+    wait: &'a Wait<'a>,
+    queue: &'a Queue,
+    ticket: Ticket,
+    started: Instant,
+    last_report: Option<Instant>,
+}
+
+/// What one round in the queue came to.
+enum Round {
+    Done(Taken),
+    /// Not at the head yet, or the head lost the file to a replacement: look again.
+    Again,
+}
+
+impl Waiter<'_> {
+    fn run(&mut self, inotify: &mut Inotify) -> Result<Taken, LockError> {
+        let mut buffer = [0u8; 4096];
+        loop {
+            // Drain what changed so far; whatever changes after this wakes the wait below.
+            while inotify
+                .read_events(&mut buffer)
+                .is_ok_and(|mut e| e.next().is_some())
+            {}
+            if let Round::Done(taken) = self.round()? {
+                return Ok(taken);
+            }
+            let timeout = self.remaining().map_or(KEEPALIVE, |l| l.min(KEEPALIVE));
+            let (arrived, _) = self
+                .wait
+                .funnel
+                .wait_or(Some(inotify.as_fd()), Some(timeout));
+            if let Some(event) = shutdown_events(&arrived).next() {
+                return Ok(Taken::Stopped(event));
+            }
+        }
+    }
+
+    /// One look at the queue: promote, keep the ticket alive, clear the dead, and, at the head,
+    /// try the lock and park on it.
+    fn round(&mut self) -> Result<Round, LockError> {
+        self.promote_when_due();
+        if !self.queue.touch(&self.ticket) {
+            // Someone removed our ticket (an operator, or a reaper that took us for dead):
+            // take a new one rather than wait outside the queue.
+            tracing::warn!(
+                ticket = self.ticket.file_name(),
+                "our ticket vanished; taking a new one"
+            );
+            match self
+                .queue
+                .take_ticket(self.ticket.class, self.wait.funnel)?
+            {
+                Some(t) => self.ticket = t,
+                None => {
+                    return Ok(Round::Done(Taken::Stopped(first_shutdown(
+                        self.wait.funnel,
+                    ))));
+                }
+            }
+        }
+        let live = self.queue.reap(&self.ticket);
+        if self.remaining() == Some(Duration::ZERO) {
+            return Ok(Round::Done(self.give_up(&live)));
+        }
+        if live.first().map(|t| t.ticket) != Some(self.ticket) {
+            self.report_wait(&live, false);
+            return Ok(Round::Again);
+        }
+        if let Some(lock) = try_lock_live(self.path)? {
+            return Ok(Round::Done(Taken::Held(Box::new(FileLease::one(lock)))));
+        }
+        self.report_wait(&live, true);
+        self.park()
+    }
+
+    /// A normal ticket that waited past `--promote-after` joins the fast class.
+    fn promote_when_due(&mut self) {
+        if self.wait.class != Class::Normal
+            || self.ticket.class != Class::Normal
+            || self.started.elapsed() < self.wait.promote_after
+        {
+            return;
+        }
+        if let Some(promoted) = self.queue.promote(&self.ticket) {
+            report::line(&format!(
+                "== lock {}: ticket {} promoted to the fast class after {} s ==",
+                self.name,
+                self.ticket.seq,
+                self.started.elapsed().as_secs()
+            ));
+            self.ticket = promoted;
+        }
+    }
+
+    fn remaining(&self) -> Option<Duration> {
+        self.wait
+            .until
+            .map(|until| until.saturating_duration_since(Instant::now()))
+    }
+
+    /// The head's wait: ONE blocking flock on a worker for the remaining budget, while the main
+    /// thread keeps the ticket alive and watches for signals.
+    fn park(&mut self) -> Result<Round, LockError> {
+        let pending = LockFile::open(self.path)?.lock_in_background()?;
+        let (queue, ticket) = (self.queue, self.ticket);
+        // The keepalive: by path, never through the lock's descriptor, never recreating.
+        let mut touch = || {
+            queue.touch(&ticket);
+        };
+        Ok(
+            match self.wait.funnel.await_work(
+                pending,
+                self.wait.until,
+                Some((KEEPALIVE, &mut touch)),
+            ) {
+                Awaited::Done(outcome) => {
+                    let lock = outcome?;
+                    if lock.identity_matches()? {
+                        Round::Done(Taken::Held(Box::new(FileLease::one(lock))))
+                    } else {
+                        // The file was replaced while we waited: go round again on the live path.
+                        Round::Again
+                    }
+                }
+                Awaited::Stopped(event) => Round::Done(Taken::Stopped(event)),
+                Awaited::TimedOut => Round::Done(self.give_up(&self.queue.scan())),
+            },
+        )
+    }
+
+    /// Leave the queue and say where we were.
+    fn give_up(&self, live: &[QueuedTicket]) -> Taken {
+        self.queue.remove(&self.ticket);
+        let head = live
+            .iter()
+            .find(|t| t.ticket != self.ticket)
+            .map(|t| format!("head of queue is {}", t.ticket.describe()))
+            .unwrap_or_else(|| "(no other ticket queued)".to_owned());
+        Taken::TimedOut {
+            waited: self.wait.until.map_or(Duration::ZERO, |u| {
+                u.saturating_duration_since(self.started)
+            }),
+            lock: self.name.to_string(),
+            detail: format!(
+                "as queue ticket {} ({}); {head}",
+                self.ticket.seq,
+                self.ticket.class.as_str()
+            ),
+        }
+    }
+
+    /// The waiting line: before blocking, then at most once a minute.
+    fn report_wait(&mut self, live: &[QueuedTicket], parking: bool) {
+        if self.last_report.is_some_and(|t| t.elapsed() < REPORT_EVERY) {
+            return;
+        }
+        self.last_report = Some(Instant::now());
+        let budget = self.remaining().map_or("no time limit".to_owned(), |l| {
+            format!("{} s of budget left", l.as_secs())
+        });
+        let position = if parking {
+            "head of the queue, waiting for the holder".to_owned()
+        } else {
+            let ahead = live.iter().take_while(|t| t.ticket < self.ticket).count();
+            let head = live.first().map_or("-".to_owned(), |t| t.ticket.describe());
+            format!("{ahead} ticket(s) ahead, head is {head}")
+        };
+        report::line(&format!(
+            "== lock {}: waiting as queue ticket {} ({}), {budget}; {position} ==",
+            self.name,
+            self.ticket.seq,
+            self.ticket.class.as_str()
+        ));
+    }
+}
+
+fn first_shutdown(funnel: &SignalFunnel) -> Event {
+    shutdown_events(&funnel.pending())
+        .next()
+        .unwrap_or(Event::Signal(Signal::SIGTERM))
+}
+
+/// A non-blocking try; a lock on an inode that is no longer at the path does not count.
+fn try_lock_live(path: &Path) -> Result<Option<HeldLock>, LockError> {
+    match LockFile::open(path)?.try_lock()? {
+        TryLock::Acquired(lock) if lock.identity_matches()? => Ok(Some(lock)),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("0-000000000012-42", Some((Class::Fast, 12, 42)))]
+    #[case("1-000000000000-1", Some((Class::Normal, 0, 1)))]
+    #[case("2-000000000012-42", None)]
+    #[case("1-12-42", None)]
+    #[case("1-000000000012-0", None)]
+    #[case("1-000000000012-", None)]
+    #[case("1-000000000012-42-9", None)]
+    #[case(".seq", None)]
+    #[case("1-00000000001a-42", None)]
+    #[case::leading_zero_pid_would_never_be_removable("1-000000000000-01", None)]
+    #[case("1-000000000000-+1", None)]
+    fn ticket_names(#[case] name: &str, #[case] want: Option<(Class, u64, i32)>) {
+        assert_eq!(Ticket::parse(name).map(|t| (t.class, t.seq, t.pid)), want);
+    }
+
+    #[test]
+    fn names_sort_in_queue_order() {
+        let fast_late = Ticket {
+            class: Class::Fast,
+            seq: 9,
+            pid: 5,
+        };
+        let normal_early = Ticket {
+            class: Class::Normal,
+            seq: 1,
+            pid: 5,
+        };
+        let fast_early = Ticket {
+            class: Class::Fast,
+            seq: 2,
+            pid: 5,
+        };
+        let mut names = [normal_early, fast_late, fast_early].map(|t| t.file_name());
+        names.sort();
+        assert_eq!(
+            names,
+            [fast_early, fast_late, normal_early].map(|t| t.file_name())
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn ticket_names_round_trip(fast: bool, seq in 0u64..999_999_999_999, pid in 1i32..i32::MAX) {
+            let t = Ticket { class: if fast { Class::Fast } else { Class::Normal }, seq, pid };
+            prop_assert_eq!(Ticket::parse(&t.file_name()), Some(t));
+        }
+
+        #[test]
+        fn any_name_parses_without_panicking(name in "\\PC{0,40}") {
+            let _ = Ticket::parse(&name);
+        }
+    }
+}
