@@ -10,6 +10,7 @@
 //! services, then the stack's containers force-removed, networks, secrets, configs, and volumes
 //! last. Transient failures are retried with full jitter ([`crate::docker::backoff`]); other client
 //! errors are not. Only API 1.41 (Docker 20.10) endpoints are used; the version is negotiated.
+#![allow(clippy::disallowed_types)]
 
 pub(crate) mod backoff;
 

@@ -9,11 +9,12 @@ use crate::config::Global;
 use crate::janitor::Candidate;
 use crate::janitor::decide::Decision;
 use crate::janitor::report::CandidateReport;
+use crate::lock::Holder;
 use crate::lock::backend::Lease;
-use crate::lock::{Holder, LockFile, TryLock};
 use crate::names::{AppDomain, RunId};
 use crate::report;
 use crate::run::record::{self, RunRecord};
+use crate::run::rundir::{self, Liveness};
 use crate::supervise::{cgroup, leftovers};
 
 /// After its Docker resources are gone: remove the app's `.env`, unlink the lock file (still
@@ -89,12 +90,8 @@ fn mark_run_reaped(global: &Global, holder: &Holder, domain: &AppDomain) {
         return;
     };
     let dir = global.runs_dir.join(run_id.as_str());
-    let guard = match LockFile::open_existing(&dir.join(crate::names::RUN_GUARD_FILE)) {
-        Ok(Some(file)) => file,
-        _ => return,
-    };
     // Holding the run's guard keeps a new run with the same id from writing meanwhile.
-    let Ok(TryLock::Acquired(_guard)) = guard.try_lock() else {
+    let Liveness::Free { guard: _guard, .. } = rundir::probe(&dir, false) else {
         return;
     };
     let path = dir.join(crate::names::RUN_RECORD_FILE);

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use crate::janitor::report::SweepReport;
-use crate::lock::{LockFile, TryLock};
 use crate::names::RunId;
+use crate::run::rundir::{self, Liveness};
 
 /// Remove (or, in a dry run, list) finished run directories older than `keep`.
 pub(crate) fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepReport) {
@@ -51,39 +51,20 @@ pub(crate) fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut
         // Nothing is removed without holding the run's guard: a directory without one may be a
         // run's that is being created right now, so the guard is made (a dry run changes
         // nothing and only looks).
-        let guard_path = dir.join(crate::names::RUN_GUARD_FILE);
-        let opened = if dry_run {
-            LockFile::open_existing(&guard_path)
-        } else {
-            LockFile::open(&guard_path).map(Some)
-        };
-        let guard = match opened {
-            Ok(guard) => guard,
-            Err(err) => {
+        let _held = match rundir::probe(&dir, !dry_run) {
+            // The path must still name the inode we locked (another janitor may have removed
+            // the directory, and a new run made it anew).
+            Liveness::Free { current: false, .. } => continue,
+            Liveness::Free { guard, .. } => Some(guard),
+            // Held: the run is live, however old its directory looks.
+            Liveness::Live { .. } => continue,
+            Liveness::NoGuard => None,
+            Liveness::Unreadable(err) => {
                 report
                     .errors
                     .push(format!("not removing {}: {err}", dir.display()));
                 continue;
             }
-        };
-        // Held: the run is live, however old its directory looks.
-        let _held = match guard.map(LockFile::try_lock) {
-            Some(Ok(TryLock::Acquired(held))) => {
-                // The path must still name the inode we locked (another janitor may have removed
-                // the directory, and a new run made it anew).
-                if !held.identity_matches().unwrap_or(false) {
-                    continue;
-                }
-                Some(held)
-            }
-            Some(Ok(TryLock::Busy(_))) => continue,
-            Some(Err(err)) => {
-                report
-                    .errors
-                    .push(format!("not removing {}: {err}", dir.display()));
-                continue;
-            }
-            None => None,
         };
         if dry_run {
             removed.push(dir);

@@ -6,8 +6,8 @@ use std::io;
 
 use crate::config::{Global, SweepOptions};
 use crate::janitor::report::SweepReport;
-use crate::lock::{Holder, LockFile, TryLock};
 use crate::names::RunId;
+use crate::run::rundir::{self, Liveness};
 
 /// Remove the state files of runs that are dead: their run's guard lock is free (or gone), or
 /// held by a later run with the same id under another pid. A SIGKILLed run cannot remove its own.
@@ -84,18 +84,11 @@ enum RunState {
 }
 
 fn run_state(global: &Global, run_id: &RunId) -> RunState {
-    let guard = global
-        .runs_dir
-        .join(run_id.as_str())
-        .join(crate::names::RUN_GUARD_FILE);
-    match LockFile::open_existing(&guard) {
-        Ok(None) => RunState::Dead,
-        Ok(Some(file)) => match file.try_lock() {
-            Ok(TryLock::Acquired(_)) => RunState::Dead,
-            Ok(TryLock::Busy(mut file)) => Holder::parse(&file.read_holder())
-                .map_or(RunState::Unknown, |h| RunState::Live(h.pid)),
-            Err(_) => RunState::Unknown,
-        },
-        Err(_) => RunState::Unknown,
+    match rundir::probe(&global.runs_dir.join(run_id.as_str()), false) {
+        Liveness::NoGuard | Liveness::Free { .. } => RunState::Dead,
+        live @ Liveness::Live { .. } => live
+            .holder()
+            .map_or(RunState::Unknown, |h| RunState::Live(h.pid)),
+        Liveness::Unreadable(_) => RunState::Unknown,
     }
 }

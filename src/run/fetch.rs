@@ -356,7 +356,7 @@ pub(crate) fn copy_staged(from: &Path, dest: &Path) -> Result<(), FetchError> {
 
 /// Copy a directory tree: files with their permissions, symlinks as symlinks, nothing followed.
 fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
-    std::fs::create_dir(to)?;
+    std::fs::DirBuilder::new().create(to)?;
     std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;

@@ -141,6 +141,9 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from(crate::names::RUN_RECORD_FILE)]);
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from(crate::names::RUN_RECORD_FILE)]
+        );
     }
 }

@@ -17,7 +17,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::lock::{HeldLock, LockError, LockFile, TryLock};
+use crate::lock::{HeldLock, Holder, LockError, LockFile, TryLock};
 use crate::names::RunId;
 
 /// How long a run waits for a janitor's probe of its guard to end before calling it live.
@@ -108,6 +108,58 @@ fn check_own_dir(dir: &Path) -> Result<(), RunDirError> {
     Ok(())
 }
 
+/// What a look at a run directory's guard (`run.lock`) saw: the one way to tell whether a run
+/// is live.
+#[derive(Debug)]
+pub(crate) enum Liveness {
+    /// There is no guard file (only when asked not to create one): no run is there.
+    NoGuard,
+    /// Nobody held it and now we do: no run is live there. `current`: the path still names
+    /// the locked file (the directory was not removed and made anew meanwhile).
+    Free { guard: HeldLock, current: bool },
+    /// Someone holds it: a live run, which wrote its holder line, or a moment's probe, which
+    /// wrote none.
+    Live { holder: String },
+    /// The guard could not be opened or locked.
+    Unreadable(LockError),
+}
+
+impl Liveness {
+    /// The live run's holder line, parsed.
+    pub(crate) fn holder(&self) -> Option<Holder> {
+        match self {
+            Self::Live { holder } => Holder::parse(holder),
+            _ => None,
+        }
+    }
+}
+
+/// Open the guard of the run directory `dir` (creating it only when `create`), try it without
+/// waiting and, when it is held, read who holds it. A guard taken is handed back held.
+pub(crate) fn probe(dir: &Path, create: bool) -> Liveness {
+    let path = dir.join(crate::names::RUN_GUARD_FILE);
+    let opened = if create {
+        LockFile::open(&path).map(Some)
+    } else {
+        LockFile::open_existing(&path)
+    };
+    let file = match opened {
+        Ok(Some(file)) => file,
+        Ok(None) => return Liveness::NoGuard,
+        Err(err) => return Liveness::Unreadable(err),
+    };
+    match file.try_lock() {
+        Ok(TryLock::Acquired(guard)) => match guard.identity_matches() {
+            Ok(current) => Liveness::Free { guard, current },
+            Err(err) => Liveness::Unreadable(err),
+        },
+        Ok(TryLock::Busy(mut file)) => Liveness::Live {
+            holder: file.read_holder(),
+        },
+        Err(err) => Liveness::Unreadable(err),
+    }
+}
+
 impl RunDir {
     /// Create (or reuse, when its last run has ended) `<runs-dir>/<run-id>/` and take its guard.
     ///
@@ -133,25 +185,28 @@ impl RunDir {
                 };
                 source.kind() == io::ErrorKind::NotFound && started.elapsed() < PROBE_PATIENCE
             };
-            let opened = std::fs::create_dir_all(&dir)
+            let made = std::fs::create_dir_all(&dir)
                 .map_err(io_err("create run directory", &dir))
-                .and_then(|()| check_own_dir(&dir))
-                .and_then(|()| Ok(LockFile::open(&dir.join(crate::names::RUN_GUARD_FILE))?));
-            let opened = match opened {
-                Ok(file) => file,
+                .and_then(|()| check_own_dir(&dir));
+            let liveness = match made {
+                Ok(()) => probe(&dir, true),
                 Err(err) if gone(&err) => continue,
                 Err(err) => return Err(err),
             };
-            match opened.try_lock()? {
-                TryLock::Acquired(mut guard) => {
-                    if !guard.identity_matches()? {
-                        continue;
-                    }
+            match liveness {
+                Liveness::Free { current: false, .. } | Liveness::NoGuard => continue,
+                Liveness::Free { mut guard, .. } => {
                     guard.write_holder(holder)?;
                     return Ok(Self { dir, _guard: guard });
                 }
-                TryLock::Busy(mut file) => {
-                    let held_by = file.read_holder();
+                Liveness::Unreadable(err) => {
+                    let err = RunDirError::Lock(err);
+                    if gone(&err) {
+                        continue;
+                    }
+                    return Err(err);
+                }
+                Liveness::Live { holder: held_by } => {
                     if held_by.trim().is_empty() && started.elapsed() < PROBE_PATIENCE {
                         std::thread::sleep(PROBE_POLL);
                         continue;
@@ -181,7 +236,9 @@ impl RunDir {
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}
             Err(err) => return Err(io_err("remove the previous run's", &abra)(err)),
         }
-        std::fs::create_dir(&abra).map_err(io_err("create", &abra))?;
+        std::fs::DirBuilder::new()
+            .create(&abra)
+            .map_err(io_err("create", &abra))?;
         for shared in ["servers", "catalogue"] {
             let canonical = abra_home.join(shared);
             std::fs::create_dir_all(&canonical).map_err(io_err("create", &canonical))?;
@@ -189,7 +246,9 @@ impl RunDir {
             std::os::unix::fs::symlink(&canonical, &link).map_err(io_err("create link", &link))?;
         }
         let recipes = abra.join("recipes");
-        std::fs::create_dir(&recipes).map_err(io_err("create", &recipes))?;
+        std::fs::DirBuilder::new()
+            .create(&recipes)
+            .map_err(io_err("create", &recipes))?;
         Ok(abra)
     }
 }

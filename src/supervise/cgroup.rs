@@ -36,6 +36,24 @@ use crate::config::CgroupMode;
 use crate::names::{CGROUP_PREFIX, COMMAND_LEAF, HOOK_LEAF, cgroup_name, parse_cgroup_name};
 use crate::supervise::linux;
 
+/// Create one cgroup directory. Only this module may (clippy's `disallowed-methods`).
+#[expect(
+    clippy::disallowed_methods,
+    reason = "creating cgroups is this module's job"
+)]
+fn mkdir(path: &Path) -> io::Result<()> {
+    std::fs::create_dir(path)
+}
+
+/// Remove one (empty) cgroup directory. Only this module may (clippy's `disallowed-methods`).
+#[expect(
+    clippy::disallowed_methods,
+    reason = "removing cgroups is this module's job"
+)]
+fn rmdir(path: &Path) -> io::Result<()> {
+    std::fs::remove_dir(path)
+}
+
 /// How deep [`reap_orphans`] walks the hierarchy looking for our cgroups.
 const MAX_WALK_DEPTH: usize = 12;
 
@@ -110,7 +128,7 @@ impl RunCgroup {
     pub(crate) fn create(name: &str) -> io::Result<Self> {
         let parent = own_cgroup()?;
         let dir = parent.join(name);
-        std::fs::create_dir(&dir).map_err(|e| annotate(e, "create", &dir))?;
+        mkdir(&dir).map_err(|e| annotate(e, "create", &dir))?;
         let cgroup = Self { dir };
         if !cgroup.dir.join("cgroup.kill").exists() && !cgroup.dir.join("cgroup.procs").exists() {
             let _ = cgroup.remove();
@@ -121,7 +139,7 @@ impl RunCgroup {
         }
         for leaf in [COMMAND_LEAF, HOOK_LEAF] {
             let path = cgroup.dir.join(leaf);
-            if let Err(err) = std::fs::create_dir(&path) {
+            if let Err(err) = mkdir(&path) {
                 let _ = cgroup.remove();
                 return Err(annotate(err, "create", &path));
             }
@@ -268,7 +286,7 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
         Err(err) if is_gone(&err) => return Ok(()),
         Err(err) => return Err(annotate(err, "list", dir)),
     }
-    match std::fs::remove_dir(dir) {
+    match rmdir(dir) {
         Ok(()) => Ok(()),
         Err(err) if is_gone(&err) => Ok(()),
         Err(err) => Err(annotate(err, "remove", dir)),
