@@ -48,8 +48,7 @@ use crate::supervise::cgroup::{self, Cgroups};
 use crate::supervise::guards::{self, GuardError, GuardOptions};
 use crate::supervise::process::{ChildStatus, CommandSpec};
 use crate::supervise::shutdown::Event;
-use crate::supervise::signals::SignalFunnel;
-use crate::supervise::signals::{Awaited, shutdown_events};
+use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
 use crate::supervise::watchdog::Watchdog;
 use crate::supervise::worker::Worker;
 
@@ -85,16 +84,28 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
             deadline: Some(cfg.deadline),
         },
     )?;
-    let started = Instant::now();
     // The whole run's bound, whatever happens: deadline + kill grace + teardown budget.
-    let hard_end = started + cfg.deadline + cfg.kill_grace + cfg.teardown_timeout;
+    let hard_end = Instant::now() + cfg.deadline + cfg.kill_grace + cfg.teardown_timeout;
     if matches!(cfg.fetch, Fetch::Clone { .. }) {
         // Here, before any helper thread exists: libgit2 calls setenv when it starts.
         fetch::init_git();
     }
-    let pid = std::process::id();
     let holder = Holder::this_process(cfg.run_id.as_str());
     let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
+    let mut run = Run::new(funnel, global, cfg, &run_dir, &holder, hard_end);
+    let result = run.execute(&run_dir, holder.pid);
+    if let Err(err) = &result {
+        run.record.error = Some(err.to_string());
+        run.record.exit_code = Some(exit::INTERNAL);
+        run.record.enter(Phase::Failed);
+        run.save();
+    }
+    run.remove_cgroup();
+    result
+}
+
+/// The record a run starts with: who runs what.
+fn first_record(cfg: &RunConfig, holder: &Holder) -> RunRecord {
     let identity = &cfg.identity;
     let mut record = RunRecord {
         run_id: cfg.run_id.to_string(),
@@ -103,7 +114,7 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
         git_ref: identity.git_ref.as_ref().map(ToString::to_string),
         domain: identity.domain.to_string(),
         stack: identity.domain.stack_name(),
-        pid,
+        pid: holder.pid,
         host: holder.host.clone(),
         tied_to: cfg.tie_to,
         command: cfg
@@ -114,44 +125,25 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
         ..RunRecord::default()
     };
     record.enter(Phase::Guards);
-    let cgroup = cgroup::run_cgroup(global.cgroup, "run", cfg.run_id.as_str());
-    record.cgroup = cgroup
-        .as_ref()
-        .map(|c| c.cgroup.path().display().to_string());
-    let record_path = run_dir.record_path();
-    let watchdog = Watchdog::arm(
-        hard_end,
-        cgroup.as_ref().map(|c| c.cgroup.path().to_owned()),
-        {
-            let record_path = record_path.clone();
-            move |code| record_watchdog_end(&record_path, code)
-        },
-    );
-    let mut run = Run {
+    record
+}
+
+/// The supervisor of a run's command and hook.
+fn supervisor<'a>(
+    funnel: &'a SignalFunnel,
+    cfg: &RunConfig,
+    hard_end: Instant,
+    cgroup: Option<&'a Cgroups>,
+) -> Supervisor<'a> {
+    Supervisor {
         funnel,
-        global,
-        cfg,
-        record_path,
-        record,
-        state: StateFiles::default(),
-        env: Vec::new(),
-        locks: crate::lock::backend(global),
-        app_lock: None,
-        teardown_timed_out: false,
-        cgroup,
-        hard_end,
-        watchdog,
-        docker: DockerLink::new(global.docker),
-    };
-    let result = run.execute(&run_dir, pid);
-    if let Err(err) = &result {
-        run.record.error = Some(err.to_string());
-        run.record.exit_code = Some(exit::INTERNAL);
-        run.record.enter(Phase::Failed);
-        run.save();
+        kill_grace: cfg.kill_grace,
+        deadline: cfg.deadline,
+        forward_signals: false,
+        teardown_timeout: cfg.teardown_timeout,
+        hard_end: Some(hard_end),
+        leaf: cgroup.map(|c| &c.command),
     }
-    run.remove_cgroup();
-    result
 }
 
 /// `shutdown_reason` when a teardown step ran out of its budget.
@@ -179,6 +171,49 @@ struct Run<'a> {
     watchdog: Watchdog,
     /// The run's one Docker connection, made on first use.
     docker: DockerLink,
+}
+
+impl<'a> Run<'a> {
+    /// A run that holds its run dir: its record, cgroup and watchdog set up.
+    fn new(
+        funnel: SignalFunnel,
+        global: &'a Global,
+        cfg: &'a RunConfig,
+        run_dir: &RunDir,
+        holder: &Holder,
+        hard_end: Instant,
+    ) -> Self {
+        let mut record = first_record(cfg, holder);
+        let cgroup = cgroup::run_cgroup(global.cgroup, "run", cfg.run_id.as_str());
+        record.cgroup = cgroup
+            .as_ref()
+            .map(|c| c.cgroup.path().display().to_string());
+        let record_path = run_dir.record_path();
+        let watchdog = Watchdog::arm(
+            hard_end,
+            cgroup.as_ref().map(|c| c.cgroup.path().to_owned()),
+            {
+                let record_path = record_path.clone();
+                move |code| record_watchdog_end(&record_path, code)
+            },
+        );
+        Run {
+            funnel,
+            global,
+            cfg,
+            record_path,
+            record,
+            state: StateFiles::default(),
+            env: Vec::new(),
+            locks: crate::lock::backend(global),
+            app_lock: None,
+            teardown_timed_out: false,
+            cgroup,
+            hard_end,
+            watchdog,
+            docker: DockerLink::new(global.docker),
+        }
+    }
 }
 
 impl Run<'_> {
@@ -413,15 +448,7 @@ impl Run<'_> {
     }
 
     fn supervisor(&self) -> Supervisor<'_> {
-        Supervisor {
-            funnel: &self.funnel,
-            kill_grace: self.cfg.kill_grace,
-            deadline: self.cfg.deadline,
-            forward_signals: false,
-            teardown_timeout: self.cfg.teardown_timeout,
-            hard_end: Some(self.hard_end),
-            leaf: self.cgroup.as_ref().map(|c| &c.command),
-        }
+        supervisor(&self.funnel, self.cfg, self.hard_end, self.cgroup.as_ref())
     }
 
     /// Start the command (unless a way out already happened), wait for a way out, tear down.
@@ -441,15 +468,7 @@ impl Run<'_> {
         let record = &mut self.record;
         let record_path = &self.record_path;
         let watchdog = &self.watchdog;
-        let supervisor = Supervisor {
-            funnel: &self.funnel,
-            kill_grace: self.cfg.kill_grace,
-            deadline: self.cfg.deadline,
-            forward_signals: false,
-            teardown_timeout: self.cfg.teardown_timeout,
-            hard_end: Some(self.hard_end),
-            leaf: self.cgroup.as_ref().map(|c| &c.command),
-        };
+        let supervisor = supervisor(&self.funnel, self.cfg, self.hard_end, self.cgroup.as_ref());
         let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
             watchdog.set_exit_code(reason.exit_code());
             record.shutdown_reason = Some(reason.name());

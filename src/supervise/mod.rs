@@ -39,6 +39,18 @@ use crate::supervise::signals::{SignalFunnel, shutdown_events};
 /// How many kill-and-reap passes teardown makes over leftover descendants before giving up.
 const DESCENDANT_KILL_ROUNDS: usize = 100;
 
+/// Where stopping a command's group stands.
+struct Stopping {
+    escalation: Escalation,
+    group: Option<ProcessGroup>,
+    /// When the kill grace after the stop signal runs out.
+    grace_until: Option<Instant>,
+    /// When the teardown budget runs out.
+    budget_until: Option<Instant>,
+    command_status: Option<ChildStatus>,
+    errors: Vec<String>,
+}
+
 /// How a supervised command ended.
 #[derive(Debug, Clone)]
 pub(crate) struct Stopped {
@@ -101,94 +113,123 @@ impl Supervisor<'_> {
         mut events: VecDeque<Event>,
         on_teardown: &mut dyn FnMut(ShutdownReason),
     ) -> Stopped {
-        let mut escalation = Escalation::new();
-        let mut grace_until: Option<Instant> = None;
-        let mut budget_until: Option<Instant> = None;
-        let mut command_status = None;
-        let mut errors = Vec::new();
-        let group = leader.map(|(_, group)| group);
+        let mut stop = Stopping {
+            escalation: Escalation::new(),
+            group: leader.map(|(_, group)| group),
+            grace_until: None,
+            budget_until: None,
+            command_status: None,
+            errors: Vec::new(),
+        };
         loop {
             while let Some(event) = events.pop_front() {
                 if let Event::CommandEnded(status) = event {
-                    command_status = Some(status);
+                    stop.command_status = Some(status);
                 }
-                match escalation.handle(event) {
-                    Action::BeginTeardown(reason) => {
-                        match reason.teardown_line(self.deadline) {
-                            Some(line) => report::line(&line),
-                            None => tracing::info!(
-                                code = reason.exit_code(),
-                                "command ended; tearing down"
-                            ),
-                        }
-                        on_teardown(reason);
-                        if let Some(group) = group {
-                            let stop = match reason {
-                                ShutdownReason::Signal(signal) if self.forward_signals => group
-                                    .signal(signal)
-                                    .and_then(|()| group.signal(Signal::SIGCONT)),
-                                _ => group.terminate(),
-                            };
-                            if let Err(err) = stop {
-                                errors.push(format!("failed to signal process group: {err}"));
-                            }
-                        }
-                        let now = Instant::now();
-                        grace_until = Some(now + self.kill_grace);
-                        budget_until = Some(self.teardown_end(now));
-                    }
-                    Action::Ignore(event) => report_ignored(event),
-                    Action::KillGroup => {
-                        report::line(&format!(
-                            "== process group still alive after {} grace — sending SIGKILL ==",
-                            humantime::format_duration(self.kill_grace)
-                        ));
-                        if let Some(Err(err)) = group.map(|g| g.signal(Signal::SIGKILL)) {
-                            errors.push(format!("failed to kill process group: {err}"));
-                        }
-                    }
-                    Action::GiveUp => errors.push(format!(
-                        "process group {} still not empty when the teardown budget ran out \
-                         (uninterruptible?)",
-                        group.map_or(0, |g| g.id().as_raw())
-                    )),
-                    Action::GroupStopped | Action::None => {}
-                }
+                let action = stop.escalation.handle(event);
+                self.act(action, &mut stop, on_teardown);
             }
-            if escalation.stopped() {
-                return Stopped {
-                    reason: escalation
-                        .reason()
-                        .expect("the group only stops after teardown began"),
-                    command_status,
-                    killed_after_grace: escalation.escalated(),
-                    errors,
-                    teardown_until: budget_until
-                        .unwrap_or_else(|| self.teardown_end(Instant::now())),
-                };
+            if stop.escalation.stopped() {
+                return self.stopped(stop);
             }
-            if escalation.tearing_down() && group.is_none_or(ProcessGroup::is_empty) {
+            if stop.escalation.tearing_down() && stop.group.is_none_or(ProcessGroup::is_empty) {
                 events.push_back(Event::GroupEmpty);
                 continue;
             }
-            let next = match (grace_until, budget_until) {
-                (Some(g), Some(b)) => Some(g.min(b)),
-                (g, b) => g.or(b),
-            };
-            let timeout = next.map(|t| t.saturating_duration_since(Instant::now()));
-            events.extend(shutdown_events(&self.funnel.wait(timeout)));
-            for (pid, status) in process::reap_ready() {
-                if leader.is_some_and(|(leader, _)| leader == pid) {
-                    events.push_back(Event::CommandEnded(status));
+            events.extend(self.next_events(leader, &mut stop));
+        }
+    }
+
+    /// Carry out what the escalation says.
+    fn act(
+        &self,
+        action: Action,
+        stop: &mut Stopping,
+        on_teardown: &mut dyn FnMut(ShutdownReason),
+    ) {
+        let group = stop.group;
+        match action {
+            Action::BeginTeardown(reason) => {
+                match reason.teardown_line(self.deadline) {
+                    Some(line) => report::line(&line),
+                    None => {
+                        tracing::info!(code = reason.exit_code(), "command ended; tearing down")
+                    }
+                }
+                on_teardown(reason);
+                if let Some(group) = group {
+                    let signalled = match reason {
+                        ShutdownReason::Signal(signal) if self.forward_signals => group
+                            .signal(signal)
+                            .and_then(|()| group.signal(Signal::SIGCONT)),
+                        _ => group.terminate(),
+                    };
+                    if let Err(err) = signalled {
+                        stop.errors
+                            .push(format!("failed to signal process group: {err}"));
+                    }
+                }
+                let now = Instant::now();
+                stop.grace_until = Some(now + self.kill_grace);
+                stop.budget_until = Some(self.teardown_end(now));
+            }
+            Action::Ignore(event) => report_ignored(event),
+            Action::KillGroup => {
+                report::line(&format!(
+                    "== process group still alive after {} grace — sending SIGKILL ==",
+                    humantime::format_duration(self.kill_grace)
+                ));
+                if let Some(Err(err)) = group.map(|g| g.signal(Signal::SIGKILL)) {
+                    stop.errors
+                        .push(format!("failed to kill process group: {err}"));
                 }
             }
-            if grace_until.is_some_and(|t| Instant::now() >= t) {
-                grace_until = None;
-                events.push_back(Event::GraceElapsed);
+            Action::GiveUp => stop.errors.push(format!(
+                "process group {} still not empty when the teardown budget ran out \
+                 (uninterruptible?)",
+                group.map_or(0, |g| g.id().as_raw())
+            )),
+            Action::GroupStopped | Action::None => {}
+        }
+    }
+
+    /// Wait for what happens next: a signal, the leader's exit, the grace or the budget
+    /// running out.
+    fn next_events(&self, leader: Option<(Pid, ProcessGroup)>, stop: &mut Stopping) -> Vec<Event> {
+        let next = match (stop.grace_until, stop.budget_until) {
+            (Some(g), Some(b)) => Some(g.min(b)),
+            (g, b) => g.or(b),
+        };
+        let timeout = next.map(|t| t.saturating_duration_since(Instant::now()));
+        let mut events: Vec<Event> = shutdown_events(&self.funnel.wait(timeout)).collect();
+        for (pid, status) in process::reap_ready() {
+            if leader.is_some_and(|(leader, _)| leader == pid) {
+                events.push(Event::CommandEnded(status));
             }
-            if budget_until.is_some_and(|t| Instant::now() >= t) {
-                events.push_back(Event::BudgetElapsed);
-            }
+        }
+        if stop.grace_until.is_some_and(|t| Instant::now() >= t) {
+            stop.grace_until = None;
+            events.push(Event::GraceElapsed);
+        }
+        if stop.budget_until.is_some_and(|t| Instant::now() >= t) {
+            events.push(Event::BudgetElapsed);
+        }
+        events
+    }
+
+    /// How the stop ended, once the escalation says the group is stopped.
+    fn stopped(&self, stop: Stopping) -> Stopped {
+        Stopped {
+            reason: stop
+                .escalation
+                .reason()
+                .expect("the group only stops after teardown began"),
+            command_status: stop.command_status,
+            killed_after_grace: stop.escalation.escalated(),
+            errors: stop.errors,
+            teardown_until: stop
+                .budget_until
+                .unwrap_or_else(|| self.teardown_end(Instant::now())),
         }
     }
 
