@@ -9,6 +9,9 @@ pub(crate) const FAILURE: u8 = 1;
 pub(crate) const USAGE: u8 = 2;
 /// A lock (the app lock or a named lock) was not acquired within its budget.
 pub(crate) const LOCK_TIMEOUT: u8 = 75;
+/// A held lock was lost behind its holder's back (a lease that expired or was revoked); after
+/// teardown.
+pub(crate) const LOCK_LOST: u8 = 76;
 /// ccci-run itself failed: setup, unsafe lock file, Docker required but unreachable, orphaned start.
 pub(crate) const INTERNAL: u8 = 125;
 /// The command was found but could not be executed.

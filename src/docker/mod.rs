@@ -1,5 +1,9 @@
 //! The Docker seam: discovery of run-app stacks and removal of one stack, through bollard.
 //!
+//! This folder is the only code that talks to the engine (clippy keeps the bollard client here)
+//! and holds its retry policy ([`backoff`]). It must never decide what to reap: callers hand it
+//! the stacks whose locks they hold.
+//!
 //! Discovery makes exactly one list call per resource kind (services, containers, networks,
 //! volumes, secrets, configs) however many stacks there are, and counts them so tests can check.
 //! A resource belongs to stack S when it carries the label `com.docker.stack.namespace=S` or is

@@ -1,21 +1,20 @@
-//! The janitor: the sweep ([`sweep`]) that finds run apps, the pure decision ([`decide`]), the
-//! reaping of dead runs' processes and apps ([`reap`]), the tidying of orphaned lock and state
-//! files ([`tidy`]), the report ([`report`]: table, JSON, metrics) and the retention of old run
-//! directories ([`retention`]).
-//!
-//! It must never reap an app whose lock it does not hold, and a dry run changes nothing at all.
-//!
 //! The flock-probe janitor: finds run apps, probes each app lock without blocking, and reaps
 //! the apps whose owner is dead — while holding the probe lock.
+//!
+//! This folder holds the sweep ([`sweep`], here), the pure decision table
+//! ([`decide`](mod@decide)), the reaping of dead runs' processes and apps ([`reap`]), the tidying
+//! of orphaned lock and state files ([`tidy`]), the report ([`report`]: table, JSON, metrics) and
+//! the retention of old run directories ([`retention`]). It must never reap an app whose lock it
+//! does not hold, and a dry run changes nothing at all.
 //!
 //! A held lock means a live owner (the kernel releases a flock when its holder dies, however it
 //! dies); a lock the probe can take means the owner is gone. Reaping under the probe lock closes
 //! the race with a new run of the same domain: it blocks on the lock until the reap is over, then
 //! sees the unlinked inode and retries on the live path.
 //!
-//! Invariants: only domains matching `RUN_APP_RE` are ever probed; a held lock is never stolen;
-//! a dry run changes nothing at all. The decision is a pure function ([`decide`]) of what the
-//! probe saw; everything else here only carries it out.
+//! Invariants: only domains matching `RUN_APP_RE` are ever probed; a held lock is never stolen.
+//! The decision is a pure function ([`decide`](fn@decide)) of what the probe saw; everything
+//! else here only carries it out.
 
 pub(crate) mod decide;
 pub(crate) mod reap;

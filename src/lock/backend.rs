@@ -12,6 +12,7 @@
 //! - a look ([`LockBackend::try_take`] with `create: false`, [`LockBackend::list`]) changes
 //!   nothing.
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,11 @@ pub(crate) trait Lease {
     /// Names this very lock instance, for a child that inherits it (`CCCI_HELD_LOCKS`): no
     /// commas, no newlines.
     fn token(&self) -> Result<String, LockError>;
+    /// Readable once the lock was lost behind the holder's back (an expired or revoked lease);
+    /// `None` for a backend where only the holder's exit ends a lock, as with the kernel's
+    /// flock. The holder watches it next to its signals: a loss is a teardown (`lock-lost`, 76)
+    /// that leaves the app alone, since someone else may hold it by then.
+    fn lost_fd(&self) -> Option<BorrowedFd<'_>>;
     /// Remove what names the lock while still holding it (after a reap: the app is gone);
     /// whether it was removed. The lock is released when the lease is dropped.
     fn remove(&self) -> Result<bool, LockError>;
@@ -113,4 +119,20 @@ pub(crate) trait LockBackend {
     /// returns what was (or, in a dry run, would be) removed, and what failed.
     fn tidy(&self, keep: &dyn Fn(&AppDomain) -> bool, dry_run: bool)
     -> (Vec<PathBuf>, Vec<String>);
+}
+
+/// True when `lease` has been lost by now.
+pub(crate) fn is_lost(lease: &dyn Lease) -> bool {
+    lease
+        .lost_fd()
+        .is_some_and(crate::supervise::signals::readable_now)
+}
+
+/// A descriptor of our own on `lease`'s loss, for the signal funnel to watch; `None` when it
+/// cannot be lost.
+pub(crate) fn loss_watch(lease: &dyn Lease) -> std::io::Result<Option<OwnedFd>> {
+    lease
+        .lost_fd()
+        .map(|fd| fd.try_clone_to_owned())
+        .transpose()
 }

@@ -10,6 +10,7 @@
 //! A flock is never lost while its holder lives, and always released when it dies.
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -328,6 +329,10 @@ impl Lease for FileLease {
             source,
         })?;
         Ok(file_token(&meta))
+    }
+
+    fn lost_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
     }
 
     fn remove(&self) -> Result<bool, LockError> {

@@ -1,12 +1,12 @@
 //! Locks: what serialises runs of one app domain, users of one named host resource, and what
 //! the janitor probes to tell a live run from a dead one.
 //!
-//! - [`file`]: lock files and the only `flock` calls in the crate (clippy enforces it), with
+//! - [`file`](mod@file): lock files and the only `flock` calls in the crate (clippy enforces it), with
 //!   the flopen-style identity check and the holder line.
 //! - [`named`]: `ccci-run lock NAME`: a command run holding a named host lock.
 //! - [`queue`]: the fair ticket queue in front of a named lock file.
 //! - [`list`]: `ccci-run locks`, every lock file with its holder and age.
-//! - [`backend`]: the seam the run, the `lock` command, `locks` and the janitor hold a lock
+//! - [`backend`](mod@backend): the seam the run, the `lock` command, `locks` and the janitor hold a lock
 //!   through — take it within an interruptible budget, try it, ask who holds it, release it,
 //!   notice its loss — implemented on one host by the local flock ([`local`]).
 //!

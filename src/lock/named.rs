@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use crate::exit;
-use crate::lock::backend::{LockBackend, LockKey, Taken, Wait};
+use crate::lock::backend::{LockBackend, LockKey, Taken, Wait, loss_watch};
 use crate::lock::{Holder, LockError};
 use crate::names::LockName;
 use crate::report;
@@ -40,6 +40,8 @@ pub(crate) enum NamedLockError {
     StaleAncestor { name: LockName, pid: i32 },
     #[error("failed to set up signal handling: {0}")]
     Guards(String),
+    #[error("failed to watch the lock for its loss: {0}")]
+    LossWatch(std::io::Error),
 }
 
 pub(crate) type LockOptions = crate::config::LockConfig;
@@ -54,7 +56,7 @@ pub(crate) fn run(
         tie_to: opts.tie_to,
         ..GuardOptions::default()
     };
-    let funnel = guards::install_guards(start_ppid, &guards)
+    let mut funnel = guards::install_guards(start_ppid, &guards)
         .map_err(|e| NamedLockError::Guards(e.to_string()))?;
     backend.prepare(true)?;
     let key = LockKey::Named(&opts.name);
@@ -74,6 +76,9 @@ pub(crate) fn run(
             };
             match backend.take(key, &wait, &mut |_| {})? {
                 Taken::Held(lease) => {
+                    if let Some(fd) = loss_watch(&*lease).map_err(NamedLockError::LossWatch)? {
+                        funnel.watch_loss(fd);
+                    }
                     held.push(HeldEntry {
                         name: opts.name.to_string(),
                         pid: std::process::id() as i32,

@@ -1,19 +1,17 @@
-//! The run: everything one `ccci-run run` owns from start to finish — its directory and
-//! `ABRA_DIR` ([`rundir`]), its record ([`record`]) and phases ([`phase`]), its state files
-//! ([`state`]), the recipe it fetches ([`fetch`]), and the order they happen in (below).
-//!
-//! It must never reap another run's app or hold a lock past its own process: what a dead run
-//! leaves is the janitor's.
-//!
 //! `ccci-run run`: supervise one CI run from lifetime guards to teardown.
+//!
+//! This folder holds everything one run owns: its directory, guard and `ABRA_DIR` ([`rundir`]),
+//! its record ([`record`]) and phases ([`phase`]), its state files ([`state`]), the recipe it
+//! fetches ([`fetch`]), and here the order they happen in. It must never reap another run's app
+//! or hold a lock past its own process: what a dead run leaves is the janitor's.
 //!
 //! The order is the contract's: guards, per-run `ABRA_DIR`, recipe, a janitor sweep, the app
 //! lock, COMMAND in its own process group, one teardown, the run record at every phase change.
 //!
 //! Invariant: every way out — the command ending, SIGTERM/SIGINT/SIGHUP, the parent dying (the
-//! parent-death signal is SIGTERM), the hard deadline — goes through [`Run::teardown`] exactly
-//! once, and nothing this run started (its process group, daemonised descendants, state files)
-//! outlives it.
+//! parent-death signal is SIGTERM), the hard deadline, the app lock lost — goes through
+//! [`Run::teardown`] exactly once, and nothing this run started (its process group, daemonised
+//! descendants, state files) outlives it.
 
 pub(crate) mod fetch;
 pub(crate) mod phase;
@@ -36,7 +34,7 @@ use crate::docker::DockerError;
 use crate::docker::DockerLink;
 use crate::exit;
 use crate::janitor::{self, decide::Decision};
-use crate::lock::backend::{Lease, LockBackend, LockKey, Taken, Wait};
+use crate::lock::backend::{Lease, LockBackend, LockKey, Taken, Wait, is_lost, loss_watch};
 use crate::lock::queue::Class;
 use crate::lock::{Holder, LockError};
 use crate::report;
@@ -72,6 +70,8 @@ pub(crate) enum RunError {
     },
     #[error(transparent)]
     Fetch(#[from] FetchError),
+    #[error("failed to watch the app lock for its loss: {0}")]
+    LossWatch(std::io::Error),
 }
 
 /// Run the `run` subcommand; returns the exit code.
@@ -246,7 +246,12 @@ impl Run<'_> {
         self.sweep();
         self.record.enter(Phase::Janitor);
         match self.take_app_lock()? {
-            Taken::Held(lease) => self.app_lock = Some(lease),
+            Taken::Held(lease) => {
+                if let Some(fd) = loss_watch(&*lease).map_err(RunError::LossWatch)? {
+                    self.funnel.watch_loss(fd);
+                }
+                self.app_lock = Some(lease);
+            }
             Taken::Stopped(event) => {
                 return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
             }
@@ -502,6 +507,11 @@ impl Run<'_> {
         self.kill_leftovers(until);
         if self.app_lock.is_none() {
             // Never held the app lock: the app, if any, is another run's. Hands off.
+        } else if self.app_lock.as_deref().is_some_and(is_lost) {
+            report::line(
+                "!! teardown: the app lock was lost; the app is left to whoever holds the lock \
+                 now, or to the janitor",
+            );
         } else if self.cfg.no_teardown {
             report::line("== --no-teardown: keeping the app; the next janitor sweep reaps it ==");
         } else {

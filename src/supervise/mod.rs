@@ -320,6 +320,7 @@ pub(crate) fn report_ignored(event: Event) {
         Event::TiedPidDied => {
             report::line("== tied process exited (--tie-to) during teardown — ignored ==");
         }
+        Event::LockLost => report::line("== the lock was lost during teardown — ignored =="),
         _ => {}
     }
 }

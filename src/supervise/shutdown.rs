@@ -27,6 +27,8 @@ pub(crate) enum ShutdownReason {
     ParentDied,
     /// The `--tie-to` process exited.
     TiedPidDied,
+    /// A held lock was lost behind our back.
+    LockLost,
 }
 
 impl ShutdownReason {
@@ -39,6 +41,7 @@ impl ShutdownReason {
             // Both are the step going away: the same code as the SIGTERM that used to bring
             // the news.
             Self::ParentDied | Self::TiedPidDied => exit::for_signal(Signal::SIGTERM),
+            Self::LockLost => exit::LOCK_LOST,
         }
     }
 
@@ -50,6 +53,7 @@ impl ShutdownReason {
             Self::Deadline => "deadline".to_owned(),
             Self::ParentDied => "parent-died".to_owned(),
             Self::TiedPidDied => "tied-pid-died".to_owned(),
+            Self::LockLost => "lock-lost".to_owned(),
         }
     }
 
@@ -66,6 +70,7 @@ impl ShutdownReason {
             Self::TiedPidDied => {
                 Some("== tied process exited (--tie-to) — tearing down ==".to_owned())
             }
+            Self::LockLost => Some("== the lock was lost while held — tearing down ==".to_owned()),
         }
     }
 }
@@ -87,6 +92,8 @@ pub(crate) enum Event {
     ParentDied,
     /// The `--tie-to` process exited.
     TiedPidDied,
+    /// A held lock was lost (its lease expired or was revoked).
+    LockLost,
     /// The command (the group leader) was reaped.
     CommandEnded(ChildStatus),
     /// The kill grace after SIGTERM ran out.
@@ -171,6 +178,7 @@ impl Escalation {
             (State::Running, Event::Deadline) => self.begin(ShutdownReason::Deadline),
             (State::Running, Event::ParentDied) => self.begin(ShutdownReason::ParentDied),
             (State::Running, Event::TiedPidDied) => self.begin(ShutdownReason::TiedPidDied),
+            (State::Running, Event::LockLost) => self.begin(ShutdownReason::LockLost),
             (State::Running, Event::CommandEnded(status)) => {
                 self.begin(ShutdownReason::CommandEnded(status))
             }
@@ -179,9 +187,14 @@ impl Escalation {
                 Action::None
             }
 
-            (_, Event::Signal(_) | Event::Deadline | Event::ParentDied | Event::TiedPidDied) => {
-                Action::Ignore(event)
-            }
+            (
+                _,
+                Event::Signal(_)
+                | Event::Deadline
+                | Event::ParentDied
+                | Event::TiedPidDied
+                | Event::LockLost,
+            ) => Action::Ignore(event),
             // Ending during teardown is what we asked for; the reason stays the first one.
             (_, Event::CommandEnded(_)) => Action::None,
             (State::Terminating, Event::GraceElapsed) => {
@@ -273,6 +286,30 @@ mod tests {
         Event::TiedPidDied,
         Action::BeginTeardown(ShutdownReason::TiedPidDied),
         State::Terminating
+    )]
+    #[case::run_lock_lost(
+        State::Running,
+        Event::LockLost,
+        Action::BeginTeardown(ShutdownReason::LockLost),
+        State::Terminating
+    )]
+    #[case::term_lock_lost(
+        State::Terminating,
+        Event::LockLost,
+        Action::Ignore(Event::LockLost),
+        State::Terminating
+    )]
+    #[case::kill_lock_lost(
+        State::Killing,
+        Event::LockLost,
+        Action::Ignore(Event::LockLost),
+        State::Killing
+    )]
+    #[case::stopped_lock_lost(
+        State::Stopped,
+        Event::LockLost,
+        Action::Ignore(Event::LockLost),
+        State::Stopped
     )]
     #[case::term_parent(
         State::Terminating,
@@ -380,6 +417,7 @@ mod tests {
     #[case(ShutdownReason::Deadline, 142)]
     #[case(ShutdownReason::ParentDied, 143)]
     #[case(ShutdownReason::TiedPidDied, 143)]
+    #[case(ShutdownReason::LockLost, 76)]
     #[case(ShutdownReason::CommandEnded(ChildStatus::Signaled(9)), 137)]
     #[case(ShutdownReason::CommandEnded(ChildStatus::NotStarted(127)), 127)]
     fn exit_codes(#[case] reason: ShutdownReason, #[case] code: u8) {

@@ -74,6 +74,8 @@ pub(crate) struct Arrived {
     pub tied_pid_died: bool,
     /// The parent died: the parent-death SIGTERM arrived and we were re-parented.
     pub parent_died: bool,
+    /// A held lock was lost (reported once).
+    pub lock_lost: bool,
 }
 
 impl Arrived {
@@ -82,7 +84,7 @@ impl Arrived {
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.signals.is_empty() && !self.tied_pid_died && !self.parent_died
+        self.signals.is_empty() && !self.tied_pid_died && !self.parent_died && !self.lock_lost
     }
 
     pub(crate) fn contains(&self, signal: Signal) -> bool {
@@ -90,11 +92,30 @@ impl Arrived {
     }
 }
 
-/// The process a run is tied to (`--tie-to`): its pidfd turns readable when it exits.
+/// A descriptor that turns readable once, when something the run depends on is gone: the
+/// process it is tied to (`--tie-to`, a pidfd), or a lock it holds (the lease's loss).
 #[derive(Debug)]
-struct Tie {
+struct Watched {
     fd: OwnedFd,
     reported: Cell<bool>,
+}
+
+impl Watched {
+    fn new(fd: OwnedFd) -> Self {
+        Self {
+            fd,
+            reported: Cell::new(false),
+        }
+    }
+
+    /// True the first time it is seen readable.
+    fn fired(&self) -> bool {
+        if self.reported.get() || !readable_now(self.fd.as_fd()) {
+            return false;
+        }
+        self.reported.set(true);
+        true
+    }
 }
 
 /// The installed funnel. There is one per process.
@@ -103,7 +124,9 @@ pub(crate) struct SignalFunnel {
     /// Our parent when we started: a SIGTERM that arrives once it changed is the parent-death
     /// signal, not somebody's request.
     start_ppid: Pid,
-    tie: Option<Tie>,
+    tie: Option<Watched>,
+    /// Held locks that can be lost behind our back.
+    losses: Vec<Watched>,
     /// When the hard deadline's alarm is due; a SIGALRM before it is somebody else's.
     deadline: Option<std::time::Instant>,
 }
@@ -150,6 +173,7 @@ impl SignalFunnel {
             wake,
             start_ppid,
             tie: None,
+            losses: Vec::new(),
             deadline: None,
         })
     }
@@ -163,10 +187,13 @@ impl SignalFunnel {
     /// Watch the process behind `fd` (a pidfd on an ancestor, `--tie-to`): its exit is reported
     /// as [`Arrived::tied_pid_died`].
     pub(crate) fn tie_to(&mut self, fd: OwnedFd) {
-        self.tie = Some(Tie {
-            fd,
-            reported: Cell::new(false),
-        });
+        self.tie = Some(Watched::new(fd));
+    }
+
+    /// Watch a held lock: `fd` turns readable when it is lost; that is reported as
+    /// [`Arrived::lock_lost`].
+    pub(crate) fn watch_loss(&mut self, fd: OwnedFd) {
+        self.losses.push(Watched::new(fd));
     }
 
     /// True when the tied process has exited, without consuming anything pending.
@@ -214,12 +241,9 @@ impl SignalFunnel {
             arrived.signals.retain(|s| *s != Signal::SIGTERM);
             arrived.parent_died = true;
         }
-        if let Some(tie) = &self.tie {
-            if !tie.reported.get() && readable_now(tie.fd.as_fd()) {
-                tie.reported.set(true);
-                arrived.tied_pid_died = true;
-            }
-        }
+        arrived.tied_pid_died = self.tie.as_ref().is_some_and(Watched::fired);
+        // Every watch is looked at (and marked), not just the first that fired.
+        arrived.lock_lost = self.losses.iter().filter(|w| w.fired()).count() > 0;
         arrived
     }
 
@@ -250,8 +274,10 @@ impl SignalFunnel {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
             fds.len() - 1
         });
-        if let Some(tie) = self.tie.as_ref().filter(|t| !t.reported.get()) {
-            fds.push(PollFd::new(tie.fd.as_fd(), PollFlags::POLLIN));
+        for watched in self.tie.iter().chain(&self.losses) {
+            if !watched.reported.get() {
+                fds.push(PollFd::new(watched.fd.as_fd(), PollFlags::POLLIN));
+            }
         }
         // EINTR is the expected way to be woken here; either way the flags below tell what.
         let _ = poll(&mut fds, timeout);
@@ -311,6 +337,7 @@ pub(crate) fn shutdown_events(arrived: &Arrived) -> impl Iterator<Item = Event> 
     let deaths = [
         arrived.tied_pid_died.then_some(Event::TiedPidDied),
         arrived.parent_died.then_some(Event::ParentDied),
+        arrived.lock_lost.then_some(Event::LockLost),
     ];
     deaths
         .into_iter()
@@ -340,7 +367,83 @@ fn signal_name(signal: libc::c_int) -> String {
     }
 }
 
-fn readable_now(fd: BorrowedFd<'_>) -> bool {
+pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> bool {
     let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A funnel without the stop signals' handlers: what it watches is what is under test
+    /// here, not the process's signal dispositions. Only the kick is handled, as cancelling a
+    /// worker needs it.
+    fn funnel() -> (SignalFunnel, UnixStream) {
+        let kick = linux::kick_signal();
+        signal_hook::flag::register(kick, &KICKED).unwrap();
+        linux::clear_sa_restart(kick).unwrap();
+        let (wake, notify) = UnixStream::pair().unwrap();
+        wake.set_nonblocking(true).unwrap();
+        let funnel = SignalFunnel {
+            wake,
+            start_ppid: nix::unistd::getppid(),
+            tie: None,
+            losses: Vec::new(),
+            deadline: None,
+        };
+        // The other end stays open: a closed one would wake every wait at once.
+        (funnel, notify)
+    }
+
+    #[test]
+    fn a_lost_lock_wakes_the_wait_and_is_a_way_out_once() {
+        let (mut funnel, _notify) = funnel();
+        let (lost, mut lose) = UnixStream::pair().unwrap();
+        funnel.watch_loss(OwnedFd::from(lost));
+        assert!(funnel.pending().is_empty());
+        let waker = std::thread::spawn(move || {
+            lose.write_all(&[1]).unwrap();
+            lose
+        });
+        let started = Instant::now();
+        let arrived = funnel.wait(Some(Duration::from_secs(30)));
+        let _lose = waker.join().unwrap();
+        // Woken by the loss, not by the timeout: the loss is in the same poll as the signals.
+        assert!(started.elapsed() < Duration::from_secs(30));
+        assert!(arrived.lock_lost, "{arrived:?}");
+        assert_eq!(
+            shutdown_events(&arrived).collect::<Vec<_>>(),
+            [Event::LockLost]
+        );
+        assert!(!funnel.pending().lock_lost, "a loss is reported once");
+    }
+
+    #[test]
+    fn a_worker_that_finishes_is_done_and_a_budget_that_runs_out_cancels_it() {
+        let (funnel, _notify) = funnel();
+        let worker = crate::supervise::worker::Worker::spawn("test", |_| 7).unwrap();
+        assert!(matches!(
+            funnel.await_work(worker, None, None),
+            Awaited::Done(7)
+        ));
+        let worker = crate::supervise::worker::Worker::spawn("test", |cancel| {
+            while !cancel.is_cancelled() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .unwrap();
+        let mut ticks = 0;
+        let mut tick = || ticks += 1;
+        let until = Instant::now() + Duration::from_millis(50);
+        let awaited = funnel.await_work(
+            worker,
+            Some(until),
+            Some((Duration::from_millis(10), &mut tick)),
+        );
+        assert!(matches!(awaited, Awaited::TimedOut), "{awaited:?}");
+        assert!(Instant::now() >= until);
+        assert!(ticks >= 1, "the keepalive ran while waiting");
+    }
 }
