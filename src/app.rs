@@ -29,7 +29,7 @@ pub(crate) struct RemoveError {
 
 /// The `.env` files abra keeps for `domain`: `<abra-home>/servers/<server>/<domain>.env`.
 pub(crate) fn env_files(abra_home: &Path, domain: &AppDomain) -> Result<Vec<PathBuf>, RemoveError> {
-    let servers = abra_home.join("servers");
+    let servers = abra_home.join(crate::names::ABRA_SERVERS);
     let entries = match std::fs::read_dir(&servers) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -354,6 +354,21 @@ pub(crate) fn serialize_path_escaped<S: serde::Serializer>(
 
 // ---- File, directory and cgroup names ----------------------------------------------------
 
+/// An abra directory's parts: its servers' `.env` files, the recipe catalogue (both shared with
+/// the canonical abra home), and the recipes (the run's own).
+pub(crate) const ABRA_SERVERS: &str = "servers";
+pub(crate) const ABRA_CATALOGUE: &str = "catalogue";
+pub(crate) const ABRA_RECIPES: &str = "recipes";
+/// A run's own abra directory in its run directory.
+pub(crate) const RUN_ABRA_DIR: &str = "abra";
+/// The sequence counter in a named lock's queue directory.
+pub(crate) const QUEUE_COUNTER_FILE: &str = ".seq";
+
+/// `<abra>/recipes/<recipe>`.
+pub(crate) fn recipe_dir(abra: &std::path::Path, recipe: &Recipe) -> std::path::PathBuf {
+    abra.join(ABRA_RECIPES).join(recipe.as_str())
+}
+
 /// A run's guard lock in its run directory: held for the run's whole life.
 pub(crate) const RUN_GUARD_FILE: &str = "run.lock";
 /// A run's record in its run directory.

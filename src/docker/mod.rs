@@ -249,112 +249,178 @@ impl DockerSeam {
         deadline: tokio::time::Instant,
     ) -> Vec<Reaped> {
         let docker = &self.docker;
-        let mut out: Vec<Reaped> = vec![Reaped::default(); stacks.len()];
+        let mut confirming = Confirming::new(&stacks);
         // Everything known, kind by kind across all the stacks: every service goes first, so
         // swarm's own asynchronous clean-up of every stack overlaps with the container
         // removals (which the daemon serialises). Nothing here waits on swarm.
         let started = std::time::Instant::now();
         let all: Vec<&StackResources> = stacks.iter().map(|(_, stack)| stack).collect();
         if let Ok(done) = tokio::time::timeout_at(deadline, delete_all(docker, &all)).await {
-            for (i, (removed, errors)) in done.into_iter().enumerate() {
-                out[i].removed = removed;
-                out[i].errors = errors;
+            for (out, (removed, errors)) in confirming.out.iter_mut().zip(done) {
+                out.removed = removed;
+                out.errors = errors;
             }
         }
         tracing::debug!(stacks = stacks.len(), elapsed = ?started.elapsed(), "reap: deletes sent");
         let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
         let mut backoff = Backoff::new(Policy::CONFIRM, rng, MonotonicClock);
-        let mut pending: Vec<usize> = (0..stacks.len()).collect();
-        // When the stack had services, "nothing listed" must hold twice, SETTLE apart: a task
-        // swarm had already handed to this node may still start after its service is gone and
-        // bring the stack's network back for a while.
-        let mut quiet_since: HashMap<usize, tokio::time::Instant> = HashMap::new();
         loop {
             self.poll_rounds.set(self.poll_rounds.get() + 1);
             let listing = match self.list(pattern).await {
                 Ok(listing) => listing,
                 Err(err) => {
-                    for &i in &pending {
-                        out[i].errors.push(err.clone());
-                    }
+                    confirming.fail_pending(&err);
                     break;
                 }
             };
             let now = tokio::time::Instant::now();
-            let mut still = Vec::new();
-            let mut settling = Vec::new();
-            for i in pending {
-                let left = listing.get(&stacks[i].0).cloned().unwrap_or_default();
-                if left.is_empty() {
-                    out[i].remaining.clear();
-                    out[i].blocked.clear();
-                    let since = *quiet_since.entry(i).or_insert(now);
-                    let settle = if stacks[i].1.services.is_empty() {
-                        Duration::ZERO
-                    } else {
-                        SETTLE
-                    };
-                    if now.duration_since(since) >= settle || now >= deadline {
-                        out[i].confirmed = true;
-                        out[i].errors.clear();
-                    } else {
-                        settling.push(i);
-                    }
-                } else {
-                    quiet_since.remove(&i);
-                    out[i].remaining = describe(&left);
-                    tracing::trace!(stack = %stacks[i].0, left = ?out[i].remaining, "reap: still listed");
-                    still.push((i, left));
-                }
-            }
-            tracing::debug!(pending = still.len(), settling = settling.len(), elapsed = ?started.elapsed(), "reap: poll round");
-            if (still.is_empty() && settling.is_empty()) || now >= deadline {
+            let round = confirming.judge(&listing, now, deadline);
+            tracing::debug!(pending = round.still.len(), settling = round.settling.len(), elapsed = ?started.elapsed(), "reap: poll round");
+            if (round.still.is_empty() && round.settling.is_empty()) || now >= deadline {
                 break;
             }
-            // Whatever is still listed is deleted again (idempotent); a network that only
-            // another stack's containers hold is reported, never force-detached.
-            let lefts: Vec<&StackResources> = still.iter().map(|(_, left)| left).collect();
-            let deleted = delete_all(docker, &lefts).await;
-            let mut nudged = Vec::new();
-            for ((i, left), (removed, errors)) in still.iter().zip(deleted) {
-                let blocked = blocked_networks(docker, left, &removed.networks).await;
-                nudged.push((*i, (removed, errors, blocked)));
-            }
-            for (i, (removed, errors, blocked)) in nudged {
-                out[i].removed.merge(removed);
-                out[i].errors = errors;
-                out[i].blocked = blocked;
-            }
-            pending = still
-                .iter()
-                .map(|(i, _)| *i)
-                .chain(settling.iter().copied())
-                .collect();
-            // Nothing will change by itself when all that is left is blocked.
-            if settling.is_empty()
-                && still.iter().all(|(i, left)| {
-                    left.only_networks() && out[*i].blocked.len() == left.networks.len()
-                })
-            {
+            confirming.delete_again(docker, &round).await;
+            confirming.pending = round.pending();
+            if confirming.stuck(&round) {
                 break;
             }
-            let delay = if still.is_empty() {
-                // Only settling stacks: look again when the first one's window closes.
-                settling
-                    .iter()
-                    .filter_map(|i| quiet_since.get(i))
-                    .map(|since| (*since + SETTLE).saturating_duration_since(now))
-                    .min()
-                    .unwrap_or(SETTLE)
-            } else {
-                match backoff.next_delay() {
-                    Some(delay) => delay,
-                    None => break,
-                }
+            let Some(delay) = confirming.delay(&round, now, &mut backoff) else {
+                break;
             };
             tokio::time::sleep_until((now + delay).min(deadline)).await;
         }
-        out
+        confirming.out
+    }
+}
+
+/// Where confirming a reap stands: which stacks are still pending, since when each has been
+/// unlisted, and each one's report so far.
+struct Confirming<'s> {
+    stacks: &'s [(AppDomain, StackResources)],
+    out: Vec<Reaped>,
+    pending: Vec<usize>,
+    quiet_since: HashMap<usize, tokio::time::Instant>,
+}
+
+/// What one poll round saw of the pending stacks.
+struct Round {
+    /// Still listed, with what is left.
+    still: Vec<(usize, StackResources)>,
+    /// Unlisted, but not for long enough yet.
+    settling: Vec<usize>,
+}
+
+impl Round {
+    fn pending(&self) -> Vec<usize> {
+        self.still
+            .iter()
+            .map(|(i, _)| *i)
+            .chain(self.settling.iter().copied())
+            .collect()
+    }
+}
+
+impl<'s> Confirming<'s> {
+    fn new(stacks: &'s [(AppDomain, StackResources)]) -> Self {
+        Self {
+            stacks,
+            out: vec![Reaped::default(); stacks.len()],
+            pending: (0..stacks.len()).collect(),
+            quiet_since: HashMap::new(),
+        }
+    }
+
+    /// The engine could not be asked: every pending stack says why.
+    fn fail_pending(&mut self, err: &DockerError) {
+        for &i in &self.pending {
+            self.out[i].errors.push(err.clone());
+        }
+    }
+
+    /// Sort the pending stacks by what the engine lists now. When the stack had services,
+    /// "nothing listed" must hold twice, SETTLE apart: a task swarm had already handed to this
+    /// node may still start after its service is gone and bring the stack's network back.
+    fn judge(
+        &mut self,
+        listing: &BTreeMap<AppDomain, StackResources>,
+        now: tokio::time::Instant,
+        deadline: tokio::time::Instant,
+    ) -> Round {
+        let mut round = Round {
+            still: Vec::new(),
+            settling: Vec::new(),
+        };
+        for i in std::mem::take(&mut self.pending) {
+            let (domain, stack) = &self.stacks[i];
+            let left = listing.get(domain).cloned().unwrap_or_default();
+            let out = &mut self.out[i];
+            if !left.is_empty() {
+                self.quiet_since.remove(&i);
+                out.remaining = describe(&left);
+                tracing::trace!(stack = %domain, left = ?out.remaining, "reap: still listed");
+                round.still.push((i, left));
+                continue;
+            }
+            out.remaining.clear();
+            out.blocked.clear();
+            let since = *self.quiet_since.entry(i).or_insert(now);
+            let settle = if stack.services.is_empty() {
+                Duration::ZERO
+            } else {
+                SETTLE
+            };
+            if now.duration_since(since) >= settle || now >= deadline {
+                out.confirmed = true;
+                out.errors.clear();
+            } else {
+                round.settling.push(i);
+            }
+        }
+        round
+    }
+
+    /// Whatever is still listed is deleted again (idempotent); a network that only another
+    /// stack's containers hold is reported, never force-detached.
+    async fn delete_again(&mut self, docker: &Docker, round: &Round) {
+        let lefts: Vec<&StackResources> = round.still.iter().map(|(_, left)| left).collect();
+        let deleted = delete_all(docker, &lefts).await;
+        for ((i, left), (removed, errors)) in round.still.iter().zip(deleted) {
+            let blocked = blocked_networks(docker, left, &removed.networks).await;
+            let out = &mut self.out[*i];
+            out.removed.merge(removed);
+            out.errors = errors;
+            out.blocked = blocked;
+        }
+    }
+
+    /// Nothing will change by itself when all that is left is blocked networks.
+    fn stuck(&self, round: &Round) -> bool {
+        round.settling.is_empty()
+            && round.still.iter().all(|(i, left)| {
+                left.only_networks() && self.out[*i].blocked.len() == left.networks.len()
+            })
+    }
+
+    /// How long to wait before the next round: until the first settling window closes when
+    /// only settling stacks are left, else the backoff's next delay (`None`: give up).
+    fn delay<R: rand::Rng, C: crate::docker::backoff::Clock>(
+        &self,
+        round: &Round,
+        now: tokio::time::Instant,
+        backoff: &mut Backoff<R, C>,
+    ) -> Option<Duration> {
+        if !round.still.is_empty() {
+            return backoff.next_delay();
+        }
+        Some(
+            round
+                .settling
+                .iter()
+                .filter_map(|i| self.quiet_since.get(i))
+                .map(|since| (*since + SETTLE).saturating_duration_since(now))
+                .min()
+                .unwrap_or(SETTLE),
+        )
     }
 }
 

@@ -53,7 +53,7 @@ pub(crate) fn discover_env(
     errors: &mut Vec<String>,
 ) -> BTreeMap<AppDomain, Candidate> {
     let mut found = BTreeMap::new();
-    let servers = global.abra_home.join("servers");
+    let servers = global.abra_home.join(crate::names::ABRA_SERVERS);
     let entries = match std::fs::read_dir(&servers) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return found,

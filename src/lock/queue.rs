@@ -173,7 +173,7 @@ impl Queue {
         class: Class,
         funnel: &SignalFunnel,
     ) -> Result<Option<Ticket>, LockError> {
-        let mut counter = LockFile::open(&self.dir.join(".seq"))?;
+        let mut counter = LockFile::open(&self.dir.join(crate::names::QUEUE_COUNTER_FILE))?;
         let held = loop {
             match counter.lock_briefly() {
                 Ok(held) => break held,

@@ -37,6 +37,7 @@ use crate::janitor::{self, decide::Decision};
 use crate::lock::backend::{Lease, LockBackend, LockKey, Taken, Wait, is_lost, loss_watch};
 use crate::lock::queue::Class;
 use crate::lock::{Holder, LockError};
+use crate::names;
 use crate::report;
 use crate::run::phase::Phase;
 use crate::run::record::RunRecord;
@@ -226,7 +227,7 @@ impl Run<'_> {
         self.record.enter(Phase::AbraDir);
         self.save_durably()?;
         let identity = &self.cfg.identity;
-        let recipe_dir = abra_dir.join("recipes").join(identity.recipe.as_str());
+        let recipe_dir = names::recipe_dir(&abra_dir, &identity.recipe);
         if let Some(event) = self.get_recipe(&recipe_dir)? {
             return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
         }
@@ -288,11 +289,7 @@ impl Run<'_> {
         match &self.cfg.fetch {
             Fetch::Skip => self.record.enter(Phase::FetchSkipped),
             Fetch::CopyStaged => {
-                let staged = self
-                    .global
-                    .abra_home
-                    .join("recipes")
-                    .join(identity.recipe.as_str());
+                let staged = names::recipe_dir(&self.global.abra_home, &identity.recipe);
                 fetch::copy_staged(&staged, recipe_dir)?;
                 self.record.enter(Phase::FetchCopied);
             }

@@ -18,7 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::lock::{HeldLock, Holder, LockError, LockFile, TryLock};
-use crate::names::RunId;
+use crate::names::{self, RunId};
 
 /// How long a run waits for a janitor's probe of its guard to end before calling it live.
 const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -230,7 +230,7 @@ impl RunDir {
     /// The canonical `servers/` and `catalogue/` are created if missing so the links never dangle.
     pub(crate) fn prepare_abra_dir(&self, abra_home: &Path) -> Result<PathBuf, RunDirError> {
         let abra_home = std::path::absolute(abra_home).map_err(io_err("resolve", abra_home))?;
-        let abra = self.dir.join("abra");
+        let abra = self.dir.join(names::RUN_ABRA_DIR);
         match std::fs::remove_dir_all(&abra) {
             Ok(()) => {}
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}
@@ -239,13 +239,13 @@ impl RunDir {
         std::fs::DirBuilder::new()
             .create(&abra)
             .map_err(io_err("create", &abra))?;
-        for shared in ["servers", "catalogue"] {
+        for shared in [names::ABRA_SERVERS, names::ABRA_CATALOGUE] {
             let canonical = abra_home.join(shared);
             std::fs::create_dir_all(&canonical).map_err(io_err("create", &canonical))?;
             let link = abra.join(shared);
             std::os::unix::fs::symlink(&canonical, &link).map_err(io_err("create link", &link))?;
         }
-        let recipes = abra.join("recipes");
+        let recipes = abra.join(names::ABRA_RECIPES);
         std::fs::DirBuilder::new()
             .create(&recipes)
             .map_err(io_err("create", &recipes))?;
