@@ -7,6 +7,10 @@
 //! and FIFO violations (pairs served out of arrival order). Target for `ccci-run lock`: p99
 //! handoff under 20 ms, zero violations.
 //!
+//! Then the handoff past a dead waiter: a parked head is SIGKILLed, the holder lets go, and the
+//! time until the waiter behind it holds the lock is measured, against the plain handoff of
+//! the same set-up with nobody killed. Target: under 100 ms.
+//!
 //! `cargo bench --bench named_lock [-- WAITERS]` (default 20)
 
 use std::io::{BufRead, BufReader};
@@ -162,6 +166,68 @@ fn measure(strategy: &Strategy, waiters: usize) {
     );
 }
 
+/// One round of: holder, a parked head, a waiter behind it; the head is SIGKILLed first when
+/// `kill_head`. Returns the time from the holder's release to the waiter behind holding it.
+fn dead_head_round(kill_head: bool) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let lock = |id: &str| {
+        let mut c = ccci(dir.path());
+        c.env("ID", id).env("LOG", &log);
+        c
+    };
+    let mut holder = {
+        let mut c = Command::new(BIN);
+        c.arg("--lock-dir")
+            .arg(dir.path().join("locks"))
+            .args(["lock", "bench", "--", "sh", "-c", "echo held >&2; read line"])
+            .stdin(Stdio::piped());
+        start(c, "held")
+    };
+    let mut head = start(lock("head"), "waiting as queue ticket");
+    let mut behind = start(lock("behind"), "waiting as queue ticket");
+    if kill_head {
+        head.kill().unwrap();
+        // Dead before the release (std keeps the status for the wait below).
+        head.wait().unwrap();
+    }
+    let released = Instant::now();
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    assert!(behind.wait().unwrap().success());
+    let head_ended = head.wait().unwrap();
+    assert_eq!(head_ended.success(), !kill_head);
+    let started: u128 = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("behind start "))
+        .expect("the waiter behind ran")
+        .parse()
+        .unwrap();
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    // The start line's wall clock, back to the monotonic clock of the release.
+    let started_ago = since_epoch.as_nanos().saturating_sub(started) as f64 / 1e6;
+    released.elapsed().as_secs_f64() * 1e3 - started_ago
+}
+
+fn dead_head(rounds: usize) {
+    let mut plain: Vec<f64> = (0..rounds).map(|_| dead_head_round(false)).collect();
+    let mut dead: Vec<f64> = (0..rounds).map(|_| dead_head_round(true)).collect();
+    plain.sort_by(f64::total_cmp);
+    dead.sort_by(f64::total_cmp);
+    println!(
+        "release → waiter behind holds it ({rounds} rounds), median / max ms: \
+         head alive and served first {:.2} / {:.2}; head SIGKILLed while parked {:.2} / {:.2} \
+         (target < 100 ms)",
+        quantile(&plain, 0.5),
+        plain[rounds - 1],
+        quantile(&dead, 0.5),
+        dead[rounds - 1]
+    );
+}
+
 fn main() {
     let waiters: usize = std::env::args()
         .skip(1)
@@ -192,4 +258,5 @@ fn main() {
         measure(&strategy, waiters);
     }
     println!("handoff in ms; target for ccci-run lock: p99 < 20 ms, zero FIFO errors");
+    dead_head(10);
 }

@@ -187,6 +187,9 @@ pub(crate) fn render_table(locks: &[LockInfo]) -> String {
             .map(|s| humantime::format_duration(Duration::from_secs(s)).to_string())
             .unwrap_or_else(|| "-".to_owned());
         let holder = match (&l.holder, &l.holder_raw) {
+            (Some(h), _) if h.run_id.is_empty() => escape_outside(
+                format!("pid {} on {} since {}", h.pid, h.host, h.started_at).as_bytes(),
+            ),
             (Some(h), _) => escape_outside(
                 format!(
                     "run {} pid {} on {} since {}",

@@ -174,6 +174,9 @@ impl Local {
 /// "run 42 (pid 7 on host since …)", or what is known when the holder left no metadata.
 pub(crate) fn describe_holder(holder: Option<Holder>) -> String {
     match holder {
+        Some(h) if h.run_id.is_empty() => {
+            format!("pid {} on {} since {}", h.pid, h.host, h.started_at)
+        }
         Some(h) => format!(
             "run {} (pid {} on {} since {})",
             h.run_id, h.pid, h.host, h.started_at

@@ -68,7 +68,8 @@ pub(crate) fn run(
         }
         None => {
             let wait = Wait {
-                holder: &Holder::this_process(opts.name.as_str()),
+                // Inside a run, the run; elsewhere just the process.
+                holder: &Holder::this_process(&std::env::var("CCCI_RUN_ID").unwrap_or_default()),
                 funnel: &funnel,
                 until: opts.wait.map(|w| Instant::now() + w),
                 class: opts.class,

@@ -20,7 +20,7 @@
 //! latter within 10 s of the next look); the lock itself is released only by process exit.
 
 use std::io::{self, Read, Seek, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -37,6 +37,7 @@ use crate::lock::local::FileLease;
 use crate::lock::{self, HeldLock, LockError, LockFile, TryLock};
 use crate::names::LockName;
 use crate::report;
+use crate::supervise::linux;
 use crate::supervise::shutdown::Event;
 use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
 
@@ -46,6 +47,8 @@ const DEAD_OWNER_AGE: Duration = Duration::from_secs(10);
 const STALE_AGE: Duration = Duration::from_secs(1800);
 /// How often a waiter touches its own ticket.
 const KEEPALIVE: Duration = Duration::from_secs(2);
+/// How soon a waiter looks again when the owner of the ticket ahead is already gone.
+const DEAD_AHEAD_RETRY: Duration = Duration::from_millis(20);
 /// How often a waiter repeats its waiting line.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
@@ -211,11 +214,16 @@ impl Queue {
             seq,
             pid: std::process::id() as i32,
         };
+        // The owner's start time goes in the ticket, so whoever looks can tell a dead owner
+        // (or a recycled pid) at once.
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(self.path(&ticket))
+            .and_then(|mut file| {
+                file.write_all(format!("{}\n", linux::own_start_time()).as_bytes())
+            })
             .map_err(self.io_err("publish a ticket"))?;
         drop(held);
         Ok(Some(ticket))
@@ -248,8 +256,10 @@ impl Queue {
         for queued in self.scan() {
             let t = &queued.ticket;
             let age = Duration::from_secs(queued.age_s);
-            let dead =
-                t != mine && (age > STALE_AGE || (age > DEAD_OWNER_AGE && !process_exists(t.pid)));
+            let dead = t != mine
+                && (age > STALE_AGE
+                    || self.owner_gone(t)
+                    || (age > DEAD_OWNER_AGE && !process_exists(t.pid)));
             if dead {
                 tracing::info!(ticket = t.file_name(), "removing a dead ticket");
                 let _ = std::fs::remove_file(self.path(t));
@@ -258,6 +268,36 @@ impl Queue {
             }
         }
         live
+    }
+
+    /// The start time the ticket's owner wrote in it, when it did (a ticket is published an
+    /// instant before its owner writes it).
+    fn owner_start(&self, ticket: &Ticket) -> Option<u64> {
+        let mut text = String::new();
+        std::fs::File::open(self.path(ticket))
+            .ok()?
+            .take(32)
+            .read_to_string(&mut text)
+            .ok()?;
+        text.trim().parse().ok()
+    }
+
+    /// True when the ticket says who owns it and that process is gone (or its pid now names
+    /// another process).
+    fn owner_gone(&self, ticket: &Ticket) -> bool {
+        self.owner_start(ticket)
+            .is_some_and(|start| !linux::is_running(ticket.pid, start))
+    }
+
+    /// A pidfd on the ticket's owner, to wake up the moment it dies; `None` when it is gone
+    /// already (or cannot be watched).
+    fn watch_owner(&self, ticket: &Ticket) -> Option<OwnedFd> {
+        let fd = linux::pidfd_open(Pid::from_raw(ticket.pid)).ok()?;
+        // With the pidfd open the pid cannot be recycled: check it is still the owner.
+        match self.owner_start(ticket) {
+            Some(start) if !linux::is_running(ticket.pid, start) => None,
+            _ => Some(fd),
+        }
     }
 
     /// Touch our ticket; false when it is gone (it is never recreated).
@@ -325,6 +365,7 @@ pub(crate) fn acquire(
         wait,
         queue: &queue,
         ticket,
+        ahead: None,
         started: Instant::now(),
         last_report: None,
     };
@@ -342,6 +383,8 @@ struct Waiter<'a> {
     wait: &'a Wait<'a>,
     queue: &'a Queue,
     ticket: Ticket,
+    /// The ticket right ahead of ours: its owner's death wakes us at once.
+    ahead: Option<Ticket>,
     started: Instant,
     last_report: Option<Instant>,
 }
@@ -356,6 +399,7 @@ enum Round {
 impl Waiter<'_> {
     fn run(&mut self, inotify: &mut Inotify) -> Result<Taken, LockError> {
         let mut buffer = [0u8; 4096];
+        let mut watch: Option<(Ticket, Option<OwnedFd>)> = None;
         loop {
             // Drain what changed so far; whatever changes after this wakes the wait below.
             while inotify
@@ -365,11 +409,21 @@ impl Waiter<'_> {
             if let Round::Done(taken) = self.round()? {
                 return Ok(taken);
             }
-            let timeout = self.remaining().map_or(KEEPALIVE, |l| l.min(KEEPALIVE));
-            let (arrived, _) = self
-                .wait
-                .funnel
-                .wait_or(Some(inotify.as_fd()), Some(timeout));
+            // Watch the owner of the ticket ahead: when it dies (a SIGKILLed waiter), nothing
+            // in the queue directory changes, so its pidfd is what wakes us.
+            if watch.as_ref().map(|(t, _)| *t) != self.ahead {
+                watch = self.ahead.map(|t| (t, self.queue.watch_owner(&t)));
+            }
+            let owner = watch.as_ref().and_then(|(_, fd)| fd.as_ref());
+            let mut timeout = self.remaining().map_or(KEEPALIVE, |l| l.min(KEEPALIVE));
+            if watch.as_ref().is_some_and(|(_, fd)| fd.is_none()) {
+                // Its owner is gone already: look again soon, without spinning.
+                timeout = timeout.min(DEAD_AHEAD_RETRY);
+            }
+            let fds: Vec<BorrowedFd<'_>> = std::iter::once(inotify.as_fd())
+                .chain(owner.map(AsFd::as_fd))
+                .collect();
+            let (arrived, _) = self.wait.funnel.wait_on(&fds, Some(timeout));
             if let Some(event) = shutdown_events(&arrived).next() {
                 return Ok(Taken::Stopped(event));
             }
@@ -400,15 +454,24 @@ impl Waiter<'_> {
             }
         }
         let live = self.queue.reap(&self.ticket);
+        self.ahead = live
+            .iter()
+            .map(|t| t.ticket)
+            .take_while(|t| *t < self.ticket)
+            .last();
+        let at_head = live.first().map(|t| t.ticket) == Some(self.ticket);
+        // The head tries before the budget is looked at: `--wait 0` takes a free lock.
+        if at_head {
+            if let Some(lock) = try_lock_live(self.path)? {
+                return Ok(Round::Done(self.held(lock)?));
+            }
+        }
         if self.remaining() == Some(Duration::ZERO) {
             return Ok(Round::Done(self.give_up(&live)));
         }
-        if live.first().map(|t| t.ticket) != Some(self.ticket) {
+        if !at_head {
             self.report_wait(&live, false);
             return Ok(Round::Again);
-        }
-        if let Some(lock) = try_lock_live(self.path)? {
-            return Ok(Round::Done(Taken::Held(Box::new(FileLease::one(lock)))));
         }
         self.report_wait(&live, true);
         self.park()
@@ -457,7 +520,7 @@ impl Waiter<'_> {
                 Awaited::Done(outcome) => {
                     let lock = outcome?;
                     if lock.identity_matches()? {
-                        Round::Done(Taken::Held(Box::new(FileLease::one(lock))))
+                        Round::Done(self.held(lock)?)
                     } else {
                         // The file was replaced while we waited: go round again on the live path.
                         Round::Again
@@ -469,7 +532,13 @@ impl Waiter<'_> {
         )
     }
 
-    /// Leave the queue and say where we were.
+    /// Ours: say who holds it, for `locks` and for whoever times out behind us.
+    fn held(&self, mut lock: HeldLock) -> Result<Taken, LockError> {
+        lock.write_holder(&self.wait.holder.to_line())?;
+        Ok(Taken::Held(Box::new(FileLease::one(lock))))
+    }
+
+    /// Leave the queue and say where we were, and who holds the lock.
     fn give_up(&self, live: &[QueuedTicket]) -> Taken {
         self.queue.remove(&self.ticket);
         let head = live
@@ -483,9 +552,10 @@ impl Waiter<'_> {
             }),
             lock: self.name.to_string(),
             detail: format!(
-                "as queue ticket {} ({}); {head}",
+                "as queue ticket {} ({}); {head}; held by {}",
                 self.ticket.seq,
-                self.ticket.class.as_str()
+                self.ticket.class.as_str(),
+                crate::lock::local::describe_holder(read_holder(self.path))
             ),
         }
     }
@@ -497,7 +567,7 @@ impl Waiter<'_> {
         }
         self.last_report = Some(Instant::now());
         let budget = self.remaining().map_or("no time limit".to_owned(), |l| {
-            format!("{} s of budget left", l.as_secs())
+            format!("{:.1} s of budget left", l.as_secs_f64())
         });
         let position = if parking {
             "head of the queue, waiting for the holder".to_owned()
@@ -519,6 +589,12 @@ fn first_shutdown(funnel: &SignalFunnel) -> Event {
     shutdown_events(&funnel.pending())
         .next()
         .unwrap_or(Event::Signal(Signal::SIGTERM))
+}
+
+/// The holder a lock file names, read without taking it.
+fn read_holder(path: &Path) -> Option<crate::lock::Holder> {
+    let mut file = LockFile::open_existing(path).ok().flatten()?;
+    crate::lock::Holder::parse(&file.read_holder())
 }
 
 /// A non-blocking try; a lock on an inode that is no longer at the path does not count.

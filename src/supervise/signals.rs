@@ -259,9 +259,19 @@ impl SignalFunnel {
         other: Option<BorrowedFd<'_>>,
         timeout: Option<Duration>,
     ) -> (Arrived, bool) {
+        self.wait_on(other.as_slice(), timeout)
+    }
+
+    /// Like [`wait_or`](Self::wait_or) with several descriptors; the flag says whether any of
+    /// them is readable.
+    pub(crate) fn wait_on(
+        &self,
+        others: &[BorrowedFd<'_>],
+        timeout: Option<Duration>,
+    ) -> (Arrived, bool) {
         let arrived = self.pending();
         if !arrived.is_empty() {
-            return (arrived, other.is_some_and(readable_now));
+            return (arrived, others.iter().any(|fd| readable_now(*fd)));
         }
         let timeout = match timeout {
             None => PollTimeout::NONE,
@@ -270,10 +280,7 @@ impl SignalFunnel {
                 .unwrap_or(PollTimeout::MAX),
         };
         let mut fds = vec![PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
-        let other_index = other.map(|fd| {
-            fds.push(PollFd::new(fd, PollFlags::POLLIN));
-            fds.len() - 1
-        });
+        fds.extend(others.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)));
         for watched in self.tie.iter().chain(&self.losses) {
             if !watched.reported.get() {
                 fds.push(PollFd::new(watched.fd.as_fd(), PollFlags::POLLIN));
@@ -281,9 +288,9 @@ impl SignalFunnel {
         }
         // EINTR is the expected way to be woken here; either way the flags below tell what.
         let _ = poll(&mut fds, timeout);
-        let other_ready = other_index
-            .and_then(|i| fds[i].revents())
-            .is_some_and(|r| !r.is_empty());
+        let other_ready = fds[1..=others.len()]
+            .iter()
+            .any(|fd| fd.revents().is_some_and(|r| !r.is_empty()));
         (self.pending(), other_ready)
     }
 

@@ -425,3 +425,68 @@ fn forged_held_locks_entry_of_a_non_ancestor_queues_normally() {
         "the forged entry was passed on: {line}"
     );
 }
+
+/// `--wait 0` is a try, as with `flock -w 0`: a free lock is taken, a held one is not.
+#[test]
+fn wait_zero_takes_a_free_lock_and_gives_up_on_a_held_one() {
+    let sandbox = Sandbox::new();
+    let took = run(lock_cmd(&sandbox, &["--wait", "0"], "echo took-it"));
+    took.assert_code(0);
+    assert_eq!(took.out, ["took-it"]);
+    let mut h = holder(&sandbox);
+    let done = run(lock_cmd(&sandbox, &["--wait", "0"], "echo must-not-run"));
+    done.assert_code(75);
+    assert!(done.out.is_empty());
+    h.close_stdin();
+    h.finish().assert_code(0);
+    assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
+}
+
+/// Who holds a named lock is written down: `locks` shows it, and a waiter that times out names
+/// it.
+#[test]
+fn the_holder_of_a_named_lock_is_named_by_locks_and_by_a_timeout() {
+    let sandbox = Sandbox::new();
+    let mut h = holder(&sandbox);
+    let holder_pid = h.pid();
+    let out = run({
+        let mut c = sandbox.ccci();
+        c.args(["locks", "--json"]);
+        c
+    });
+    out.assert_code(0);
+    let locks: serde_json::Value = serde_json::from_str(&out.out.join("\n")).unwrap();
+    let named = locks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "shared")
+        .expect("the named lock is listed");
+    assert_eq!(named["holder"]["pid"], holder_pid, "{named}");
+    let done = run(lock_cmd(&sandbox, &["--wait", "0.2"], "echo must-not-run"));
+    done.assert_code(75);
+    done.assert_stderr_has(&format!("held by pid {holder_pid} on "));
+    h.close_stdin();
+    h.finish().assert_code(0);
+}
+
+/// A waiter SIGKILLed in the queue leaves its ticket behind; the waiter behind it notices the
+/// death through the ticket's owner (pid and start time) and goes on at once, well inside a
+/// budget shorter than the ten seconds after which a dead owner's ticket is expired anyway.
+#[test]
+fn a_sigkilled_waiter_s_ticket_is_skipped_at_once() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = holder(&sandbox);
+    let parked = waiter(&sandbox, &log, "parked", &[]);
+    let behind = waiter(&sandbox, &log, "behind", &["--wait", "5"]);
+    let pid = parked.pid();
+    signal(pid, Signal::SIGKILL);
+    parked.finish();
+    assert!(wait_exited(pid));
+    h.close_stdin();
+    h.finish().assert_code(0);
+    behind.finish().assert_code(0);
+    assert_eq!(order(&log), ["behind"]);
+    assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
+}
