@@ -180,7 +180,14 @@ fn dead_head_round(kill_head: bool) -> f64 {
         let mut c = Command::new(BIN);
         c.arg("--lock-dir")
             .arg(dir.path().join("locks"))
-            .args(["lock", "bench", "--", "sh", "-c", "echo held >&2; read line"])
+            .args([
+                "lock",
+                "bench",
+                "--",
+                "sh",
+                "-c",
+                "echo held >&2; read line",
+            ])
             .stdin(Stdio::piped());
         start(c, "held")
     };

@@ -348,11 +348,18 @@ fn pick<T>(given: Given<T>, file: Option<T>, file_origin: &Origin, default: T) -
     }
 }
 
-/// `$HOME/.abra`, or `/root/.abra` when HOME is unset or empty.
+/// `$HOME/.abra`; when HOME is unset or empty, the home directory of the user we run as, and
+/// `/root` only when even that is unknown.
 fn home_default() -> PathBuf {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::Uid::effective())
+                .ok()
+                .flatten()
+                .map(|user| user.dir)
+        })
         .unwrap_or_else(|| PathBuf::from("/root"))
         .join(".abra")
 }

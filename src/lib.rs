@@ -47,6 +47,12 @@ enum Error {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    /// An error about a path under a configured directory, with the setting that names it.
+    #[error("{source} (the directory is set by {setting})")]
+    Located {
+        source: Box<Error>,
+        setting: &'static str,
+    },
 }
 
 impl Error {
@@ -55,8 +61,45 @@ impl Error {
             Self::Invalid(_) => exit::USAGE,
             Self::Run(_) | Self::NamedLock(_) => exit::INTERNAL,
             Self::Metrics { .. } | Self::LockDir { .. } | Self::Output(_) => exit::FAILURE,
+            Self::Located { source, .. } => source.exit_code(),
         }
     }
+
+    /// Name the setting behind the path this error is about, so that a typo or a directory
+    /// the user may not write (a root-owned `/run/lock`, `/var/lib/cc-ci-runs`) says which
+    /// option to change. The longest configured directory the message names wins.
+    fn located(self, global: &Global) -> Self {
+        if matches!(self, Self::Invalid(_) | Self::Output(_)) {
+            return self;
+        }
+        let message = self.to_string();
+        let settings = [
+            (&global.lock_dir, "--lock-dir / CCCI_APP_LOCK_DIR"),
+            (&global.runs_dir, "--runs-dir / CCCI_RUNS_DIR"),
+            (&global.state_dir, "--state-dir / CCCI_STATE_DIR"),
+            (&global.abra_home, "--abra-home / CCCI_ABRA_HOME"),
+        ];
+        let named = settings
+            .iter()
+            .filter(|(dir, _)| names_path_under(&message, dir))
+            .max_by_key(|(dir, _)| dir.as_os_str().len());
+        match named {
+            Some((_, setting)) => Self::Located {
+                source: Box::new(self),
+                setting,
+            },
+            None => self,
+        }
+    }
+}
+
+/// Whether `message` names `dir` or a path below it.
+fn names_path_under(message: &str, dir: &std::path::Path) -> bool {
+    let dir = dir.display().to_string();
+    message.match_indices(&dir).any(|(at, _)| {
+        let rest = &message[at + dir.len()..];
+        rest.is_empty() || rest.starts_with(['/', ':', ' ', ')', ','])
+    })
 }
 
 /// The program: parse the command line, build the configuration, run one command.
@@ -82,8 +125,18 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
     let resolved = config::resolve(&cli.global.inputs(matches))?;
     init_logging(cli.global.quiet, cli.global.verbose, resolved.log_format);
     let global = Global::from_resolved(&resolved)?;
-    match cli.command {
-        Command::Config(args) => show_config(&args, &resolved),
+    command(cli.command, &global, &resolved, start_ppid).map_err(|err| err.located(&global))
+}
+
+/// Run one command.
+fn command(
+    command: Command,
+    global: &Global,
+    resolved: &Resolved,
+    start_ppid: Pid,
+) -> Result<u8, Error> {
+    match command {
+        Command::Config(args) => show_config(&args, resolved),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "ccci-run", &mut out);
@@ -101,19 +154,15 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
             let text = format!("{}\n{}\n", identity.domain, identity.domain.stack_name());
             emit(text.as_bytes()).map(|()| 0)
         }
-        Command::Janitor(args) => janitor(&args, &global),
+        Command::Janitor(args) => janitor(&args, global),
         Command::Lock(args) => {
-            let cfg = args.validate(&global)?;
-            Ok(lock::named::run(
-                &*lock::backend(&global),
-                &cfg,
-                start_ppid,
-            )?)
+            let cfg = args.validate(global)?;
+            Ok(lock::named::run(&*lock::backend(global), &cfg, start_ppid)?)
         }
-        Command::Locks(args) => locks(&args, &global),
+        Command::Locks(args) => locks(&args, global),
         Command::Run(args) => {
-            let cfg = args.validate(&global)?;
-            Ok(run::run(&global, &cfg, start_ppid)?)
+            let cfg = args.validate(global)?;
+            Ok(run::run(global, &cfg, start_ppid)?)
         }
     }
 }
@@ -137,17 +186,27 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     let opts = args.sweep_options();
     let link = docker::DockerLink::new(global.docker);
     let mut report = janitor::sweep(global, &opts, &link);
+    for warning in &report.warnings {
+        report::line(&format!("ccci-run: warning: {warning}"));
+    }
     if let Some(days) = args.keep_runs {
         let keep = std::time::Duration::from_secs(days * 86_400);
         janitor::retention::sweep(&global.runs_dir, keep, args.dry_run, &mut report);
     }
     // What the sweep did is recorded before anything is printed: a closed or full stdout must
     // not lose the metrics.
-    if let Some(path) = args.metrics_file.as_ref().filter(|_| !args.dry_run) {
-        janitor::report::write_metrics(path, &report).map_err(|source| Error::Metrics {
-            path: path.clone(),
-            source,
-        })?;
+    match &args.metrics_file {
+        Some(path) if args.dry_run => report::line(&format!(
+            "ccci-run: --dry-run changes nothing: metrics not written to {}",
+            path.display()
+        )),
+        Some(path) => {
+            janitor::report::write_metrics(path, &report).map_err(|source| Error::Metrics {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        None => {}
     }
     let text = if args.json {
         format!("{}\n", json(&report))
@@ -161,7 +220,11 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
 /// `ccci-run locks`: every lock file, held or not.
 fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
     let long_held = std::time::Duration::from_secs(args.long_held);
-    let locks = match lock::backend(global).list(long_held) {
+    let backend = lock::backend(global);
+    if let Some(missing) = backend.missing_store() {
+        report::line(&format!("ccci-run: warning: {missing}"));
+    }
+    let locks = match backend.list(long_held) {
         Ok(locks) => locks,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(source) => {

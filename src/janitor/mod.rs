@@ -50,13 +50,23 @@ pub(crate) struct Candidate {
 /// Unreadable server directories are reported, odd names skipped, nothing ever followed.
 pub(crate) fn discover_env(
     global: &Global,
-    errors: &mut Vec<String>,
+    report: &mut SweepReport,
 ) -> BTreeMap<AppDomain, Candidate> {
     let mut found = BTreeMap::new();
     let servers = global.abra_home.join(crate::names::ABRA_SERVERS);
+    report
+        .scanned
+        .push(format!(".env files {}/*/*.env", servers.display()));
+    let errors = &mut report.errors;
     let entries = match std::fs::read_dir(&servers) {
         Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return found,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            report.warnings.push(format!(
+                "{} does not exist (--abra-home, CCCI_ABRA_HOME): no .env file was scanned",
+                servers.display()
+            ));
+            return found;
+        }
         Err(err) => {
             errors.push(format!("failed to list {}: {err}", servers.display()));
             return found;
@@ -166,6 +176,12 @@ impl Sweep<'_> {
             self.report.errors.push(err.to_string());
             return;
         }
+        self.report
+            .scanned
+            .push(format!("app locks in {}", self.locks.describe_store()));
+        if let Some(missing) = self.locks.missing_store() {
+            self.report.warnings.push(missing);
+        }
         // Before any app is reaped: what dead runs still have running goes first, so no leftover
         // deploy or test script acts on an app while (or after) it is removed.
         let (dead_cgroups, leftover_processes) =
@@ -175,6 +191,14 @@ impl Sweep<'_> {
         let Some(mut docker) = DockerState::connect(link, &mut self.report) else {
             return;
         };
+        self.report.scanned.push(
+            match &docker {
+                DockerState::Off => "Docker off",
+                DockerState::On(_) => "Docker",
+                DockerState::Unavailable(_) => "Docker unavailable",
+            }
+            .to_owned(),
+        );
         let candidates = self.discover(&mut docker);
         let to_reap = self.probe_all(&candidates, &docker);
         self.reap(to_reap, &docker);
@@ -193,7 +217,7 @@ impl Sweep<'_> {
     /// Every run app: from `.env` files, and from Docker when it is on. A Docker discovery
     /// that fails makes Docker unavailable for this sweep.
     fn discover(&mut self, docker: &mut DockerState<'_>) -> BTreeMap<AppDomain, Candidate> {
-        let mut candidates = discover_env(self.global, &mut self.report.errors);
+        let mut candidates = discover_env(self.global, &mut self.report);
         let DockerState::On(seam) = docker else {
             return candidates;
         };

@@ -42,6 +42,13 @@ pub(crate) struct SweepReport {
     pub candidates: Vec<CandidateReport>,
     pub tidied: Vec<PathBuf>,
     pub errors: Vec<String>,
+    /// What the sweep looked at and found missing: a directory that does not exist is most
+    /// often a typo in a path, and it means nothing there was swept.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// Where the sweep looked, for the summary.
+    #[serde(skip)]
+    pub scanned: Vec<String>,
     /// Per-run directories removed by `--keep-runs` (or that would be, in a dry run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runs_removed: Option<Vec<PathBuf>>,
@@ -133,26 +140,46 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
     for err in &report.errors {
         let _ = writeln!(out, "error: {err}");
     }
-    let _ = writeln!(
-        out,
-        "{} candidate(s), {} {}, {} lock file(s) {} in {:.3} s{}",
-        report.candidates.len(),
-        report.count(Decision::Reap) + report.count(Decision::WouldReap),
-        if report.dry_run {
-            "would be reaped"
-        } else {
-            "reaped"
-        },
-        report.tidied.len(),
-        if report.dry_run { "to tidy" } else { "tidied" },
+    if !report.scanned.is_empty() {
+        let _ = writeln!(out, "scanned: {}", report.scanned.join("; "));
+    }
+    let _ = writeln!(out, "{}", summary(report));
+    out
+}
+
+/// "3 candidate(s), 1 reaped, 1 would be reaped, 2 lock file(s) and 1 state file(s) tidied in
+/// 0.012 s": reaped and would-be-reaped apart (an unreachable engine turns a reap into the
+/// latter even in a real sweep), lock files and state files apart.
+fn summary(report: &SweepReport) -> String {
+    let reaped = report.count(Decision::Reap);
+    let would = report.count(Decision::WouldReap);
+    let mut parts = vec![format!("{} candidate(s)", report.candidates.len())];
+    if !report.dry_run {
+        parts.push(format!("{reaped} reaped"));
+    }
+    if report.dry_run || would > 0 {
+        parts.push(format!("{would} would be reaped"));
+    }
+    let locks = report
+        .tidied
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "lock"))
+        .count();
+    let states = report.tidied.len() - locks;
+    let verb = if report.dry_run { "to tidy" } else { "tidied" };
+    parts.push(format!(
+        "{locks} lock file(s) and {states} state file(s) {verb}"
+    ));
+    format!(
+        "{} in {:.3} s{}",
+        parts.join(", "),
         report.duration.as_secs_f64(),
         if report.dry_run {
             " (dry run: nothing changed)"
         } else {
             ""
         }
-    );
-    out
+    )
 }
 
 /// Prometheus text format for node_exporter's textfile collector, written atomically.

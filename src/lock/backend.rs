@@ -101,6 +101,11 @@ pub(crate) trait LockBackend {
     fn describe(&self, key: LockKey<'_>) -> String;
     /// Make sure locks can be kept (`create`) or looked at (a look creates nothing).
     fn prepare(&self, create: bool) -> Result<(), LockError>;
+    /// Where the locks are kept, for messages (a directory, endpoints).
+    fn describe_store(&self) -> String;
+    /// A warning when the place the locks are kept does not exist (only a look leaves it so):
+    /// most often a typo, and nothing there was looked at.
+    fn missing_store(&self) -> Option<String>;
     /// Try once without waiting; `create: false` only looks.
     fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError>;
     /// Take it within the wait's budget, interruptibly. `on_wait` is called once, with the

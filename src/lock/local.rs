@@ -201,6 +201,19 @@ impl LockBackend for Local {
         })
     }
 
+    fn describe_store(&self) -> String {
+        self.lock_dir.display().to_string()
+    }
+
+    fn missing_store(&self) -> Option<String> {
+        (!self.lock_dir.exists()).then(|| {
+            format!(
+                "lock dir {} does not exist (--lock-dir, CCCI_APP_LOCK_DIR): no lock was probed",
+                self.lock_dir.display()
+            )
+        })
+    }
+
     fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError> {
         let path = self.path(key);
         let opened = if create {

@@ -435,6 +435,9 @@ impl Run<'_> {
                 .min(self.hard_end.saturating_duration_since(Instant::now())),
         };
         let report = janitor::sweep(self.global, &opts, &self.docker);
+        for warning in &report.warnings {
+            tracing::warn!("janitor: {warning}");
+        }
         for err in &report.errors {
             tracing::warn!("janitor: {err}");
         }

@@ -1,6 +1,7 @@
 //! Rows of docs/bad-input.md that no other module covers: a full disk under the run record and an
 //! unusable runs dir. Every other row names its test in the table.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -369,4 +370,59 @@ fn runs_dir_writable_by_others_without_sticky_bit_is_refused() {
     done.assert_stderr_has("lets others replace run directories (--runs-dir, CCCI_RUNS_DIR)");
     std::fs::set_permissions(sandbox.runs(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     run(sandbox.run_sh("ww", &[], "true")).assert_code(0);
+}
+
+/// As an unprivileged user on a host set up by root: a root-owned 0755 lock dir (NixOS's
+/// `/run/lock`) and runs dir refuse us, and the error names the option that sets each path. With
+/// `HOME` unset, the abra home is the user's own, not root's.
+#[test]
+fn an_unprivileged_user_is_told_which_option_names_the_path() {
+    let sandbox = Sandbox::new();
+    let root_only = sandbox.path().join("root-only");
+    std::fs::create_dir(&root_only).unwrap();
+    std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(crate::util::BIN)
+            .env("CCCI_CONFIG", "/dev/null")
+            .env_remove("HOME")
+            .args(args);
+        run(cmd)
+    };
+    let dir = |name: &str| root_only.join(name).display().to_string();
+
+    let done = as_nobody(&[
+        "--runs-dir",
+        &dir("runs"),
+        "--lock-dir",
+        &dir("locks"),
+        "--state-dir",
+        "/tmp",
+        "--docker",
+        "off",
+        "run",
+        "--recipe",
+        "custom-html",
+        "--no-fetch",
+        "--",
+        "true",
+    ]);
+    done.assert_code(125);
+    done.assert_stderr_has("(the directory is set by --runs-dir / CCCI_RUNS_DIR)");
+
+    let done = as_nobody(&["--lock-dir", &dir("locks"), "lock", "x", "--", "true"]);
+    done.assert_code(125);
+    done.assert_stderr_has("(the directory is set by --lock-dir / CCCI_APP_LOCK_DIR)");
+
+    let done = as_nobody(&["config"]);
+    done.assert_code(0);
+    assert!(
+        done.out
+            .iter()
+            .any(|l| l.starts_with("abra_home") && l.contains("/nonexistent/.abra")),
+        "nobody's home (/nonexistent), not root's: {}",
+        done.transcript()
+    );
 }

@@ -672,3 +672,96 @@ fn live_run_is_never_reaped_whatever_the_lock_dir_says(#[case] other_lock_dir: b
     holder.close_stdin();
     holder.finish().assert_code(0);
 }
+
+/// A typo in a path is not a clean sweep: the janitor says where it looked, and warns (on
+/// stderr, and in the JSON report) about a directory that does not exist, naming the option
+/// that sets it. `locks` does the same for its lock dir.
+#[test]
+fn a_missing_directory_is_named_not_swept_silently() {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["--abra-home", "/nonexistent/abra", "--lock-dir"])
+        .arg(sandbox.path().join("no-such-locks"))
+        .args(["janitor", "--dry-run"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    done.assert_stderr_has(
+        "warning: /nonexistent/abra/servers does not exist (--abra-home, CCCI_ABRA_HOME)",
+    );
+    done.assert_stderr_has("(--lock-dir, CCCI_APP_LOCK_DIR): no lock was probed");
+    let out = done.out.join("\n");
+    assert!(
+        out.contains(".env files /nonexistent/abra/servers/*/*.env"),
+        "{out}"
+    );
+
+    let mut cmd = sandbox.ccci();
+    cmd.args([
+        "--abra-home",
+        "/nonexistent/abra",
+        "janitor",
+        "--json",
+        "--dry-run",
+    ]);
+    let done = run(cmd);
+    let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    assert!(
+        report["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("--abra-home")),
+        "{report:#}"
+    );
+
+    let mut cmd = sandbox.ccci();
+    cmd.arg("--lock-dir")
+        .arg(sandbox.path().join("no-such-locks"))
+        .arg("locks");
+    let done = run(cmd);
+    done.assert_code(0);
+    done.assert_stderr_has("does not exist (--lock-dir, CCCI_APP_LOCK_DIR)");
+}
+
+/// The summary line tells reaped from would-be-reaped (an engine that does not answer turns a
+/// reap into the latter in a real sweep too) and lock files from state files; a dry run with
+/// `--metrics-file` says that it wrote none.
+#[test]
+fn the_summary_counts_what_really_happened() {
+    let mut sandbox = Sandbox::new();
+    sandbox.plant_env("ci", &orphan(41), SECRET);
+    let nowhere = format!(
+        "unix://{}",
+        sandbox.path().join("no-such-docker.sock").display()
+    );
+    sandbox.set_docker("auto");
+    let mut cmd = sandbox.ccci();
+    cmd.env("DOCKER_HOST", &nowhere).arg("janitor");
+    let done = run(cmd);
+    done.assert_code(1);
+    let summary = done.out.last().unwrap();
+    assert!(
+        summary.starts_with(
+            "1 candidate(s), 0 reaped, 1 would be reaped, 0 lock file(s) and 0 state file(s) tidied"
+        ),
+        "{summary}"
+    );
+
+    // A dead run's state file is tidied, and called a state file.
+    std::fs::create_dir_all(sandbox.state()).unwrap();
+    std::fs::write(sandbox.state().join("ccci-deploys-55-4242"), "").unwrap();
+    sandbox.set_docker("off");
+    let mut cmd = sandbox.ccci();
+    let metrics = sandbox.path().join("ccci.prom");
+    cmd.args(["janitor", "--dry-run", "--metrics-file"])
+        .arg(&metrics);
+    let done = run(cmd);
+    done.assert_code(0);
+    let summary = done.out.last().unwrap();
+    assert!(
+        summary.contains("1 would be reaped, 0 lock file(s) and 1 state file(s) to tidy"),
+        "{summary}"
+    );
+    done.assert_stderr_has("--dry-run changes nothing: metrics not written to");
+    assert!(!metrics.exists());
+}
