@@ -43,6 +43,9 @@ pub(crate) const STACK_LABEL: &str = "com.docker.stack.namespace";
 /// How long one Docker API request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How often a long reap says what is still listed.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
+
 /// How many delete requests of one kind are in flight at once.
 pub(crate) const REAP_CONCURRENCY: usize = 16;
 
@@ -264,6 +267,7 @@ impl DockerSeam {
         tracing::debug!(stacks = stacks.len(), elapsed = ?started.elapsed(), "reap: deletes sent");
         let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
         let mut backoff = Backoff::new(Policy::CONFIRM, rng, MonotonicClock);
+        let mut next_progress = started + PROGRESS_EVERY;
         loop {
             self.poll_rounds.set(self.poll_rounds.get() + 1);
             let listing = match self.list(pattern).await {
@@ -278,6 +282,20 @@ impl DockerSeam {
             tracing::debug!(pending = round.still.len(), settling = round.settling.len(), elapsed = ?started.elapsed(), "reap: poll round");
             if (round.still.is_empty() && round.settling.is_empty()) || now >= deadline {
                 break;
+            }
+            if std::time::Instant::now() >= next_progress {
+                next_progress += PROGRESS_EVERY;
+                crate::report::line(&format!(
+                    "== reap: {} stack(s) still listed after {} s: {} ==",
+                    round.still.len(),
+                    started.elapsed().as_secs(),
+                    round
+                        .still
+                        .iter()
+                        .map(|(i, _)| stacks[*i].0.stack_name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
             }
             confirming.delete_again(docker, &round).await;
             confirming.pending = round.pending();

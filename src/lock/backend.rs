@@ -23,6 +23,9 @@ use crate::names::{AppDomain, LockName};
 use crate::supervise::shutdown::Event;
 use crate::supervise::signals::SignalFunnel;
 
+/// How often a long wait for a lock gives a sign of life.
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_secs(30);
+
 /// Which lock.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum LockKey<'a> {
@@ -108,13 +111,14 @@ pub(crate) trait LockBackend {
     fn missing_store(&self) -> Option<String>;
     /// Try once without waiting; `create: false` only looks.
     fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError>;
-    /// Take it within the wait's budget, interruptibly. `on_wait` is called once, with the
-    /// holder when known, if the lock is busy and the wait begins.
+    /// Take it within the wait's budget, interruptibly. If the lock is busy, `on_wait` is
+    /// called when the wait begins and then every [`PROGRESS_EVERY`] while it lasts, with the
+    /// holder when known and how long we have waited.
     fn take(
         &self,
         key: LockKey<'_>,
         wait: &Wait<'_>,
-        on_wait: &mut dyn FnMut(Option<&Holder>),
+        on_wait: &mut dyn FnMut(Option<&Holder>, Duration),
     ) -> Result<Taken, LockError>;
     /// Whether process `pid` holds the lock instance `token` names.
     fn is_held_by(&self, key: LockKey<'_>, pid: i32, token: &str) -> bool;

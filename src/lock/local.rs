@@ -15,7 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, Taken, Wait};
+use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
 use crate::lock::list::{self, LockInfo};
 use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
 use crate::names::{self, AppDomain, RunAppPattern};
@@ -70,7 +70,7 @@ impl Local {
         dir: &Path,
         path: &Path,
         wait: &Wait<'_>,
-        on_wait: &mut dyn FnMut(Option<&Holder>),
+        on_wait: &mut dyn FnMut(Option<&Holder>, Duration),
     ) -> Result<Result<HeldLock, Taken>, LockError> {
         lock::prepare_dir(dir)?;
         let started = Instant::now();
@@ -81,11 +81,14 @@ impl Local {
                 TryLock::Busy(mut file) => {
                     if !announced {
                         announced = true;
-                        on_wait(Holder::parse(&file.read_holder()).as_ref());
+                        on_wait(Holder::parse(&file.read_holder()).as_ref(), Duration::ZERO);
                     }
+                    let mut progress = || on_wait(self.read(path).as_ref(), started.elapsed());
+                    let keepalive: Option<(Duration, &mut dyn FnMut())> =
+                        Some((PROGRESS_EVERY, &mut progress));
                     match wait
                         .funnel
-                        .await_work(file.lock_in_background()?, wait.until, None)
+                        .await_work(file.lock_in_background()?, wait.until, keepalive)
                     {
                         Awaited::Done(outcome) => outcome?,
                         Awaited::Stopped(event) => return Ok(Err(Taken::Stopped(event))),
@@ -252,7 +255,7 @@ impl LockBackend for Local {
         &self,
         key: LockKey<'_>,
         wait: &Wait<'_>,
-        on_wait: &mut dyn FnMut(Option<&Holder>),
+        on_wait: &mut dyn FnMut(Option<&Holder>, Duration),
     ) -> Result<Taken, LockError> {
         let domain = match key {
             LockKey::Named(name) => {

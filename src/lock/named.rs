@@ -75,7 +75,7 @@ pub(crate) fn run(
                 class: opts.class,
                 promote_after: opts.promote_after,
             };
-            match backend.take(key, &wait, &mut |_| {})? {
+            match backend.take(key, &wait, &mut |_, _| {})? {
                 Taken::Held(lease) => {
                     if let Some(fd) = loss_watch(&*lease).map_err(NamedLockError::LossWatch)? {
                         funnel.watch_loss(fd);

@@ -34,7 +34,10 @@ use crate::docker::DockerError;
 use crate::docker::DockerLink;
 use crate::exit;
 use crate::janitor::{self, decide::Decision};
-use crate::lock::backend::{Lease, LockBackend, LockKey, Taken, Wait, is_lost, loss_watch};
+use crate::lock::backend::{
+    Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, is_lost, loss_watch,
+};
+use crate::lock::local::describe_holder;
 use crate::lock::queue::Class;
 use crate::lock::{Holder, LockError};
 use crate::names;
@@ -346,12 +349,20 @@ impl Run<'_> {
         let mut waited = false;
         let taken = self
             .locks
-            .take(LockKey::App(domain), &wait, &mut |holder| {
+            .take(LockKey::App(domain), &wait, &mut |holder, so_far| {
                 waited = true;
-                report::line(&format!(
-                    "== app lock: another run of {domain} is in flight — waiting =="
-                ));
-                tracing::info!(holder = ?holder, "app lock busy");
+                let held_by = describe_holder(holder.cloned());
+                if so_far.is_zero() {
+                    report::line(&format!(
+                        "== app lock: another run of {domain} is in flight — waiting; held by \
+                         {held_by} =="
+                    ));
+                } else {
+                    report::line(&format!(
+                        "== app lock: still waiting for {domain} after {} s; held by {held_by} ==",
+                        so_far.as_secs()
+                    ));
+                }
             })?;
         if waited && matches!(taken, Taken::Held(_)) {
             report::line(&format!(
@@ -391,9 +402,18 @@ impl Run<'_> {
     /// Step 3: clone on a worker thread; a signal or the deadline ends a hanging fetch at once.
     /// `Ok(Err(event))` is such an ending.
     fn fetch_recipe(&mut self, spec: FetchSpec) -> Result<Result<String, Event>, RunError> {
+        let shown = fetch::redact(&spec.url);
         let worker = Worker::spawn("fetch", move |cancel| fetch::fetch(&spec, cancel))
             .map_err(|e| RunError::Fetch(FetchError::Start(e)))?;
-        match self.funnel.await_work(worker, None, None) {
+        let started = Instant::now();
+        let mut progress = || {
+            report::line(&format!(
+                "== fetch: still cloning {shown} after {} s ==",
+                started.elapsed().as_secs()
+            ));
+        };
+        let keepalive: Option<(Duration, &mut dyn FnMut())> = Some((PROGRESS_EVERY, &mut progress));
+        match self.funnel.await_work(worker, None, keepalive) {
             Awaited::Done(outcome) => Ok(Ok(outcome?.to_string())),
             Awaited::Stopped(event) => Ok(Err(event)),
             // No budget but the hard deadline, which arrives as a signal.

@@ -296,7 +296,7 @@ impl SignalFunnel {
 
     /// Wait for `work` until it is done, a way out arrives (a stop signal, the deadline, the
     /// parent or the tied process dying), or `until` passes; a `keepalive` `(every, tick)` calls
-    /// `tick` at least every `every` while waiting. This is the one loop in which the main
+    /// `tick` each time `every` has passed while waiting. This is the one loop in which the main
     /// thread waits on a helper: the funnel and the work share one `poll`, so no signal goes
     /// unnoticed. On any outcome but `Done` the work is cancelled, and whatever it got is let go.
     pub(crate) fn await_work<W: Awaitable>(
@@ -305,24 +305,29 @@ impl SignalFunnel {
         until: Option<Instant>,
         mut keepalive: Option<(Duration, &mut dyn FnMut())>,
     ) -> Awaited<W::Output> {
+        let mut next_tick = keepalive.as_ref().map(|(every, _)| Instant::now() + *every);
         loop {
-            let left = until.map(|u| u.saturating_duration_since(Instant::now()));
+            let now = Instant::now();
+            let left = until.map(|u| u.saturating_duration_since(now));
             if left == Some(Duration::ZERO) {
                 work.cancel();
                 return Awaited::TimedOut;
             }
-            let every = keepalive.as_ref().map(|(every, _)| *every);
-            let timeout = match (left, every) {
-                (Some(left), Some(every)) => Some(left.min(every)),
-                (left, every) => left.or(every),
+            let to_tick = next_tick.map(|at| at.saturating_duration_since(now));
+            let timeout = match (left, to_tick) {
+                (Some(left), Some(to_tick)) => Some(left.min(to_tick)),
+                (left, to_tick) => left.or(to_tick),
             };
             let (arrived, ready) = self.wait_or(Some(work.ready_fd()), timeout);
             if let Some(event) = shutdown_events(&arrived).next() {
                 work.cancel();
                 return Awaited::Stopped(event);
             }
-            if let Some((_, tick)) = keepalive.as_mut() {
-                tick();
+            if let (Some(at), Some((every, tick))) = (next_tick, keepalive.as_mut()) {
+                if Instant::now() >= at {
+                    tick();
+                    next_tick = Some(Instant::now() + *every);
+                }
             }
             if ready {
                 if let Some(outcome) = work.try_finish() {

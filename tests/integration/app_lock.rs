@@ -271,3 +271,21 @@ fn deleted_lock_file_never_lets_two_runs_of_a_domain_overlap() {
     done.assert_code(0);
     assert_eq!(done.out, ["next-ran"]);
 }
+
+/// The waiting line names who holds the lock: the run, its supervisor's pid, the host and
+/// since when.
+#[test]
+fn the_waiting_line_names_the_holder() {
+    let sandbox = Sandbox::new();
+    let (mut holder, _env) = live_run_with_app(&sandbox);
+    let mut waiter = Proc::spawn(sandbox.run_sh("b", &[], "echo b-ran"));
+    let line = waiter.wait_for(Stream::Err, WAITING);
+    assert!(
+        line.contains(&format!("held by run a (pid {} on ", holder.pid())),
+        "{line}"
+    );
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+    waiter.wait_for(Stream::Out, "b-ran");
+    waiter.finish().assert_code(0);
+}
