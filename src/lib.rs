@@ -113,7 +113,7 @@ pub fn main() -> ExitCode {
     match dispatch(cli, &matches, start_ppid) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            report::line(&format!("ccci-run: error: {err}"));
+            report::error(&format!("ccci-run: error: {err}"));
             ExitCode::from(err.exit_code())
         }
     }
@@ -124,6 +124,9 @@ pub fn main() -> ExitCode {
 fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8, Error> {
     let resolved = config::resolve(&cli.global.inputs(matches))?;
     init_logging(cli.global.quiet, cli.global.verbose, resolved.log_format);
+    for s in &resolved.settings {
+        tracing::debug!(key = s.key, value = %s.value, origin = %s.origin, "setting");
+    }
     let global = Global::from_resolved(&resolved)?;
     command(cli.command, &global, &resolved, start_ppid).map_err(|err| err.located(&global))
 }
@@ -266,14 +269,30 @@ fn init_logging(quiet: u8, verbose: u8, format: LogFormat) {
         (_, 2) => "debug",
         _ => "trace",
     };
+    // Status lines are always shown, whatever the level or RUST_LOG says.
+    let status = format!("{}=info", report::STATUS_TARGET)
+        .parse()
+        .expect("a valid directive");
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("ccci_run={level}")));
+        .unwrap_or_else(|_| EnvFilter::new(format!("ccci_run={level}")))
+        .add_directive(status);
+    // Colour only for a person at a terminal, and never when NO_COLOR says so.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_target(false);
     let _ = match format {
         LogFormat::Text => builder.without_time().try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Json => {
+            report::use_json();
+            builder
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .try_init()
+        }
     };
 }

@@ -1,11 +1,41 @@
 //! Status lines for the people and programs watching a run: the waiting line, the teardown
-//! lines, refusals. They go to stderr verbatim, apart from `tracing` diagnostics, so an operator
-//! can read them in a Drone log and a test can wait for them.
+//! lines, refusals. In text mode they go to stderr verbatim, apart from `tracing` diagnostics,
+//! so an operator can read them in a Drone log and a test can wait for them. With
+//! `--log-format json` everything on stderr is JSON, one object per line: status lines too are
+//! events then (`"status": true`), carrying the run's id and domain like every other event.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The `tracing` target of status lines; the log filter always lets it through.
+pub(crate) const STATUS_TARGET: &str = "ccci_run::status";
+
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// From now on, status lines are JSON events.
+pub(crate) fn use_json() {
+    JSON.store(true, Ordering::SeqCst);
+}
 
 /// Write one status line to stderr, unbuffered, whatever the log level.
 pub(crate) fn line(text: &str) {
+    if JSON.load(Ordering::SeqCst) {
+        tracing::info!(target: STATUS_TARGET, status = true, "{text}");
+        return;
+    }
+    plain(text);
+}
+
+/// Write an error line: like [`line`], at error level in JSON mode.
+pub(crate) fn error(text: &str) {
+    if JSON.load(Ordering::SeqCst) {
+        tracing::error!(target: STATUS_TARGET, status = true, "{text}");
+        return;
+    }
+    plain(text);
+}
+
+fn plain(text: &str) {
     let mut err = std::io::stderr().lock();
     // A closed stderr must not turn into a panic in the middle of a teardown.
     let _ = writeln!(err, "{text}");

@@ -359,6 +359,7 @@ impl Sweep<'_> {
             line.lock_age_s = Some(age.as_secs());
         }
         line.decision = decide(&probe, self.opts.dry_run, self.opts.long_held);
+        tracing::debug!(%domain, ?probe, decision = line.decision.as_str(), "probed");
         match (&probe, line.decision, elsewhere) {
             // Defense in depth: a free app lock is not the last word while another account
             // says a live run owns the domain.

@@ -108,6 +108,7 @@ impl Local {
                 continue;
             }
             lock.write_holder(&wait.holder.to_line())?;
+            tracing::debug!(path = %path.display(), waited = ?started.elapsed(), "lock taken");
             return Ok(Ok(lock));
         }
     }

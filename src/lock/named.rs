@@ -52,6 +52,8 @@ pub(crate) fn run(
     opts: &LockOptions,
     start_ppid: Pid,
 ) -> Result<u8, NamedLockError> {
+    let span = tracing::error_span!("lock", name = %opts.name);
+    let _in_lock = span.enter();
     let guards = GuardOptions {
         tie_to: opts.tie_to,
         ..GuardOptions::default()

@@ -80,6 +80,10 @@ pub(crate) enum RunError {
 
 /// Run the `run` subcommand; returns the exit code.
 pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
+    // Every event of the run (status lines included, in JSON mode) carries its id and domain;
+    // the span is at error level so that it exists whatever the verbosity.
+    let span = tracing::error_span!("run", run_id = %cfg.run_id, domain = %cfg.identity.domain);
+    let _in_run = span.enter();
     let funnel = guards::install_guards(
         start_ppid,
         &GuardOptions {

@@ -64,6 +64,7 @@ pub(crate) struct RunRecord {
 impl RunRecord {
     /// Note that the run entered `phase` now.
     pub(crate) fn enter(&mut self, phase: crate::run::phase::Phase) {
+        tracing::debug!(%phase, "phase");
         self.phases.push(Phase {
             name: phase.as_str().to_owned(),
             at: timestamp(SystemTime::now()),
@@ -78,6 +79,7 @@ impl RunRecord {
     /// Write atomically to `path`: temp file, fsync, rename.
     pub(crate) fn write(&self, path: &Path) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        tracing::trace!(path = %path.display(), bytes = json.len(), "writing the run record");
         write_atomically(path, &json)
     }
 }

@@ -125,6 +125,7 @@ pub(crate) fn spawn_group(
     spec: &CommandSpec,
     leaf: Option<&crate::supervise::cgroup::Leaf>,
 ) -> Result<(Pid, ProcessGroup), SpawnError> {
+    tracing::debug!(program = ?spec.program, args = ?spec.args, cgroup = ?leaf.map(|l| l.path()), "starting");
     if let Some(leaf) = leaf {
         match clone_into(spec, leaf.dir_fd()) {
             Ok(pid) => return Ok((pid, ProcessGroup(pid))),

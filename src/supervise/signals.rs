@@ -244,6 +244,9 @@ impl SignalFunnel {
         arrived.tied_pid_died = self.tie.as_ref().is_some_and(Watched::fired);
         // Every watch is looked at (and marked), not just the first that fired.
         arrived.lock_lost = self.losses.iter().filter(|w| w.fired()).count() > 0;
+        if !arrived.is_empty() {
+            tracing::trace!(?arrived, "arrived");
+        }
         arrived
     }
 

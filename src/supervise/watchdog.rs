@@ -29,9 +29,11 @@ impl Watchdog {
     ) -> Self {
         let code = Arc::new(AtomicU8::new(exit::INTERNAL));
         let exit_code = Arc::clone(&code);
+        let span = tracing::Span::current();
         let spawned = std::thread::Builder::new()
             .name("watchdog".to_owned())
             .spawn(move || {
+                let _in_span = span.enter();
                 linux::block_all_signals_but_kick();
                 loop {
                     let left = hard_end.saturating_duration_since(Instant::now());

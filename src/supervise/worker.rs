@@ -87,9 +87,11 @@ impl<T: Send + 'static> Worker<T> {
         let (tx, rx) = mpsc::channel();
         let flag = CancelFlag::default();
         let thread_flag = flag.clone();
+        let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || {
+                let _in_span = span.enter();
                 linux::block_all_signals_but_kick();
                 let outcome = work(&thread_flag);
                 // The outcome first: when `ready` turns readable, it is there to take.

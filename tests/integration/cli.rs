@@ -218,3 +218,94 @@ fn relative_paths_reach_the_command_absolute() {
         ]
     );
 }
+
+/// `--log-format json` makes stderr JSON only, one object per line, status lines included, and
+/// every event of a run carries its id and domain.
+#[test]
+fn json_logs_are_json_only_and_carry_the_run() {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.args([
+        "--log-format",
+        "json",
+        "-vv",
+        "run",
+        "--recipe",
+        "custom-html",
+    ])
+    .args([
+        "--run-id",
+        "j1",
+        "--no-fetch",
+        "--",
+        "sh",
+        "-c",
+        "echo out-only",
+    ]);
+    let done = run(cmd);
+    done.assert_code(0);
+    assert!(!done.err.is_empty());
+    let domain = sandbox.domain("custom-html", None);
+    let mut statuses = 0;
+    for line in &done.err {
+        let event: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {line}\n{}", done.transcript()));
+        if event["fields"]["status"] == true {
+            statuses += 1;
+            assert_eq!(event["span"]["run_id"], "j1", "{line}");
+            assert_eq!(event["span"]["domain"], domain.as_str(), "{line}");
+        }
+    }
+    assert!(statuses >= 1, "{}", done.transcript());
+}
+
+/// Colour only for a terminal, and never with NO_COLOR; each -v shows more.
+#[test]
+fn colour_only_on_a_terminal_and_each_v_shows_more() {
+    let sandbox = Sandbox::new();
+    let lines = |v: &str| {
+        let mut cmd = sandbox.ccci();
+        cmd.arg(v)
+            .args(["run", "--recipe", "custom-html", "--no-fetch", "--", "true"]);
+        let done = run(cmd);
+        done.assert_code(0);
+        assert!(
+            !done.err.iter().any(|l| l.contains('\u{1b}')),
+            "colour in a pipe: {}",
+            done.transcript()
+        );
+        done.err.len()
+    };
+    let (v1, v2, v3) = (lines("-v"), lines("-vv"), lines("-vvv"));
+    assert!(v1 < v2 && v2 < v3, "-v {v1}, -vv {v2}, -vvv {v3} lines");
+
+    // On a terminal (script(1) gives the command one): colour, unless NO_COLOR is set.
+    let on_tty = |no_color: Option<&str>| {
+        let ccci = sandbox.ccci();
+        let mut line: Vec<String> =
+            vec![crate::util::sh_quote(ccci.get_program().to_str().unwrap())];
+        line.extend(
+            ccci.get_args()
+                .map(|a| crate::util::sh_quote(a.to_str().unwrap())),
+        );
+        line.push("-v app-domain --recipe x >/dev/null".to_owned());
+        let mut cmd = Command::new("script");
+        cmd.args(["-qec", &line.join(" "), "/dev/null"])
+            .env("CCCI_CONFIG", "/dev/null")
+            .env("RUST_LOG", "ccci_run=debug");
+        match no_color {
+            Some(v) => cmd.env("NO_COLOR", v),
+            None => cmd.env_remove("NO_COLOR"),
+        };
+        let done = run(cmd);
+        done.assert_code(0);
+        done.out.join("\n")
+    };
+    let coloured = on_tty(None);
+    assert!(
+        coloured.contains('\u{1b}'),
+        "no colour on a terminal: {coloured:?}"
+    );
+    let plain = on_tty(Some("1"));
+    assert!(!plain.is_empty() && !plain.contains('\u{1b}'), "{plain:?}");
+}
