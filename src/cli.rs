@@ -41,43 +41,46 @@ pub(crate) struct Cli {
     pub command: Command,
 }
 
+/// Settings every command that uses them takes, before or after its name.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub(crate) struct GlobalArgs {
     /// Configuration file (TOML: lock_dir, abra_home, runs_dir, state_dir, domain_suffix,
     /// docker, log_format, cgroup) [default: /etc/ccci-run/config.toml when it exists].
     /// Precedence: flag > environment > file > built-in default.
-    #[arg(long, global = true, value_name = "FILE", env = "CCCI_CONFIG")]
+    #[arg(long, value_name = "FILE", env = "CCCI_CONFIG")]
     pub config: Option<PathBuf>,
     /// Directory of the app-domain lock files and named-lock files [default: /run/lock].
-    #[arg(long, global = true, value_name = "DIR", env = "CCCI_APP_LOCK_DIR")]
+    #[arg(long, value_name = "DIR", env = "CCCI_APP_LOCK_DIR")]
     pub lock_dir: Option<PathBuf>,
     /// The canonical abra directory (servers/, catalogue/, recipes/) [default: $HOME/.abra].
-    #[arg(long, global = true, value_name = "DIR", env = "CCCI_ABRA_HOME")]
+    #[arg(long, value_name = "DIR", env = "CCCI_ABRA_HOME")]
     pub abra_home: Option<PathBuf>,
     /// Directory of the per-run directories and run records [default: /var/lib/cc-ci-runs].
-    #[arg(long, global = true, value_name = "DIR", env = "CCCI_RUNS_DIR")]
+    #[arg(long, value_name = "DIR", env = "CCCI_RUNS_DIR")]
     pub runs_dir: Option<PathBuf>,
     /// Directory of the run-scoped state files [default: /tmp].
-    #[arg(long, global = true, value_name = "DIR", env = "CCCI_STATE_DIR")]
+    #[arg(long, value_name = "DIR", env = "CCCI_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Run-app domains end in `.SUFFIX` [default: ci.commoninternet.net].
-    #[arg(long, global = true, value_name = "SUFFIX", env = "CCCI_DOMAIN_SUFFIX")]
+    #[arg(long, value_name = "SUFFIX", env = "CCCI_DOMAIN_SUFFIX")]
     pub domain_suffix: Option<String>,
     /// Whether to touch Docker; DOCKER_HOST is honoured [default: auto].
-    #[arg(long, global = true, value_name = "MODE", env = "CCCI_DOCKER", value_parser = choice::<DockerMode>())]
+    #[arg(long, value_name = "MODE", env = "CCCI_DOCKER", value_parser = choice::<DockerMode>())]
     pub docker: Option<DockerMode>,
     /// Whether runs and `lock` commands get a cgroup of their own (cgroup v2, where writable)
     /// [default: auto].
-    #[arg(long, global = true, value_name = "MODE", env = "CCCI_CGROUP", value_parser = choice::<CgroupMode>())]
+    #[arg(long, value_name = "MODE", env = "CCCI_CGROUP", value_parser = choice::<CgroupMode>())]
     pub cgroup: Option<CgroupMode>,
-    /// Diagnostics format (status lines are always plain text) [default: text].
-    #[arg(long, global = true, value_name = "F", env = "CCCI_LOG_FORMAT", value_parser = choice::<LogFormat>())]
+    /// Diagnostics format: text, or json (then all of stderr is JSON, one object a line, status
+    /// lines included) [default: text].
+    #[arg(long, value_name = "F", env = "CCCI_LOG_FORMAT", value_parser = choice::<LogFormat>())]
     pub log_format: Option<LogFormat>,
     /// More diagnostics (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// Fewer diagnostics (errors only).
-    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "verbose")]
+    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "verbose")]
     pub quiet: u8,
 }
 
@@ -92,14 +95,22 @@ pub(crate) enum Command {
     /// Run COMMAND holding a fair, bounded, named host lock.
     Lock(LockArgs),
     /// Print the app domain of a recipe run, and its stack name on a second line.
-    AppDomain(IdentityArgs),
+    AppDomain(AppDomainArgs),
     /// Print shell completions.
     Completions {
+        /// The shell to print completions for.
         #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff).
-    Man,
+    /// Print a man page (roff), or write every page to a directory.
+    Man {
+        /// The command whose page to print [default: the main page, ccci-run(1)].
+        #[arg(value_name = "COMMAND")]
+        command: Option<String>,
+        /// Write every page (ccci-run.1, ccci-run-run.1, ...) into DIR instead.
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
+        dir: Option<PathBuf>,
+    },
     /// Print the effective configuration: each setting and where it came from.
     Config(ConfigArgs),
 }
@@ -130,6 +141,8 @@ pub(crate) struct LockArgs {
     /// The command to run while holding the lock.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +166,8 @@ pub(crate) struct JanitorArgs {
     /// Also remove per-run directories older than DAYS whose run is not live.
     #[arg(long, value_name = "DAYS", value_parser = clap::value_parser!(u64).range(..=MAX_KEEP_DAYS))]
     pub keep_runs: Option<u64>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
 }
 
 #[derive(Debug, Args)]
@@ -160,6 +175,8 @@ pub(crate) struct ConfigArgs {
     /// Print the settings as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub global: GlobalArgs,
 }
 
 #[derive(Debug, Args)]
@@ -170,6 +187,8 @@ pub(crate) struct LocksArgs {
     /// Flag a lock held for longer than SECS.
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS, value_parser = clap::value_parser!(u64).range(..=MAX_SECS))]
     pub long_held: u64,
+    #[command(flatten)]
+    pub global: GlobalArgs,
 }
 
 /// Twice the default hard deadline: no healthy run holds its lock that long.
@@ -181,6 +200,14 @@ pub(crate) const MAX_SECS: u64 = 365 * 86_400;
 
 /// The longest `--keep-runs` may be, in days (a century).
 pub(crate) const MAX_KEEP_DAYS: u64 = 36_500;
+
+#[derive(Debug, Args)]
+pub(crate) struct AppDomainArgs {
+    #[command(flatten)]
+    pub identity: IdentityArgs,
+    #[command(flatten)]
+    pub global: GlobalArgs,
+}
 
 #[derive(Debug, Args)]
 pub(crate) struct IdentityArgs {
@@ -243,6 +270,8 @@ pub(crate) struct RunArgs {
     /// The command to supervise.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
 }
 
 /// A number of seconds, fractions allowed, from 0 to [`MAX_SECS`].
@@ -301,33 +330,76 @@ fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {
     PossibleValuesParser::new(values).try_map(|name| T::from_name(&name).ok_or("unknown value"))
 }
 
-impl GlobalArgs {
+impl Command {
+    /// The global options given after the command's name, for the commands that take them.
+    pub(crate) fn global(&self) -> Option<&GlobalArgs> {
+        match self {
+            Self::Run(a) => Some(&a.global),
+            Self::Janitor(a) => Some(&a.global),
+            Self::Locks(a) => Some(&a.global),
+            Self::Lock(a) => Some(&a.global),
+            Self::AppDomain(a) => Some(&a.global),
+            Self::Config(a) => Some(&a.global),
+            Self::Completions { .. } | Self::Man { .. } => None,
+        }
+    }
+}
+
+/// The global options as given before the command's name (`top`) and after it (`sub`): after
+/// wins, as a later flag does, and a flag wins over the environment wherever it was given.
+pub(crate) struct Globals<'a> {
+    pub top: (&'a GlobalArgs, &'a ArgMatches),
+    pub sub: Option<(&'a GlobalArgs, &'a ArgMatches)>,
+}
+
+impl Globals<'_> {
     /// What the command line and the environment say, with which of the two said it.
-    pub(crate) fn inputs(&self, matches: &ArgMatches) -> Inputs {
-        fn given<T: Clone>(matches: &ArgMatches, id: &str, env: &str, v: &Option<T>) -> Given<T> {
+    pub(crate) fn inputs(&self) -> Inputs {
+        Inputs {
+            config: self
+                .pick(|g| &g.config, "config", "CCCI_CONFIG")
+                .map(|(v, _)| v),
+            lock_dir: self.pick(|g| &g.lock_dir, "lock_dir", "CCCI_APP_LOCK_DIR"),
+            abra_home: self.pick(|g| &g.abra_home, "abra_home", "CCCI_ABRA_HOME"),
+            runs_dir: self.pick(|g| &g.runs_dir, "runs_dir", "CCCI_RUNS_DIR"),
+            state_dir: self.pick(|g| &g.state_dir, "state_dir", "CCCI_STATE_DIR"),
+            domain_suffix: self.pick(|g| &g.domain_suffix, "domain_suffix", "CCCI_DOMAIN_SUFFIX"),
+            docker: self.pick(|g| &g.docker, "docker", "CCCI_DOCKER"),
+            log_format: self.pick(|g| &g.log_format, "log_format", "CCCI_LOG_FORMAT"),
+            cgroup: self.pick(|g| &g.cgroup, "cgroup", "CCCI_CGROUP"),
+        }
+    }
+
+    /// `-q` and `-v` counts, wherever they were given.
+    pub(crate) fn verbosity(&self) -> (u8, u8) {
+        let (q, v) = self.sub.map_or((0, 0), |(g, _)| (g.quiet, g.verbose));
+        (
+            self.top.0.quiet.saturating_add(q),
+            self.top.0.verbose.saturating_add(v),
+        )
+    }
+
+    fn pick<T: Clone>(
+        &self,
+        field: impl Fn(&GlobalArgs) -> &Option<T>,
+        id: &str,
+        env: &str,
+    ) -> Given<T> {
+        let given = |(args, matches): (&GlobalArgs, &ArgMatches)| {
             let origin = match matches.value_source(id) {
                 Some(ValueSource::CommandLine) => Origin::Flag,
                 Some(ValueSource::EnvVariable) => Origin::Environment(env.to_owned()),
                 _ => return None,
             };
-            v.clone().map(|v| (v, origin))
-        }
-        let m = matches;
-        Inputs {
-            config: self.config.clone(),
-            lock_dir: given(m, "lock_dir", "CCCI_APP_LOCK_DIR", &self.lock_dir),
-            abra_home: given(m, "abra_home", "CCCI_ABRA_HOME", &self.abra_home),
-            runs_dir: given(m, "runs_dir", "CCCI_RUNS_DIR", &self.runs_dir),
-            state_dir: given(m, "state_dir", "CCCI_STATE_DIR", &self.state_dir),
-            domain_suffix: given(
-                m,
-                "domain_suffix",
-                "CCCI_DOMAIN_SUFFIX",
-                &self.domain_suffix,
-            ),
-            docker: given(m, "docker", "CCCI_DOCKER", &self.docker),
-            log_format: given(m, "log_format", "CCCI_LOG_FORMAT", &self.log_format),
-            cgroup: given(m, "cgroup", "CCCI_CGROUP", &self.cgroup),
+            field(args).clone().map(|v| (v, origin))
+        };
+        let is_flag = |g: &Given<T>| matches!(g, Some((_, Origin::Flag)));
+        let sub = self.sub.and_then(given);
+        let top = given(self.top);
+        if is_flag(&sub) || !is_flag(&top) && sub.is_some() {
+            sub
+        } else {
+            top
         }
     }
 }

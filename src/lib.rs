@@ -12,6 +12,7 @@ pub(crate) mod exit;
 mod fuzz;
 pub(crate) mod janitor;
 pub(crate) mod lock;
+mod man;
 pub(crate) mod names;
 pub(crate) mod report;
 pub(crate) mod run;
@@ -42,6 +43,11 @@ enum Error {
     },
     #[error("failed to write to stdout: {0}")]
     Output(std::io::Error),
+    #[error("failed to write man pages into {path}: {source}")]
+    ManDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("failed to list lock dir {path}: {source}")]
     LockDir {
         path: std::path::PathBuf,
@@ -60,7 +66,9 @@ impl Error {
         match self {
             Self::Invalid(_) => exit::USAGE,
             Self::Run(_) | Self::NamedLock(_) => exit::INTERNAL,
-            Self::Metrics { .. } | Self::LockDir { .. } | Self::Output(_) => exit::FAILURE,
+            Self::Metrics { .. } | Self::LockDir { .. } | Self::Output(_) | Self::ManDir { .. } => {
+                exit::FAILURE
+            }
             Self::Located { source, .. } => source.exit_code(),
         }
     }
@@ -122,8 +130,16 @@ pub fn main() -> ExitCode {
 /// Resolve the configuration and run the command. `start_ppid` is our parent pid as read first
 /// thing, so the orphan check can tell whether the parent died while we were starting.
 fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8, Error> {
-    let resolved = config::resolve(&cli.global.inputs(matches))?;
-    init_logging(cli.global.quiet, cli.global.verbose, resolved.log_format);
+    let globals = cli::Globals {
+        top: (&cli.global, matches),
+        sub: cli
+            .command
+            .global()
+            .zip(matches.subcommand().map(|(_, m)| m)),
+    };
+    let resolved = config::resolve(&globals.inputs())?;
+    let (quiet, verbose) = globals.verbosity();
+    init_logging(quiet, verbose, resolved.log_format);
     for s in &resolved.settings {
         tracing::debug!(key = s.key, value = %s.value, origin = %s.origin, "setting");
     }
@@ -145,15 +161,9 @@ fn command(
             clap_complete::generate(shell, &mut Cli::command(), "ccci-run", &mut out);
             emit(&out).map(|()| 0)
         }
-        Command::Man => {
-            let mut out = Vec::new();
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut out)
-                .map_err(Error::Output)?;
-            emit(&out).map(|()| 0)
-        }
+        Command::Man { command, dir } => man_pages(command.as_deref(), dir.as_deref()),
         Command::AppDomain(args) => {
-            let identity = args.validate(&global.suffix)?;
+            let identity = args.identity.validate(&global.suffix)?;
             let text = format!("{}\n{}\n", identity.domain, identity.domain.stack_name());
             emit(text.as_bytes()).map(|()| 0)
         }
@@ -168,6 +178,41 @@ fn command(
             Ok(run::run(global, &cfg, start_ppid)?)
         }
     }
+}
+
+/// `ccci-run man`: one page on stdout, or every page into a directory.
+fn man_pages(command: Option<&str>, dir: Option<&std::path::Path>) -> Result<u8, Error> {
+    let pages = man::pages(Cli::command()).map_err(Error::Output)?;
+    if let Some(dir) = dir {
+        let written = std::fs::create_dir_all(dir).and_then(|()| {
+            pages
+                .iter()
+                .try_for_each(|(name, page)| write_page(&dir.join(name), page))
+        });
+        written.map_err(|source| Error::ManDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let names: Vec<String> = pages.iter().map(|(name, _)| format!("{name}\n")).collect();
+        return emit(names.concat().as_bytes()).map(|()| 0);
+    }
+    let wanted = match command {
+        Some(command) => format!("ccci-run-{command}.1"),
+        None => "ccci-run.1".to_owned(),
+    };
+    match pages.iter().find(|(name, _)| *name == wanted) {
+        Some((_, page)) => emit(page).map(|()| 0),
+        None => Err(Error::Invalid(names::NameError {
+            what: "man page",
+            value: command.unwrap_or_default().to_owned(),
+            rule: "no such command; see ccci-run --help".to_owned(),
+        })),
+    }
+}
+
+/// Write one page.
+fn write_page(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::write(path, bytes)
 }
 
 /// `ccci-run config`: each setting with where it came from.

@@ -309,3 +309,54 @@ fn colour_only_on_a_terminal_and_each_v_shows_more() {
     let plain = on_tty(Some("1"));
     assert!(!plain.is_empty() && !plain.contains('\u{1b}'), "{plain:?}");
 }
+
+/// Help keeps a command's own options apart from the global ones, and commands that use no
+/// global option (completions, man) list none.
+#[test]
+fn help_separates_global_options_and_lists_only_what_a_command_uses() {
+    let help = |args: &[&str]| {
+        let done = run({
+            let mut c = Command::new(crate::util::BIN);
+            c.args(args).arg("--help");
+            c
+        });
+        done.assert_code(0);
+        done.out.join("\n")
+    };
+    let run_help = help(&["run"]);
+    let (own, global) = run_help
+        .split_once("Global options:")
+        .expect("run --help has a global options heading");
+    assert!(
+        own.contains("--deadline") && !own.contains("--runs-dir"),
+        "{run_help}"
+    );
+    assert!(
+        global.contains("--runs-dir") && !global.contains("--deadline"),
+        "{run_help}"
+    );
+    for sub in ["completions", "man"] {
+        let text = help(&[sub]);
+        assert!(
+            !text.contains("--lock-dir") && !text.contains("Global options"),
+            "{sub}: {text}"
+        );
+    }
+    assert!(help(&["completions"]).contains("The shell to print completions for"));
+    // Global options are taken before the command's name and after it.
+    let sandbox = Sandbox::new();
+    let mut after = Command::new(crate::util::BIN);
+    after
+        .env("CCCI_CONFIG", "/dev/null")
+        .args(["config", "--lock-dir", "/srv/locks"]);
+    let done = run(after);
+    done.assert_code(0);
+    assert!(
+        done.out
+            .iter()
+            .any(|l| l.starts_with("lock_dir") && l.contains("/srv/locks") && l.ends_with("flag")),
+        "{}",
+        done.transcript()
+    );
+    drop(sandbox);
+}

@@ -381,3 +381,75 @@ fn check_named_tests(doc: &str) {
     }
     assert!(named >= 20, "the table names {named} tests");
 }
+
+/// `ccci-run man --dir` writes a page per command; every page renders without a warning, has
+/// the sections an operator looks for, and every page a SEE ALSO names is one of them.
+#[test]
+fn every_man_page_renders_with_its_sections() {
+    let dir = tempfile::tempdir().unwrap();
+    let listed = succeeds(Command::new(BIN).arg("man").arg("--dir").arg(dir.path()));
+    let names: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    for sub in [
+        "run",
+        "janitor",
+        "locks",
+        "lock",
+        "app-domain",
+        "completions",
+        "man",
+        "config",
+    ] {
+        assert!(names.contains(&format!("ccci-run-{sub}.1")), "{names:?}");
+    }
+    let one = succeeds(Command::new(BIN).args(["man", "janitor"]));
+    assert!(
+        one.stdout == std::fs::read(dir.path().join("ccci-run-janitor.1")).unwrap(),
+        "`man janitor` is not the page --dir wrote"
+    );
+    if !have("groff") {
+        return;
+    }
+    for name in &names {
+        let file = dir.path().join(name);
+        let check = Command::new("groff")
+            .args(["-man", "-Tutf8", "-ww", "-z"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success() && check.stderr.is_empty(),
+            "{name}: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let text = Command::new("groff")
+            .args(["-man", "-Tutf8", "-P-cbou"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        for section in ["SYNOPSIS", "ENVIRONMENT", "EXIT STATUS", "SEE ALSO"] {
+            assert!(text.contains(section), "{name} lacks {section}:\n{text}");
+        }
+        let see_also = text.split("SEE ALSO").nth(1).unwrap_or_default();
+        for page in see_also
+            .split([',', ' ', '\n'])
+            .filter_map(|w| w.trim().strip_suffix("(1)"))
+        {
+            assert!(
+                names.contains(&format!("{page}.1")),
+                "{name} refers to {page}(1), which is not generated"
+            );
+        }
+    }
+    let run_page = std::fs::read_to_string(dir.path().join("ccci-run-run.1")).unwrap();
+    for section in ["FILES", "EXAMPLES"] {
+        assert!(
+            run_page.contains(&format!(".SH \"{section}\"")),
+            "{run_page}"
+        );
+    }
+    assert!(run_page.contains("CCCI_RUNS_DIR"), "{run_page}");
+}

@@ -1,0 +1,331 @@
+//! Man pages: `ccci-run(1)` and one page per command (`ccci-run-run(1)`, ...), each with the
+//! sections an operator looks for — SYNOPSIS, DESCRIPTION and OPTIONS from the command line's
+//! own definition, then ENVIRONMENT, EXIT STATUS, FILES, EXAMPLES and SEE ALSO.
+//!
+//! Nothing here may change anything but the output it is asked for.
+
+use std::io::{self, Write};
+
+/// What a page adds to the command line's own help.
+struct Extra {
+    /// Variables read besides the options' own, with what they do.
+    environment: &'static [(&'static str, &'static str)],
+    files: &'static [(&'static str, &'static str)],
+    examples: &'static [(&'static str, &'static str)],
+}
+
+/// Read by every command.
+const COMMON_ENVIRONMENT: &[(&str, &str)] = &[
+    (
+        "NO_COLOR",
+        "When set and not empty, diagnostics are never coloured (they are only on a terminal).",
+    ),
+    (
+        "RUST_LOG",
+        "A tracing filter that replaces the one -v and -q choose; status lines always show.",
+    ),
+];
+
+const CONFIG_FILE: (&str, &str) = (
+    "/etc/ccci-run/config.toml",
+    "The configuration file read when neither --config nor CCCI_CONFIG names one.",
+);
+
+const EXIT_STATUS: &[(&str, &str)] = &[
+    ("0", "Success; for run and lock, the command's own status."),
+    (
+        "1",
+        "janitor: a reap failed or did not finish within its budget, or the sweep could not \
+         complete; locks, app-domain, config: the output could not be written.",
+    ),
+    ("2", "Invalid input: an option, a name, a duration."),
+    (
+        "75",
+        "The app lock or the named lock was not acquired within its budget.",
+    ),
+    (
+        "76",
+        "The lock was lost while held (a backend whose leases can expire); after teardown.",
+    ),
+    (
+        "125",
+        "ccci-run itself failed: set-up, an unsafe path, Docker required but unreachable.",
+    ),
+    (
+        "126, 127",
+        "The command could not be executed, or was not found.",
+    ),
+    ("128+N", "The command was killed by signal N."),
+    (
+        "129, 130, 131, 143",
+        "SIGHUP, SIGINT, SIGQUIT, SIGTERM reached ccci-run; after teardown. 143 also when the \
+         parent or the --tie-to process died.",
+    ),
+    ("142", "The hard deadline passed; after teardown."),
+];
+
+fn extra(command: &str) -> Extra {
+    match command {
+        "run" => Extra {
+            environment: &[
+                (
+                    "DRONE_BUILD_NUMBER",
+                    "The run id when --run-id is not given.",
+                ),
+                (
+                    "CCCI_SKIP_FETCH",
+                    "1/true/yes/on: copy the staged recipe instead of cloning (as --skip-fetch).",
+                ),
+                (
+                    "CCCI_RECIPE_URL_TEMPLATE",
+                    "Where to clone from, with {recipe} filled in, when --recipe-url is not given.",
+                ),
+                ("DOCKER_HOST", "The Docker engine to use."),
+                (
+                    "ABRA_DIR, CCCI_RUN_ID, CCCI_RECIPE, CCCI_RECIPE_DIR, CCCI_APP_DOMAIN, \
+                     CCCI_STACK_NAME, CCCI_DEPLOYS_FILE, CCCI_OPSTATE_FILE, CCCI_DEPS_FILE, \
+                     CCCI_DEPSKIP_FILE",
+                    "Set for COMMAND and the --on-teardown hook.",
+                ),
+            ],
+            files: &[
+                CONFIG_FILE,
+                (
+                    "<runs-dir>/<run-id>/run.json",
+                    "The run record: phases, shutdown reason, exit code.",
+                ),
+                ("<runs-dir>/<run-id>/abra/", "The run's own ABRA_DIR."),
+                (
+                    "<lock-dir>/cc-ci-app-<domain>.lock, <runs-dir>/.domains/cc-ci-app-<domain>.lock",
+                    "The app lock and the domain's lock, held for the run's whole life.",
+                ),
+                (
+                    "<state-dir>/ccci-<kind>-<run-id>-<pid>",
+                    "The run's state files.",
+                ),
+            ],
+            examples: &[
+                (
+                    "In a Drone exec step, tied to the step shell so a cancel reaches the run:",
+                    "CCCI_TIE_TO=$$ ccci-run run --recipe keycloak --pr 42 -- ./run-recipe-tests.sh",
+                ),
+                (
+                    "A run on a scratch host, without Docker or network:",
+                    "ccci-run --runs-dir /tmp/r --abra-home /tmp/a --lock-dir /tmp/l --docker off \
+                     run --recipe custom-html --pr 1 --no-fetch -- sh -c 'echo $CCCI_APP_DOMAIN'",
+                ),
+            ],
+        },
+        "janitor" => Extra {
+            environment: &[("DOCKER_HOST", "The Docker engine to use.")],
+            files: &[
+                CONFIG_FILE,
+                (
+                    "<abra-home>/servers/*/*.env",
+                    "Where run apps are found (and, unless --docker off, in Docker).",
+                ),
+                (
+                    "<lock-dir>/cc-ci-app-<domain>.lock",
+                    "The app locks it probes.",
+                ),
+            ],
+            examples: &[
+                (
+                    "What would be reaped, changing nothing:",
+                    "ccci-run janitor --dry-run",
+                ),
+                (
+                    "From a timer, with metrics for node_exporter:",
+                    "ccci-run janitor --json --metrics-file /var/lib/node_exporter/ccci.prom",
+                ),
+            ],
+        },
+        "lock" => Extra {
+            environment: &[
+                (
+                    "CCCI_HELD_LOCKS",
+                    "Set for COMMAND: the locks it runs under, so a nested lock of the same name \
+                     is granted instead of waiting for itself.",
+                ),
+                ("CCCI_RUN_ID", "Recorded as the holder's run, when set."),
+            ],
+            files: &[
+                CONFIG_FILE,
+                (
+                    "<lock-dir>/ccci-<NAME>.lock, <lock-dir>/ccci-<NAME>.lock.queue/",
+                    "The lock file and its ticket queue.",
+                ),
+            ],
+            examples: &[(
+                "Regenerate the catalogue, one step at a time on this host:",
+                "ccci-run lock abra-catalogue --wait 600 -- abra catalogue generate",
+            )],
+        },
+        "locks" => Extra {
+            environment: &[],
+            files: &[CONFIG_FILE, ("<lock-dir>/", "The lock files listed.")],
+            examples: &[("Every lock, as JSON:", "ccci-run locks --json")],
+        },
+        "app-domain" => Extra {
+            environment: &[],
+            files: &[CONFIG_FILE],
+            examples: &[(
+                "The domain and stack of PR 42 of keycloak:",
+                "ccci-run app-domain --recipe keycloak --pr 42",
+            )],
+        },
+        "config" => Extra {
+            environment: &[],
+            files: &[CONFIG_FILE],
+            examples: &[("Where each setting comes from:", "ccci-run config")],
+        },
+        "completions" => Extra {
+            environment: &[],
+            files: &[],
+            examples: &[(
+                "Install bash completions:",
+                "ccci-run completions bash > /etc/bash_completion.d/ccci-run",
+            )],
+        },
+        "man" => Extra {
+            environment: &[],
+            files: &[],
+            examples: &[(
+                "Install every page:",
+                "ccci-run man --dir /usr/local/share/man/man1",
+            )],
+        },
+        _ => Extra {
+            environment: &[],
+            files: &[
+                CONFIG_FILE,
+                ("/run/lock/", "The default lock dir."),
+                ("/var/lib/cc-ci-runs/", "The default runs dir."),
+            ],
+            examples: &[
+                (
+                    "A supervised run:",
+                    "ccci-run run --recipe keycloak --pr 42 -- ./test.sh",
+                ),
+                ("A dry janitor sweep:", "ccci-run janitor --dry-run"),
+            ],
+        },
+    }
+}
+
+/// Every page: `(file name, roff)`, the main page first.
+pub(crate) fn pages(cmd: clap::Command) -> io::Result<Vec<(String, Vec<u8>)>> {
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    let mut pages = vec![page(&cmd, "", &cmd)?];
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        pages.push(page(sub, sub.get_name(), &cmd)?);
+    }
+    Ok(pages)
+}
+
+/// The page of `cmd` (`name` empty: the main page).
+fn page(cmd: &clap::Command, name: &str, main: &clap::Command) -> io::Result<(String, Vec<u8>)> {
+    let man = clap_mangen::Man::new(cmd.clone());
+    let mut out = Vec::new();
+    man.render_title(&mut out)?;
+    man.render_name_section(&mut out)?;
+    man.render_synopsis_section(&mut out)?;
+    man.render_description_section(&mut out)?;
+    if cmd.get_arguments().any(|a| !a.is_hide_set()) {
+        man.render_options_section(&mut out)?;
+    }
+    if cmd.has_subcommands() {
+        man.render_subcommands_section(&mut out)?;
+    }
+    let extra = extra(name);
+    let mut environment: Vec<(String, String)> = cmd
+        .get_arguments()
+        .filter_map(|a| {
+            let var = a.get_env()?.to_string_lossy().into_owned();
+            Some((var, format!("As --{}.", a.get_long()?)))
+        })
+        .collect();
+    environment.extend(
+        extra
+            .environment
+            .iter()
+            .chain(COMMON_ENVIRONMENT)
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    section(&mut out, "ENVIRONMENT", &environment)?;
+    let exit: Vec<(String, String)> = EXIT_STATUS
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    section(&mut out, "EXIT STATUS", &exit)?;
+    let files: Vec<(String, String)> = extra
+        .files
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    section(&mut out, "FILES", &files)?;
+    examples(&mut out, extra.examples)?;
+    see_also(&mut out, cmd, main)?;
+    if cmd.get_version().is_some() {
+        man.render_version_section(&mut out)?;
+    }
+    Ok((man.get_filename(), out))
+}
+
+/// Text for roff: a backslash is `\e`, a line never starts with a control character.
+fn escape(text: &str) -> String {
+    let text = text.replace('\\', "\\e").replace('-', "\\-");
+    if text.starts_with(['.', '\'']) {
+        format!("\\&{text}")
+    } else {
+        text
+    }
+}
+
+/// A section of tagged paragraphs; nothing when there is nothing to say.
+fn section(out: &mut dyn Write, title: &str, items: &[(String, String)]) -> io::Result<()> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, ".SH \"{title}\"")?;
+    for (tag, text) in items {
+        writeln!(out, ".TP\n\\fB{}\\fR\n{}", escape(tag), escape(text))?;
+    }
+    Ok(())
+}
+
+fn examples(out: &mut dyn Write, items: &[(&str, &str)]) -> io::Result<()> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, ".SH \"EXAMPLES\"")?;
+    for (what, line) in items {
+        writeln!(
+            out,
+            ".PP\n{}\n.PP\n.RS 4\n.nf\n{}\n.fi\n.RE",
+            escape(what),
+            escape(line)
+        )?;
+    }
+    Ok(())
+}
+
+/// The other pages: the main page lists the commands' pages, a command's page the main one.
+fn see_also(out: &mut dyn Write, cmd: &clap::Command, main: &clap::Command) -> io::Result<()> {
+    let main_name = main.get_name();
+    let pages: Vec<String> = if cmd.get_name() == main_name {
+        main.get_subcommands()
+            .filter(|s| !s.is_hide_set())
+            .map(|s| {
+                format!(
+                    "\\fB{}\\fR(1)",
+                    escape(&format!("{main_name}-{}", s.get_name()))
+                )
+            })
+            .collect()
+    } else {
+        vec![format!("\\fB{}\\fR(1)", escape(main_name))]
+    };
+    writeln!(out, ".SH \"SEE ALSO\"\n{}", pages.join(", "))
+}
