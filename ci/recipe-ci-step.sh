@@ -18,9 +18,19 @@ set -eu
 : "${CCCI_TIE_TO:=$$}"
 export CCCI_TIE_TO
 
+# Which PR: a pull_request build names it in DRONE_PULL_REQUEST; a custom build (how a
+# `!testme` comment arrives: `drone build create --param CCCI_PR=<number>`) carries it as the
+# CCCI_PR parameter. A custom build without one is a ref build only when RECIPE_REF says so:
+# falling through to the default branch would test the wrong code and report it as the PR's.
+pr="${DRONE_PULL_REQUEST:-${CCCI_PR:-}}"
+if [ -z "$pr" ] && [ "${DRONE_BUILD_EVENT:-}" = custom ] && [ -z "${RECIPE_REF:-}" ]; then
+  echo "ccci-run step: a custom build needs the PR number as parameter CCCI_PR (or RECIPE_REF for a ref build)" >&2
+  exit 2
+fi
+
 # setsid makes ccci-run the leader of a process group of its own; it stays this shell's child.
-if [ -n "${DRONE_PULL_REQUEST:-}" ]; then
-  setsid "$CCCI_BIN" run --expect-parent $$ --recipe "$RECIPE" --pr "$DRONE_PULL_REQUEST" -- "$@" &
+if [ -n "$pr" ]; then
+  setsid "$CCCI_BIN" run --expect-parent $$ --recipe "$RECIPE" --pr "$pr" -- "$@" &
 else
   setsid "$CCCI_BIN" run --expect-parent $$ --recipe "$RECIPE" ${RECIPE_REF:+--ref "$RECIPE_REF"} -- "$@" &
 fi

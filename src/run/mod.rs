@@ -521,6 +521,11 @@ impl Run<'_> {
         self.record.exit_code = Some(code);
         self.record.enter(Phase::Finished);
         self.save();
+        report::line(&format!(
+            "== run {}: finished, exit {code}; record {} ==",
+            self.cfg.run_id,
+            self.record_path.display()
+        ));
         code
     }
 

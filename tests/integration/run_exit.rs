@@ -75,3 +75,15 @@ fn failing_teardown_hook_is_recorded_but_keeps_the_exit_code() {
     let errors = sandbox.record("4")["teardown_errors"].clone();
     assert_eq!(errors.as_array().unwrap().len(), 1, "{errors}");
 }
+
+/// A run ends with a line that says how it ended and where its record is.
+#[test]
+fn a_run_ends_saying_its_exit_code_and_where_its_record_is() {
+    let sandbox = Sandbox::new();
+    let done = run(sandbox.run_sh("closing", &[], "exit 3"));
+    done.assert_code(3);
+    done.assert_stderr_has(&format!(
+        "== run closing: finished, exit 3; record {} ==",
+        sandbox.runs().join("closing/run.json").display()
+    ));
+}

@@ -453,3 +453,31 @@ fn every_man_page_renders_with_its_sections() {
     }
     assert!(run_page.contains("CCCI_RUNS_DIR"), "{run_page}");
 }
+
+/// A custom build (how `!testme` arrives) runs the PR it names in CCCI_PR, and one that names
+/// neither a PR nor a ref is refused rather than run as a build of the default branch.
+#[test]
+fn custom_builds_run_their_pr_or_are_refused() {
+    let sandbox = Sandbox::new();
+    let mut step = drone_step(&sandbox, "61");
+    step.env_remove("DRONE_PULL_REQUEST")
+        .env("DRONE_BUILD_EVENT", "custom")
+        .env("CCCI_PR", "7")
+        .env("CCCI_SKIP_FETCH", "1");
+    std::fs::create_dir_all(sandbox.abra_home().join("recipes/custom-html/.git")).unwrap();
+    let mut step = Proc::spawn(step);
+    step.wait_ready();
+    signal(step.pid(), Signal::SIGTERM);
+    step.finish();
+    let record = sandbox.record("61");
+    assert_eq!(record["pr"], "7", "{record:#}");
+    assert_eq!(record["domain"], sandbox.domain("custom-html", Some("7")));
+
+    let mut step = drone_step(&sandbox, "62");
+    step.env_remove("DRONE_PULL_REQUEST")
+        .env("DRONE_BUILD_EVENT", "custom");
+    let done = crate::util::run(step);
+    done.assert_code(2);
+    done.assert_stderr_has("a custom build needs the PR number as parameter CCCI_PR");
+    assert!(!sandbox.runs().join("62").exists());
+}
