@@ -10,12 +10,50 @@
   # /etc/ccci-run/config.toml: the one place the host's paths are set. Every ccci-run on the
   # host reads it (the Drone step, the janitor's timer, an operator's shell), so they cannot drift.
   configToml =
-    { lockDir, runsDir, abraHome, docker }:
+    { lockDir, runsDir, abraHome, stateDir, docker }:
     ''
       # Written by the NixOS module services.ccci-run; `ccci-run config` shows what is in force.
       lock_dir = "${lockDir}"
       runs_dir = "${runsDir}"
       abra_home = "${abraHome}"
+      state_dir = "${stateDir}"
       docker = "${docker}"
     '';
+
+  # The janitor unit's sandbox: what it must reach (the directories it writes, the cgroup file
+  # system, /proc, Docker's Unix socket, signals to dead runs' processes) and nothing else.
+  # systemd/ccci-run-janitor.service carries the same settings for hosts without Nix.
+  janitorHardening =
+    { writablePaths, abraHome }:
+    {
+      TimeoutStartSec = "15min";
+      ProtectSystem = "strict";
+      ReadWritePaths = map (p: "-${p}") writablePaths ++ [ "/sys/fs/cgroup" "-${abraHome}" ];
+      ProtectHome = "read-only";
+      PrivateTmp = true;
+      PrivateMounts = true;
+      PrivateDevices = true;
+      DevicePolicy = "closed";
+      NoNewPrivileges = true;
+      CapabilityBoundingSet = [ "CAP_KILL" "CAP_DAC_OVERRIDE" ];
+      ProtectKernelTunables = true;
+      ProtectKernelModules = true;
+      ProtectKernelLogs = true;
+      ProtectClock = true;
+      ProtectHostname = true;
+      RestrictNamespaces = true;
+      RestrictRealtime = true;
+      RestrictSUIDSGID = true;
+      LockPersonality = true;
+      MemoryDenyWriteExecute = true;
+      SystemCallArchitectures = "native";
+      SystemCallFilter = [
+        "@system-service"
+        "~@privileged @resources @mount @swap @reboot @module @raw-io @clock @cpu-emulation @debug @obsolete"
+      ];
+      SystemCallErrorNumber = "EPERM";
+      RestrictAddressFamilies = [ "AF_UNIX" ];
+      IPAddressDeny = "any";
+      UMask = "0077";
+    };
 }

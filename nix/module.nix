@@ -11,7 +11,8 @@
 let
   cfg = config.services.ccci-run;
   helpers = import ./lib.nix;
-  inherit (lib) mkEnableOption mkIf mkOption types;
+  inherit (lib) mkDefault mkEnableOption mkIf mkOption types;
+  runner = cfg.droneRunnerService;
 in
 {
   options.services.ccci-run = {
@@ -20,6 +21,7 @@ in
     package = mkOption {
       type = types.package;
       default = pkgs.callPackage ./package.nix { };
+      defaultText = lib.literalExpression "pkgs.callPackage ./package.nix { }";
       description = "The ccci-run package.";
     };
 
@@ -35,6 +37,12 @@ in
       description = "Per-run directories and run records.";
     };
 
+    stateDir = mkOption {
+      type = types.str;
+      default = "/var/lib/ccci-run/state";
+      description = "Run-scoped state files (a directory of its own, so the janitor can have a private /tmp).";
+    };
+
     abraHome = mkOption {
       type = types.str;
       default = "/root/.abra";
@@ -43,8 +51,11 @@ in
 
     docker = mkOption {
       type = types.enum [ "auto" "required" "off" ];
-      default = "required";
-      description = "Whether the janitor must reach Docker; on a CI host it should.";
+      default = "auto";
+      description = ''
+        Whether to touch Docker: auto (the built-in default everywhere) uses it when the engine
+        answers and says so when it does not; required makes an unreachable engine an error.
+      '';
     };
 
     janitor = {
@@ -65,8 +76,11 @@ in
       };
       metricsFile = mkOption {
         type = types.nullOr types.str;
-        default = "/var/lib/prometheus-node-exporter-text-files/ccci-run.prom";
-        description = "Prometheus text file for node_exporter's textfile collector, or null.";
+        default = "/var/lib/prometheus/node-exporter/ccci-run.prom";
+        description = ''
+          Prometheus text file for node_exporter's textfile collector (enabled on that directory
+          when set), or null.
+        '';
       };
     };
 
@@ -94,20 +108,30 @@ in
 
     # One source of configuration for every ccci-run on the host.
     environment.etc."ccci-run/config.toml".text = helpers.configToml {
-      inherit (cfg) lockDir runsDir abraHome docker;
+      inherit (cfg) lockDir runsDir abraHome stateDir docker;
     };
 
     systemd.tmpfiles.rules = [
       "d ${cfg.runsDir} 0755 root root -"
+      "d ${cfg.stateDir} 0700 root root -"
     ] ++ lib.optional (cfg.janitor.metricsFile != null)
       "d ${builtins.dirOf cfg.janitor.metricsFile} 0755 root root -";
+
+    services.prometheus.exporters.node = mkIf (cfg.janitor.metricsFile != null) {
+      enabledCollectors = [ "textfile" ];
+      extraFlags = [ "--collector.textfile.directory=${builtins.dirOf cfg.janitor.metricsFile}" ];
+    };
 
     systemd.services.ccci-run-janitor = {
       description = "ccci-run janitor: reap apps of dead recipe-CI runs";
       after = [ "docker.service" ];
       wants = [ "docker.service" ];
       restartTriggers = [ config.environment.etc."ccci-run/config.toml".source ];
-      serviceConfig = {
+      serviceConfig = helpers.janitorHardening {
+        inherit (cfg) abraHome;
+        writablePaths = [ cfg.lockDir cfg.runsDir cfg.stateDir ]
+          ++ lib.optional (cfg.janitor.metricsFile != null) (builtins.dirOf cfg.janitor.metricsFile);
+      } // {
         Type = "oneshot";
         Nice = 10;
         ExecStart = lib.escapeShellArgs (
@@ -129,16 +153,28 @@ in
     };
 
   }
-  (mkIf (cfg.droneRunnerService != null) {
+  (mkIf (runner != null) {
+    assertions = [
+      {
+        assertion =
+          let svc = config.systemd.services.${runner};
+          in (svc.serviceConfig.ExecStart or null) != null || svc.script != "";
+        message = ''
+          services.ccci-run.droneRunnerService is "${runner}", but no such service runs anything
+          on this host: name the Drone exec runner's unit, or set it to null.
+        '';
+      }
+    ];
     # The runner's cgroup subtree is delegated, so each run (and each `ccci-run lock` command)
     # gets a cgroup of its own below it and its teardown ends every process with cgroup.kill.
     # A stop gives runs the time their teardown may take before systemd's SIGKILL.
-    systemd.services.${cfg.droneRunnerService}.serviceConfig = {
+    systemd.services.${runner}.serviceConfig = {
       Delegate = "yes";
       TimeoutStopSec = "6min";
     };
-    systemd.services.${cfg.droneRunnerService}.environment = {
-      DRONE_RUNNER_CAPACITY = toString cfg.runnerCapacity;
+    # A default: a host that sets the capacity itself wins, rather than failing to evaluate.
+    systemd.services.${runner}.environment = {
+      DRONE_RUNNER_CAPACITY = mkDefault (toString cfg.runnerCapacity);
     };
   }) ]);
 }

@@ -1,18 +1,46 @@
 {
   lib,
+  stdenv,
   rustPlatform,
   pkg-config,
   openssl,
+  installShellFiles,
 }:
 
 rustPlatform.buildRustPackage {
   pname = "ccci-run";
   version = (lib.importTOML ../Cargo.toml).package.version;
-  src = lib.cleanSource ../.;
+  # Only what the build reads: a local target/ (hundreds of MB) never reaches the store.
+  src = lib.fileset.toSource {
+    root = ../.;
+    fileset = lib.fileset.unions [
+      ../Cargo.toml
+      ../Cargo.lock
+      ../src
+      ../benches
+      ../tests
+    ];
+  };
   cargoLock.lockFile = ../Cargo.lock;
 
-  nativeBuildInputs = [ pkg-config ];
+  # The system's OpenSSL and libgit2 build (the default features); `--features vendored` is the
+  # self-contained binary for hosts without Nix.
+  nativeBuildInputs = [
+    pkg-config
+    installShellFiles
+  ];
   buildInputs = [ openssl ];
+
+  # Completions and every man page (the units' Documentation=man:ccci-run(1) resolves).
+  postInstall = lib.optionalString (stdenv.buildPlatform.canExecute stdenv.hostPlatform) ''
+    installShellCompletion --cmd ccci-run \
+      --bash <($out/bin/ccci-run completions bash) \
+      --zsh <($out/bin/ccci-run completions zsh) \
+      --fish <($out/bin/ccci-run completions fish)
+    mkdir -p man
+    $out/bin/ccci-run man --dir man
+    installManPage man/*.1
+  '';
 
   # The suite drives real processes, flocks, signals and a Docker engine: it runs in CI, not in
   # the sandbox of a Nix build.

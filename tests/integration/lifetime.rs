@@ -379,6 +379,51 @@ fn supervisor_sigkill_leaves_nothing_after_the_next_sweep(#[case] cgroup: &str) 
     drop(proc);
 }
 
+/// The janitor unit keeps two capabilities, CAP_KILL and CAP_DAC_OVERRIDE: enough to kill a
+/// dead run's daemonised processes, remove its cgroup (here right below the hierarchy's root,
+/// whose directory mode lets only that capability in) and reap its app.
+#[test]
+fn a_janitor_with_the_unit_s_capabilities_still_cleans_up_after_a_sigkilled_supervisor() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let script = "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; \
+        setsid sh -c 'echo daemon $$; exec sleep 100000' & \
+        echo ready $$; exec sleep 100000";
+    let mut proc = Proc::spawn(sandbox.run_sh("capkill", &[], script));
+    let pids = pids_by_prefix(&mut proc, &["daemon ", "ready "]);
+    let supervisor = proc.pid();
+    signal(supervisor, Signal::SIGKILL);
+    assert!(wait_exited(supervisor));
+    let ccci = sandbox.ccci();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--bounding-set=-all,+kill,+dac_override", "--inh-caps=-all", "--"])
+        .arg(ccci.get_program())
+        .args(ccci.get_args())
+        .args(["janitor", "--json"])
+        .env("CCCI_CONFIG", "/dev/null");
+    let done = crate::util::run(cmd);
+    let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    done.assert_code(0);
+    for pid in &pids {
+        assert!(!process_alive(*pid), "process {pid} survived\n{report:#}");
+    }
+    let domain = sandbox.domain("custom-html", None);
+    assert_eq!(
+        crate::util::candidate(&report, &domain)["decision"],
+        "reap",
+        "{report:#}"
+    );
+    assert!(
+        report["dead_cgroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["error"].is_null()),
+        "{report:#}"
+    );
+    drop(proc);
+}
+
 /// `--tie-to` ties a run to an ancestor further up than its parent: when that process exits,
 /// the run tears down (`tied-pid-died`), even though its own parent lives on.
 #[test]

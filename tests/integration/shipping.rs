@@ -171,9 +171,7 @@ fn systemd_units_verify() {
     // verify insists that ExecStart exists and that Documentation= man pages resolve: point it
     // at the built binary and at the man page it renders, and change nothing else.
     let man = dir.path().join("man/man1");
-    std::fs::create_dir_all(&man).unwrap();
-    let page = succeeds(Command::new(BIN).arg("man"));
-    std::fs::write(man.join("ccci-run.1"), page.stdout).unwrap();
+    succeeds(Command::new(BIN).arg("man").arg("--dir").arg(&man));
     for unit in ["ccci-run-janitor.service", "ccci-run-janitor.timer"] {
         let text = std::fs::read_to_string(repo().join("systemd").join(unit)).unwrap();
         std::fs::write(
@@ -480,4 +478,78 @@ fn custom_builds_run_their_pr_or_are_refused() {
     done.assert_code(2);
     done.assert_stderr_has("a custom build needs the PR number as parameter CCCI_PR");
     assert!(!sandbox.runs().join("62").exists());
+}
+
+/// The janitor unit's sandbox rates "OK" or better (exposure at most 4.0) by systemd's own
+/// reckoning, and the NixOS module gives its janitor the very same settings.
+#[test]
+fn the_janitor_unit_is_hardened_alike_with_and_without_nix() {
+    let unit = std::fs::read_to_string(repo().join("systemd/ccci-run-janitor.service")).unwrap();
+    if have("systemd-analyze") {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ccci-run-janitor.service"), &unit).unwrap();
+        let out = Command::new("systemd-analyze")
+            .current_dir(dir.path())
+            .args(["security", "--offline=yes", "--threshold=40"])
+            .arg("ccci-run-janitor.service")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "exposure above 4.0:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    if !have("nix-instantiate") {
+        return;
+    }
+    let out = succeeds(Command::new("nix-instantiate").current_dir(repo()).args([
+        "--eval",
+        "--strict",
+        "--json",
+        "-E",
+        "(import ./nix/lib.nix).janitorHardening { abraHome = \"/root/.abra\"; writablePaths = \
+         [ \"/run/lock\" \"/var/lib/cc-ci-runs\" \"/var/lib/ccci-run\" \
+         \"/var/lib/prometheus/node-exporter\" ]; }",
+    ]));
+    let nix: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&out.stdout).unwrap();
+    // The unit's settings, each key's values gathered over its lines.
+    let mut settings: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for line in unit.lines().filter(|l| !l.starts_with('#')) {
+        if let Some((key, value)) = line.split_once('=') {
+            settings.entry(key).or_default().push(value);
+        }
+    }
+    for (key, value) in &nix {
+        let want: Vec<String> = match value {
+            serde_json::Value::Bool(b) => vec![if *b { "yes" } else { "no" }.to_owned()],
+            serde_json::Value::String(s) => vec![s.clone()],
+            serde_json::Value::Array(items) => items
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect(),
+            other => panic!("{key}: {other}"),
+        };
+        let have: Vec<String> = settings
+            .get(key.as_str())
+            .unwrap_or_else(|| panic!("the unit lacks {key}"))
+            .iter()
+            .flat_map(|v| {
+                if key == "SystemCallFilter" {
+                    vec![v.to_string()]
+                } else {
+                    v.split_whitespace().map(str::to_owned).collect()
+                }
+            })
+            .collect();
+        let mut want_sorted = want.clone();
+        want_sorted.sort();
+        let mut have_sorted = have.clone();
+        have_sorted.sort();
+        assert_eq!(
+            have_sorted, want_sorted,
+            "{key} differs between the unit and nix/lib.nix"
+        );
+    }
 }
