@@ -463,6 +463,7 @@ impl JanitorArgs {
     pub(crate) fn sweep_options(&self) -> SweepOptions {
         SweepOptions {
             dry_run: self.dry_run,
+            hunt: crate::config::Hunt::Everywhere,
             long_held: Duration::from_secs(self.long_held),
             reap_budget: self.reap_budget,
         }

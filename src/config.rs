@@ -265,10 +265,22 @@ pub(crate) struct LockConfig {
     pub command: Vec<OsString>,
 }
 
+/// Where a sweep looks for the processes of dead runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hunt {
+    /// Every cgroup of ours in the hierarchy, and every process's environment: the janitor.
+    Everywhere,
+    /// The cgroups beside our own (where this host's runs make theirs), and the environment
+    /// scan only when an app is about to be reaped: the sweep at the start of every run, which
+    /// must stay cheap on a host with many processes.
+    Nearby,
+}
+
 /// What a janitor sweep is asked to do.
 #[derive(Debug, Clone)]
 pub(crate) struct SweepOptions {
     pub dry_run: bool,
+    pub hunt: Hunt,
     pub long_held: Duration,
     /// How long the Docker side of the reaps may take, confirmation included.
     pub reap_budget: Duration,

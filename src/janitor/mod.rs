@@ -27,10 +27,10 @@ use std::io;
 use std::time::Instant;
 
 use crate::app::RemovedResources;
-use crate::config::{DockerMode, Global, SweepOptions};
+use crate::config::{DockerMode, Global, Hunt, SweepOptions};
 use crate::docker::{DockerLink, DockerSeam, Reaped, StackResources};
 use crate::janitor::decide::{Decision, Probe, decide};
-use crate::janitor::reap::{finish_reap, reap_dead_runs_processes};
+use crate::janitor::reap::{finish_reap, reap_dead_runs_cgroups, reap_leftovers};
 use crate::janitor::report::{CandidateReport, Source, SweepReport};
 use crate::janitor::tidy::tidy_state_files;
 use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey};
@@ -184,10 +184,12 @@ impl Sweep<'_> {
         }
         // Before any app is reaped: what dead runs still have running goes first, so no leftover
         // deploy or test script acts on an app while (or after) it is removed.
-        let (dead_cgroups, leftover_processes) =
-            reap_dead_runs_processes(&mut self.report.errors, self.opts.dry_run);
-        self.report.dead_cgroups = dead_cgroups;
-        self.report.leftover_processes = leftover_processes;
+        let nearby = self.opts.hunt == Hunt::Nearby;
+        self.report.dead_cgroups =
+            reap_dead_runs_cgroups(&mut self.report.errors, self.opts.dry_run, nearby);
+        if !nearby {
+            self.report.leftover_processes = reap_leftovers(self.opts.dry_run);
+        }
         let Some(mut docker) = DockerState::connect(link, &mut self.report) else {
             return;
         };
@@ -201,6 +203,10 @@ impl Sweep<'_> {
         );
         let candidates = self.discover(&mut docker);
         let to_reap = self.probe_all(&candidates, &docker);
+        if self.opts.hunt == Hunt::Nearby && !to_reap.is_empty() {
+            // Still before any app goes: the environment scan, now that one is to be reaped.
+            self.report.leftover_processes = reap_leftovers(self.opts.dry_run);
+        }
         self.reap(to_reap, &docker);
         if let DockerState::On(seam) = &docker {
             self.report.docker_list_calls = Some(seam.list_calls());

@@ -61,7 +61,18 @@ pub(crate) fn reap_dead_runs_processes(
     errors: &mut Vec<String>,
     dry_run: bool,
 ) -> (Vec<cgroup::Orphan>, Vec<leftovers::Leftover>) {
-    let orphans = cgroup::reap_orphans(dry_run, DEAD_RUN_KILL_BUDGET);
+    let orphans = reap_dead_runs_cgroups(errors, dry_run, false);
+    (orphans, reap_leftovers(dry_run))
+}
+
+/// Kill (unless `dry_run`) the processes of dead runs and `lock` commands in their cgroups,
+/// everywhere in the hierarchy or only beside our own (`nearby`).
+pub(crate) fn reap_dead_runs_cgroups(
+    errors: &mut Vec<String>,
+    dry_run: bool,
+    nearby: bool,
+) -> Vec<cgroup::Orphan> {
+    let orphans = cgroup::reap_orphans(dry_run, nearby, DEAD_RUN_KILL_BUDGET);
     for orphan in &orphans {
         match &orphan.error {
             Some(err) => errors.push(err.clone()),
@@ -73,6 +84,11 @@ pub(crate) fn reap_dead_runs_processes(
             None => {}
         }
     }
+    orphans
+}
+
+/// Kill (unless `dry_run`) the processes of dead supervisors found by their environment.
+pub(crate) fn reap_leftovers(dry_run: bool) -> Vec<leftovers::Leftover> {
     let found = leftovers::reap(dry_run);
     if !found.is_empty() && !dry_run {
         report::line(&format!(
@@ -80,7 +96,7 @@ pub(crate) fn reap_dead_runs_processes(
             found.len()
         ));
     }
-    (orphans, found)
+    found
 }
 
 /// Note in the dead run's `run.json` that its app was reaped — only if that record is really

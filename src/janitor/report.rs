@@ -245,5 +245,5 @@ pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()>
              # TYPE {LAST} gauge\n{LAST} {last:.3}"
         );
     }
-    record::write_atomically(path, out.trim_end().as_bytes())
+    record::write_atomically(path, out.trim_end().as_bytes(), false)
 }

@@ -228,17 +228,18 @@ impl Run<'_> {
     /// The run's steps in the contract's order; a way out before the command starts goes
     /// straight to teardown.
     fn execute(&mut self, run_dir: &RunDir, pid: u32) -> Result<u8, RunError> {
-        self.save_durably()?;
+        self.save_checked(false)?;
         let abra_dir = run_dir.prepare_abra_dir(&self.global.abra_home)?;
         self.record.abra_dir = abra_dir.display().to_string();
         self.record.enter(Phase::AbraDir);
-        self.save_durably()?;
+        // The record is written where a step may take long (a clone, a wait for the lock, a
+        // removal of leftovers) and, durably, before the command: each write costs a rename
+        // (and, on a disk with online discard, a discard), so not at every phase.
         let identity = &self.cfg.identity;
         let recipe_dir = names::recipe_dir(&abra_dir, &identity.recipe);
         if let Some(event) = self.get_recipe(&recipe_dir)? {
             return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
         }
-        self.save();
         report::line(&format!(
             "== run {}: {} (stack {}), ABRA_DIR={} ==",
             self.cfg.run_id,
@@ -270,7 +271,6 @@ impl Run<'_> {
             } => return Ok(self.lock_timed_out(waited, &lock, &detail)),
         }
         self.record.enter(Phase::AppLock);
-        self.save_durably()?;
         self.clear_leftovers();
         self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
         self.env = self.command_env(abra_dir, recipe_dir);
@@ -279,7 +279,7 @@ impl Run<'_> {
             // The command starts only once the record says so, durably: a run that cannot
             // record itself (a full disk) does not run at all (125).
             self.record.enter(Phase::Command);
-            if let Err(err) = self.save_durably() {
+            if let Err(err) = self.save_checked(true) {
                 for problem in self.state.remove() {
                     tracing::warn!("{problem}");
                 }
@@ -302,6 +302,7 @@ impl Run<'_> {
             }
             Fetch::Clone { url } => {
                 self.record.recipe_url = Some(fetch::redact(url));
+                self.save_checked(false)?;
                 let spec = FetchSpec {
                     url: url.clone(),
                     pr: identity.pr.clone(),
@@ -351,9 +352,16 @@ impl Run<'_> {
         };
         let started = Instant::now();
         let mut waited = false;
+        let (record, record_path) = (&self.record, &self.record_path);
         let taken = self
             .locks
             .take(LockKey::App(domain), &wait, &mut |holder, so_far| {
+                if !waited {
+                    // The wait may be long: the record says where the run is.
+                    if let Err(err) = record.write(record_path) {
+                        tracing::warn!("failed to write run record: {err}");
+                    }
+                }
                 waited = true;
                 let held_by = describe_holder(holder.cloned());
                 if so_far.is_zero() {
@@ -394,13 +402,16 @@ impl Run<'_> {
 
     /// Write the run record, or fail the run: before its command starts, a run must be able
     /// to record itself.
-    fn save_durably(&self) -> Result<(), RunError> {
-        self.record
-            .write(&self.record_path)
-            .map_err(|source| RunError::Record {
-                path: self.record_path.clone(),
-                source,
-            })
+    fn save_checked(&self, durable: bool) -> Result<(), RunError> {
+        let written = if durable {
+            self.record.write_durably(&self.record_path)
+        } else {
+            self.record.write(&self.record_path)
+        };
+        written.map_err(|source| RunError::Record {
+            path: self.record_path.clone(),
+            source,
+        })
     }
 
     /// Step 3: clone on a worker thread; a signal or the deadline ends a hanging fetch at once.
@@ -433,6 +444,7 @@ impl Run<'_> {
         if !app::app_has_leftovers(self.global, &self.docker, domain) {
             return;
         }
+        self.save();
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
         janitor::reap::reap_dead_runs_processes(&mut Vec::new(), false);
@@ -454,6 +466,7 @@ impl Run<'_> {
     fn sweep(&mut self) {
         let opts = crate::config::SweepOptions {
             dry_run: false,
+            hunt: crate::config::Hunt::Nearby,
             long_held: crate::config::DEFAULT_LONG_HELD,
             reap_budget: janitor::reap::DEFAULT_REAP_BUDGET
                 .min(self.hard_end.saturating_duration_since(Instant::now())),

@@ -2,7 +2,12 @@
 //! it ended and with which code.
 //!
 //! Invariant: readers only ever see a complete record. Each write goes to a temporary file in
-//! the same directory, is fsynced, and renamed over the old one.
+//! the same directory and is renamed over the old one. Only the write that says the command
+//! starts is synced to disk first: it is the one a run must be able to make before its command
+//! may run, and after a power loss it is the one worth finding. The others are not: a crash can
+//! at worst bring back an earlier phase (ext4 and btrfs write a renamed file's data before the
+//! rename; elsewhere an unreadable record is what a reader may meet, and every reader skips it),
+//! and each sync costs a disk flush on every run.
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -76,16 +81,25 @@ impl RunRecord {
         serde_json::from_slice(&text).map_err(io::Error::other)
     }
 
-    /// Write atomically to `path`: temp file, fsync, rename.
+    /// Write atomically to `path`: temp file, rename.
     pub(crate) fn write(&self, path: &Path) -> io::Result<()> {
+        self.write_with(path, false)
+    }
+
+    /// Write atomically and durably: temp file, fsync, rename.
+    pub(crate) fn write_durably(&self, path: &Path) -> io::Result<()> {
+        self.write_with(path, true)
+    }
+
+    fn write_with(&self, path: &Path, sync: bool) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
-        tracing::trace!(path = %path.display(), bytes = json.len(), "writing the run record");
-        write_atomically(path, &json)
+        tracing::trace!(path = %path.display(), bytes = json.len(), sync, "writing the run record");
+        write_atomically(path, &json, sync)
     }
 }
 
 /// Replace `path` with `bytes` so that readers see the old or the new contents, never a mix.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     // Unique per write: the watchdog thread may write while the main thread is stuck in one.
@@ -106,10 +120,12 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
             .open(&tmp)?;
         file.write_all(bytes)?;
         file.write_all(b"\n")?;
-        // The data reaches the disk before the name does, so a crash can never leave a torn
-        // record. The rename is not synced on its own: after a crash the previous phase's
-        // record may come back, which a run's phases tolerate, at half the cost per write.
-        file.sync_data()?;
+        // When asked: the data reaches the disk before the name does, so a crash cannot leave
+        // a torn record. The rename is not synced on its own: after a crash the previous
+        // phase's record may come back, which a run's phases tolerate.
+        if sync {
+            file.sync_data()?;
+        }
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {

@@ -320,13 +320,19 @@ pub(crate) struct Orphan {
 /// Find every cgroup of ours (`ccci-…-<pid>-<start>`) in the unified hierarchy whose
 /// supervisor is dead, kill what is still in it, wait (within `budget` overall) until it is
 /// empty and remove it. With `dry_run`, only report. Without cgroup v2 there is nothing to find.
-pub(crate) fn reap_orphans(dry_run: bool, budget: Duration) -> Vec<Orphan> {
-    let Some(mount) = mount_point() else {
+pub(crate) fn reap_orphans(dry_run: bool, nearby: bool, budget: Duration) -> Vec<Orphan> {
+    let start = if nearby {
+        own_cgroup().ok()
+    } else {
+        mount_point()
+    };
+    let Some(start) = start else {
         return Vec::new();
     };
     let until = Instant::now() + budget;
     let mut found = Vec::new();
-    find_ours(&mount, 0, &mut found);
+    // Nearby: only our own cgroup's children, where this host's runs put theirs.
+    find_ours(&start, if nearby { MAX_WALK_DEPTH } else { 0 }, &mut found);
     let mut orphans = Vec::new();
     for dir in found {
         let Some((pid, start)) = dir

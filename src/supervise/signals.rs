@@ -20,6 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
@@ -150,6 +151,10 @@ impl SignalFunnel {
         };
         let (wake, notify) = UnixStream::pair().map_err(fail(libc::SIGTERM))?;
         wake.set_nonblocking(true).map_err(fail(libc::SIGTERM))?;
+        // A full socket must never block a handler: a wake-up already pending is enough.
+        notify.set_nonblocking(true).map_err(fail(libc::SIGTERM))?;
+        // The handlers' end lives as long as the process (one funnel per process).
+        let notify = std::os::fd::IntoRawFd::into_raw_fd(notify);
         let kick = linux::kick_signal();
         let realtime = (kick + 1)..=libc::SIGRTMAX();
         let watched = CAUGHT
@@ -161,9 +166,18 @@ impl SignalFunnel {
             let Some(flag) = FLAGS.get(signal as usize) else {
                 continue;
             };
-            signal_hook::flag::register(signal, flag).map_err(fail(signal))?;
-            let notify = notify.try_clone().map_err(fail(signal))?;
-            signal_hook::low_level::pipe::register(signal, notify).map_err(fail(signal))?;
+            // One action a signal: raise its flag, then wake the funnel (the flag first, so a
+            // wake-up always finds it). write(2) is async-signal-safe; errno is kept for the
+            // interrupted code.
+            let action = move || {
+                flag.store(true, Ordering::SeqCst);
+                let saved = Errno::last_raw();
+                // SAFETY: writes one byte from a static buffer to a descriptor we own.
+                unsafe { libc::write(notify, [1u8].as_ptr().cast(), 1) };
+                Errno::set_raw(saved);
+            };
+            // SAFETY: the action only stores to an atomic and calls write(2).
+            unsafe { signal_hook::low_level::register(signal, action) }.map_err(fail(signal))?;
             linux::clear_sa_restart(signal).map_err(fail(signal))?;
         }
         // The kick only has to interrupt a helper thread's blocking call: a flag nobody reads.

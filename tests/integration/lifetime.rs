@@ -396,11 +396,15 @@ fn a_janitor_with_the_unit_s_capabilities_still_cleans_up_after_a_sigkilled_supe
     assert!(wait_exited(supervisor));
     let ccci = sandbox.ccci();
     let mut cmd = Command::new("setpriv");
-    cmd.args(["--bounding-set=-all,+kill,+dac_override", "--inh-caps=-all", "--"])
-        .arg(ccci.get_program())
-        .args(ccci.get_args())
-        .args(["janitor", "--json"])
-        .env("CCCI_CONFIG", "/dev/null");
+    cmd.args([
+        "--bounding-set=-all,+kill,+dac_override",
+        "--inh-caps=-all",
+        "--",
+    ])
+    .arg(ccci.get_program())
+    .args(ccci.get_args())
+    .args(["janitor", "--json"])
+    .env("CCCI_CONFIG", "/dev/null");
     let done = crate::util::run(cmd);
     let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
     done.assert_code(0);
