@@ -216,6 +216,27 @@ fn completions_parse_in_their_shells() {
     }
 }
 
+/// A man page rendered to text by groff, which must render it without a single warning.
+fn groff_text(file: &Path) -> String {
+    let check = Command::new("groff")
+        .args(["-man", "-Tutf8", "-ww", "-z"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success() && check.stderr.is_empty(),
+        "{}: {}",
+        file.display(),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let text = Command::new("groff")
+        .args(["-man", "-Tutf8", "-P-cbou"])
+        .arg(file)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&text.stdout).into_owned()
+}
+
 #[test]
 fn man_page_renders() {
     let page = succeeds(Command::new(BIN).arg("man"));
@@ -225,22 +246,7 @@ fn man_page_renders() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("ccci-run.1");
     std::fs::write(&file, &page.stdout).unwrap();
-    let out = Command::new("groff")
-        .args(["-man", "-Tutf8", "-ww", "-z"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success() && out.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = Command::new("groff")
-        .args(["-man", "-Tutf8", "-P-cbou"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = groff_text(&file);
     assert!(
         text.contains("SYNOPSIS") && text.contains("janitor"),
         "{text}"
@@ -411,23 +417,7 @@ fn every_man_page_renders_with_its_sections() {
         return;
     }
     for name in &names {
-        let file = dir.path().join(name);
-        let check = Command::new("groff")
-            .args(["-man", "-Tutf8", "-ww", "-z"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            check.status.success() && check.stderr.is_empty(),
-            "{name}: {}",
-            String::from_utf8_lossy(&check.stderr)
-        );
-        let text = Command::new("groff")
-            .args(["-man", "-Tutf8", "-P-cbou"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&text.stdout);
+        let text = groff_text(&dir.path().join(name));
         for section in ["SYNOPSIS", "ENVIRONMENT", "EXIT STATUS", "SEE ALSO"] {
             assert!(text.contains(section), "{name} lacks {section}:\n{text}");
         }
