@@ -60,18 +60,28 @@ const MAX_WALK_DEPTH: usize = 12;
 /// The unified (v2) hierarchy's mount point: `/sys/fs/cgroup` on a pure v2 host,
 /// `/sys/fs/cgroup/unified` on a hybrid one.
 pub(crate) fn mount_point() -> Option<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    linux::cgroup2_mount(&text)
+    // Read once: neither the mount nor our own cgroup changes while we run (a run creates its
+    // cgroup below its own and never moves itself).
+    static MOUNT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    MOUNT
+        .get_or_init(|| {
+            let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+            linux::cgroup2_mount(&text)
+        })
+        .clone()
 }
 
 /// This process's own cgroup v2 directory.
 fn own_cgroup() -> io::Result<PathBuf> {
-    let mount =
-        mount_point().ok_or_else(|| io::Error::other("no cgroup v2 hierarchy is mounted"))?;
-    let text = std::fs::read_to_string("/proc/self/cgroup")?;
-    let relative = linux::cgroup2_path(&text)
-        .ok_or_else(|| io::Error::other("this process is in no cgroup v2 group"))?;
-    Ok(mount.join(relative.trim_start_matches('/')))
+    static OWN: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| {
+        let mount = mount_point().ok_or("no cgroup v2 hierarchy is mounted")?;
+        let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+        let relative = linux::cgroup2_path(&text).ok_or("this process is in no cgroup v2 group")?;
+        Ok(mount.join(relative.trim_start_matches('/')))
+    })
+    .clone()
+    .map_err(io::Error::other)
 }
 
 /// A supervisor's cgroup, created by it and removed by it (or by a sweep once it is dead).
