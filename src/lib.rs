@@ -187,7 +187,7 @@ fn man_pages(command: Option<&str>, dir: Option<&std::path::Path>) -> Result<u8,
         let written = std::fs::create_dir_all(dir).and_then(|()| {
             pages
                 .iter()
-                .try_for_each(|(name, page)| write_page(&dir.join(name), page))
+                .try_for_each(|(name, page)| std::fs::write(dir.join(name), page))
         });
         written.map_err(|source| Error::ManDir {
             path: dir.to_owned(),
@@ -208,11 +208,6 @@ fn man_pages(command: Option<&str>, dir: Option<&std::path::Path>) -> Result<u8,
             rule: "no such command; see ccci-run --help".to_owned(),
         })),
     }
-}
-
-/// Write one page.
-fn write_page(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::write(path, bytes)
 }
 
 /// `ccci-run config`: each setting with where it came from.

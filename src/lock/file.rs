@@ -431,4 +431,25 @@ impl Holder {
     pub(crate) fn parse(text: &str) -> Option<Self> {
         serde_json::from_str(text.trim()).ok()
     }
+
+    /// The holder the lock file at `path` names, read without taking the lock.
+    pub(crate) fn of_file(path: &Path) -> Option<Self> {
+        let mut file = LockFile::open_existing(path).ok().flatten()?;
+        Self::parse(&file.read_holder())
+    }
+
+    /// "run 42 (pid 7 on host since …)", "pid 7 on host since …" for a holder that is no run,
+    /// or what is known when the holder left no metadata.
+    pub(crate) fn describe(holder: Option<&Self>) -> String {
+        match holder {
+            Some(h) if h.run_id.is_empty() => {
+                format!("pid {} on {} since {}", h.pid, h.host, h.started_at)
+            }
+            Some(h) => format!(
+                "run {} (pid {} on {} since {})",
+                h.run_id, h.pid, h.host, h.started_at
+            ),
+            None => "a holder that left no metadata".to_owned(),
+        }
+    }
 }

@@ -83,7 +83,8 @@ impl Local {
                         announced = true;
                         on_wait(Holder::parse(&file.read_holder()).as_ref(), Duration::ZERO);
                     }
-                    let mut progress = || on_wait(self.read(path).as_ref(), started.elapsed());
+                    let mut progress =
+                        || on_wait(Holder::of_file(path).as_ref(), started.elapsed());
                     let keepalive: Option<(Duration, &mut dyn FnMut())> =
                         Some((PROGRESS_EVERY, &mut progress));
                     match wait
@@ -96,7 +97,10 @@ impl Local {
                             return Ok(Err(Taken::TimedOut {
                                 waited: started.elapsed(),
                                 lock: path.display().to_string(),
-                                detail: format!("held by {}", describe_holder(self.read(path))),
+                                detail: format!(
+                                    "held by {}",
+                                    Holder::describe(Holder::of_file(path).as_ref())
+                                ),
                             }));
                         }
                     }
@@ -111,12 +115,6 @@ impl Local {
             tracing::debug!(path = %path.display(), waited = ?started.elapsed(), "lock taken");
             return Ok(Ok(lock));
         }
-    }
-
-    /// The holder a lock file names, read without taking it.
-    fn read(&self, path: &Path) -> Option<Holder> {
-        let mut file = LockFile::open_existing(path).ok().flatten()?;
-        Holder::parse(&file.read_holder())
     }
 
     /// Unlink the unheld run-app lock files in `dir` that `keep` does not stand behind.
@@ -172,20 +170,6 @@ impl Local {
                 Err(err) => errors.push(err.to_string()),
             }
         }
-    }
-}
-
-/// "run 42 (pid 7 on host since …)", or what is known when the holder left no metadata.
-pub(crate) fn describe_holder(holder: Option<Holder>) -> String {
-    match holder {
-        Some(h) if h.run_id.is_empty() => {
-            format!("pid {} on {} since {}", h.pid, h.host, h.started_at)
-        }
-        Some(h) => format!(
-            "run {} (pid {} on {} since {})",
-            h.run_id, h.pid, h.host, h.started_at
-        ),
-        None => "a holder that left no metadata".to_owned(),
     }
 }
 

@@ -11,13 +11,17 @@
 //!   normal ticket that waited past `--promote-after` is renamed into the fast class, keeping its
 //!   sequence number.
 //! - Only the head ticket enters ONE blocking flock on `ccci-<NAME>.lock` for its remaining
-//!   budget; everyone else sleeps until the queue directory changes (inotify, no polling).
-//! - Every waiter touches its ticket every 2 s (the head too, while parked — from the main
-//!   thread, which holds no lock and never recreates a removed ticket). A ticket whose owner is
-//!   dead and that is older than 10 s, or any ticket older than 1800 s, is removed by whoever looks.
+//!   budget; everyone else sleeps until the queue directory changes (inotify, no polling) or the
+//!   owner of the ticket right ahead dies (its pidfd).
+//! - A ticket holds its owner's start time: a ticket whose owner is gone (or whose pid now names
+//!   another process) is removed by whoever looks, at once. Every waiter touches its ticket every
+//!   2 s (the head too, while parked — from the main thread, which holds no lock and never
+//!   recreates a removed ticket); a ticket without a start time whose owner is dead and that is
+//!   older than 10 s, or any ticket older than 1800 s, is removed too.
 //!
 //! Invariant: the ticket is gone as soon as its owner holds the lock, gives up, or dies (the
-//! latter within 10 s of the next look); the lock itself is released only by process exit.
+//! latter at the next look, which the death itself wakes); the lock itself is released only by
+//! process exit.
 
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -370,9 +374,8 @@ pub(crate) fn acquire(
         last_report: None,
     };
     let taken = waiter.run(&mut inotify);
-    if !matches!(taken, Ok(Taken::TimedOut { .. })) {
-        queue.remove(&waiter.ticket);
-    }
+    // Held, timed out, stopped or failed: the ticket goes (a second removal is harmless).
+    queue.remove(&waiter.ticket);
     taken
 }
 
@@ -555,7 +558,7 @@ impl Waiter<'_> {
                 "as queue ticket {} ({}); {head}; held by {}",
                 self.ticket.seq,
                 self.ticket.class.as_str(),
-                crate::lock::local::describe_holder(read_holder(self.path))
+                crate::lock::Holder::describe(crate::lock::Holder::of_file(self.path).as_ref())
             ),
         }
     }
@@ -589,12 +592,6 @@ fn first_shutdown(funnel: &SignalFunnel) -> Event {
     shutdown_events(&funnel.pending())
         .next()
         .unwrap_or(Event::Signal(Signal::SIGTERM))
-}
-
-/// The holder a lock file names, read without taking it.
-fn read_holder(path: &Path) -> Option<crate::lock::Holder> {
-    let mut file = LockFile::open_existing(path).ok().flatten()?;
-    crate::lock::Holder::parse(&file.read_holder())
 }
 
 /// A non-blocking try; a lock on an inode that is no longer at the path does not count.

@@ -37,7 +37,6 @@ use crate::janitor::{self, decide::Decision};
 use crate::lock::backend::{
     Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, is_lost, loss_watch,
 };
-use crate::lock::local::describe_holder;
 use crate::lock::queue::Class;
 use crate::lock::{Holder, LockError};
 use crate::names;
@@ -358,12 +357,10 @@ impl Run<'_> {
             .take(LockKey::App(domain), &wait, &mut |holder, so_far| {
                 if !waited {
                     // The wait may be long: the record says where the run is.
-                    if let Err(err) = record.write(record_path) {
-                        tracing::warn!("failed to write run record: {err}");
-                    }
+                    save_or_warn(record, record_path);
                 }
                 waited = true;
-                let held_by = describe_holder(holder.cloned());
+                let held_by = Holder::describe(holder);
                 if so_far.is_zero() {
                     report::line(&format!(
                         "== app lock: another run of {domain} is in flight — waiting; held by \
@@ -515,9 +512,7 @@ impl Run<'_> {
             watchdog.set_exit_code(reason.exit_code());
             record.shutdown_reason = Some(reason.name());
             record.enter(Phase::Teardown);
-            if let Err(err) = record.write(record_path) {
-                tracing::warn!(path = %record_path.display(), "failed to write run record: {err}");
-            }
+            save_or_warn(record, record_path);
         });
         self.record.command_status = stopped
             .command_status
@@ -637,9 +632,7 @@ impl Run<'_> {
 
     /// Write the run record; a failure is reported but never stops a teardown.
     fn save(&self) {
-        if let Err(err) = self.record.write(&self.record_path) {
-            tracing::warn!(path = %self.record_path.display(), "failed to write run record: {err}");
-        }
+        save_or_warn(&self.record, &self.record_path);
     }
 }
 
@@ -662,5 +655,13 @@ fn record_watchdog_end(path: &std::path::Path, code: u8) {
         rec.exit_code = Some(code);
         rec.enter(Phase::Finished);
         let _ = rec.write(path);
+    }
+}
+
+/// Write the run record; a failure is reported but stops nothing (after the command started,
+/// a record that cannot be written must not cut a teardown short).
+fn save_or_warn(record: &RunRecord, path: &Path) {
+    if let Err(err) = record.write(path) {
+        tracing::warn!(path = %path.display(), "failed to write run record: {err}");
     }
 }

@@ -266,21 +266,11 @@ impl SignalFunnel {
 
     /// Wait until at least one signal arrives or `timeout` passes (`None`: no limit).
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> Arrived {
-        self.wait_or(None, timeout).0
+        self.wait_on(&[], timeout).0
     }
 
-    /// Like [`wait`](Self::wait), but also return when `other` becomes readable; the flag
-    /// says whether it is.
-    pub(crate) fn wait_or(
-        &self,
-        other: Option<BorrowedFd<'_>>,
-        timeout: Option<Duration>,
-    ) -> (Arrived, bool) {
-        self.wait_on(other.as_slice(), timeout)
-    }
-
-    /// Like [`wait_or`](Self::wait_or) with several descriptors; the flag says whether any of
-    /// them is readable.
+    /// Like [`wait`](Self::wait), but also return when one of `others` becomes readable; the
+    /// flag says whether any of them is.
     pub(crate) fn wait_on(
         &self,
         others: &[BorrowedFd<'_>],
@@ -335,7 +325,7 @@ impl SignalFunnel {
                 (Some(left), Some(to_tick)) => Some(left.min(to_tick)),
                 (left, to_tick) => left.or(to_tick),
             };
-            let (arrived, ready) = self.wait_or(Some(work.ready_fd()), timeout);
+            let (arrived, ready) = self.wait_on(&[work.ready_fd()], timeout);
             if let Some(event) = shutdown_events(&arrived).next() {
                 work.cancel();
                 return Awaited::Stopped(event);

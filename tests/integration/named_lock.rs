@@ -240,7 +240,8 @@ fn signal_while_waiting_removes_the_ticket(#[case] sig: Signal, #[case] code: i3
 }
 
 /// SIGKILL at any point never wedges the queue: the lock is the kernel's, and a dead owner's
-/// ticket goes once it is 10 s old (aged here by hand instead of waiting).
+/// ticket goes (at once, by its start time; aged here by hand as well, so the 10 s expiry that
+/// covers a ticket without one would also let it go).
 #[test]
 fn sigkilled_waiters_never_wedge_the_queue() {
     let sandbox = Sandbox::new();
