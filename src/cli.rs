@@ -46,7 +46,7 @@ pub(crate) struct Cli {
 #[command(next_help_heading = "Global options")]
 pub(crate) struct GlobalArgs {
     /// Configuration file (TOML: lock_dir, abra_home, runs_dir, state_dir, domain_suffix,
-    /// docker, log_format, cgroup) [default: /etc/ccci-run/config.toml when it exists].
+    /// docker, log_format, cgroup, etcd_endpoints, lease_ttl) [default: /etc/ccci-run/config.toml when it exists].
     /// Precedence: flag > environment > file > built-in default.
     #[arg(long, value_name = "FILE", env = "CCCI_CONFIG")]
     pub config: Option<PathBuf>,
@@ -72,6 +72,21 @@ pub(crate) struct GlobalArgs {
     /// [default: auto].
     #[arg(long, value_name = "MODE", env = "CCCI_CGROUP", value_parser = choice::<CgroupMode>())]
     pub cgroup: Option<CgroupMode>,
+    /// etcd endpoints, comma-separated (http://HOST:PORT): the app-domain and named locks become
+    /// keys bound to leases, shared by every host on the same etcd [default: none: this host's
+    /// flock].
+    #[arg(
+        long,
+        value_name = "URL,...",
+        env = "CCCI_ETCD_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    pub etcd_endpoints: Option<Vec<String>>,
+    /// Seconds an etcd lease outlives its holder's last keepalive: how soon a dead holder's lock
+    /// frees, and how long etcd may be unreachable before a holder counts its lock lost
+    /// [default: 10].
+    #[arg(long, value_name = "SECS", env = "CCCI_LEASE_TTL")]
+    pub lease_ttl: Option<u32>,
     /// Diagnostics format: text, or json (then all of stderr is JSON, one object a line, status
     /// lines included) [default: text].
     #[arg(long, value_name = "F", env = "CCCI_LOG_FORMAT", value_parser = choice::<LogFormat>())]
@@ -367,6 +382,12 @@ impl Globals<'_> {
             docker: self.pick(|g| &g.docker, "docker", "CCCI_DOCKER"),
             log_format: self.pick(|g| &g.log_format, "log_format", "CCCI_LOG_FORMAT"),
             cgroup: self.pick(|g| &g.cgroup, "cgroup", "CCCI_CGROUP"),
+            etcd_endpoints: self.pick(
+                |g| &g.etcd_endpoints,
+                "etcd_endpoints",
+                "CCCI_ETCD_ENDPOINTS",
+            ),
+            lease_ttl: self.pick(|g| &g.lease_ttl, "lease_ttl", "CCCI_LEASE_TTL"),
         }
     }
 

@@ -33,9 +33,8 @@ pub(crate) struct FileConfig {
     pub docker: Option<DockerMode>,
     pub log_format: Option<LogFormat>,
     pub cgroup: Option<CgroupMode>,
-    /// Reserved for the etcd backend, which this build does not have: refused when set, so a
-    /// fleet never believes it is coordinated when it is not.
     pub etcd_endpoints: Option<Vec<String>>,
+    pub lease_ttl: Option<u32>,
 }
 
 /// A setting with a fixed set of values: each with its name (on the command line, in the file,
@@ -132,6 +131,65 @@ pub(crate) struct Global {
     pub pattern: RunAppPattern,
     pub docker: DockerMode,
     pub cgroup: CgroupMode,
+    /// Locks beyond one host: `None` keeps them on this host's flock.
+    pub etcd: Option<EtcdSettings>,
+}
+
+/// Where the fleet's locks are kept when they are kept in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EtcdSettings {
+    pub endpoints: Vec<String>,
+    /// How long a lease outlives its holder's last keepalive.
+    pub lease_ttl: Duration,
+}
+
+/// The lease TTL when none is given, in seconds.
+pub(crate) const DEFAULT_LEASE_TTL: u32 = 10;
+/// The bounds of a lease TTL, in seconds: below 2 s an etcd server rounds it up anyway (its
+/// election timeout), above an hour a dead holder blocks the fleet for too long.
+pub(crate) const LEASE_TTL_RANGE: std::ops::RangeInclusive<u32> = 2..=3600;
+
+impl EtcdSettings {
+    /// Validate endpoints as given (flag, environment or file): at least one, each a plain
+    /// `http://HOST:PORT` or `HOST:PORT` (this build speaks no TLS).
+    pub(crate) fn validate(endpoints: &[String], lease_ttl: u32) -> Result<Option<Self>, String> {
+        let endpoints: Vec<String> = endpoints
+            .iter()
+            .map(|e| e.trim().to_owned())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Ok(None);
+        }
+        for endpoint in &endpoints {
+            let rest = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+            if rest.contains("://") {
+                return Err(format!(
+                    "{endpoint:?}: only http:// endpoints are supported (this build has no TLS)"
+                ));
+            }
+            let (host, port) = rest
+                .trim_end_matches('/')
+                .rsplit_once(':')
+                .ok_or_else(|| format!("{endpoint:?}: expected HOST:PORT or http://HOST:PORT"))?;
+            if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(format!(
+                    "{endpoint:?}: expected HOST:PORT or http://HOST:PORT with a port in 1-65535"
+                ));
+            }
+        }
+        if !LEASE_TTL_RANGE.contains(&lease_ttl) {
+            return Err(format!(
+                "lease TTL {lease_ttl} s is out of range ({}-{} s)",
+                LEASE_TTL_RANGE.start(),
+                LEASE_TTL_RANGE.end()
+            ));
+        }
+        Ok(Some(Self {
+            endpoints,
+            lease_ttl: Duration::from_secs(lease_ttl.into()),
+        }))
+    }
 }
 
 impl Global {
@@ -147,6 +205,7 @@ impl Global {
             suffix,
             docker: resolved.docker,
             cgroup: resolved.cgroup,
+            etcd: resolved.etcd.clone(),
         })
     }
 }
@@ -329,6 +388,7 @@ pub(crate) struct Resolved {
     pub docker: DockerMode,
     pub log_format: LogFormat,
     pub cgroup: CgroupMode,
+    pub etcd: Option<EtcdSettings>,
     /// Every setting with its origin, in a fixed order.
     pub settings: Vec<Setting>,
 }
@@ -349,6 +409,8 @@ pub(crate) struct Inputs {
     pub docker: Given<DockerMode>,
     pub log_format: Given<LogFormat>,
     pub cgroup: Given<CgroupMode>,
+    pub etcd_endpoints: Given<Vec<String>>,
+    pub lease_ttl: Given<u32>,
 }
 
 /// The first of: the value given, the file's, the default — with where it came from.
@@ -379,14 +441,6 @@ fn home_default() -> PathBuf {
 /// Resolve the global settings: flag > environment > file > default.
 pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
     let (file, path) = load(inputs.config.as_deref())?;
-    if file.etcd_endpoints.is_some() {
-        return Err(invalid(
-            "configuration file",
-            &path,
-            "etcd_endpoints: this build has only the local flock backend; remove the key"
-                .to_owned(),
-        ));
-    }
     let from_file = Origin::File(path.clone().unwrap_or_default());
     let i = inputs.clone();
     let absolute = |key: &'static str, (p, origin): (PathBuf, Origin)| {
@@ -429,6 +483,18 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
     let docker = pick(i.docker, file.docker, &from_file, DockerMode::Auto);
     let log_format = pick(i.log_format, file.log_format, &from_file, LogFormat::Text);
     let cgroup = pick(i.cgroup, file.cgroup, &from_file, CgroupMode::Auto);
+    let endpoints = pick(
+        i.etcd_endpoints,
+        file.etcd_endpoints,
+        &from_file,
+        Vec::new(),
+    );
+    let lease_ttl = pick(i.lease_ttl, file.lease_ttl, &from_file, DEFAULT_LEASE_TTL);
+    let etcd = EtcdSettings::validate(&endpoints.0, lease_ttl.0).map_err(|rule| NameError {
+        what: "etcd settings (--etcd-endpoints, --lease-ttl, CCCI_ETCD_ENDPOINTS, CCCI_LEASE_TTL, etcd_endpoints, lease_ttl)",
+        value: endpoints.0.join(","),
+        rule,
+    })?;
     let shown = |p: &PathBuf| p.display().to_string();
     let settings = vec![
         setting("lock_dir", shown(&lock_dir.0), &lock_dir.1),
@@ -439,6 +505,8 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         setting("docker", docker.0.name().to_owned(), &docker.1),
         setting("log_format", log_format.0.name().to_owned(), &log_format.1),
         setting("cgroup", cgroup.0.name().to_owned(), &cgroup.1),
+        setting("etcd_endpoints", endpoints.0.join(","), &endpoints.1),
+        setting("lease_ttl", lease_ttl.0.to_string(), &lease_ttl.1),
     ];
     Ok(Resolved {
         lock_dir: lock_dir.0,
@@ -449,6 +517,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         docker: docker.0,
         log_format: log_format.0,
         cgroup: cgroup.0,
+        etcd,
         settings,
     })
 }

@@ -48,9 +48,11 @@ enum Error {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
-    #[error("failed to list lock dir {path}: {source}")]
+    #[error(transparent)]
+    Locks(lock::LockError),
+    #[error("failed to list the locks in {store}: {source}")]
     LockDir {
-        path: std::path::PathBuf,
+        store: String,
         source: std::io::Error,
     },
     /// An error about a path under a configured directory, with the setting that names it.
@@ -66,9 +68,11 @@ impl Error {
         match self {
             Self::Invalid(_) => exit::USAGE,
             Self::Run(_) | Self::NamedLock(_) => exit::INTERNAL,
-            Self::Metrics { .. } | Self::LockDir { .. } | Self::Output(_) | Self::ManDir { .. } => {
-                exit::FAILURE
-            }
+            Self::Metrics { .. }
+            | Self::LockDir { .. }
+            | Self::Locks(_)
+            | Self::Output(_)
+            | Self::ManDir { .. } => exit::FAILURE,
             Self::Located { source, .. } => source.exit_code(),
         }
     }
@@ -170,7 +174,8 @@ fn command(
         Command::Janitor(args) => janitor(&args, global),
         Command::Lock(args) => {
             let cfg = args.validate(global)?;
-            Ok(lock::named::run(&*lock::backend(global), &cfg, start_ppid)?)
+            let backend = lock::backend(global).map_err(lock::named::NamedLockError::from)?;
+            Ok(lock::named::run(&*backend, &cfg, start_ppid)?)
         }
         Command::Locks(args) => locks(&args, global),
         Command::Run(args) => {
@@ -263,7 +268,7 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
 /// `ccci-run locks`: every lock file, held or not.
 fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
     let long_held = std::time::Duration::from_secs(args.long_held);
-    let backend = lock::backend(global);
+    let backend = lock::backend(global).map_err(Error::Locks)?;
     if let Some(missing) = backend.missing_store() {
         report::line(&format!("ccci-run: warning: {missing}"));
     }
@@ -272,7 +277,7 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(source) => {
             return Err(Error::LockDir {
-                path: global.lock_dir.clone(),
+                store: backend.describe_store(),
                 source,
             });
         }

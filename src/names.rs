@@ -256,6 +256,46 @@ impl fmt::Display for AppDomain {
     }
 }
 
+/// Where the fleet's locks live in etcd. Each lock is a directory of keys,
+/// `<prefix><kind>/<name>/`, holding `owner` (the holder's line; its create revision is the
+/// fencing token) and `queue/<lease id>` (one per waiter), every key bound to its writer's lease.
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd {
+    pub(crate) const PREFIX: &str = "/ccci-run/";
+    /// The kinds of lock under [`PREFIX`].
+    pub(crate) const APP: &str = "app";
+    pub(crate) const NAMED: &str = "named";
+
+    /// The key directory of one lock in etcd.
+    pub(crate) fn lock_dir(kind: &str, name: &str) -> String {
+        format!("{PREFIX}{kind}/{name}/")
+    }
+
+    /// The owner key in a lock's key directory.
+    pub(crate) fn owner_key(lock_dir: &str) -> String {
+        format!("{lock_dir}owner")
+    }
+
+    /// The prefix of the waiters' keys in a lock's key directory.
+    pub(crate) fn queue_prefix(lock_dir: &str) -> String {
+        format!("{lock_dir}queue/")
+    }
+
+    /// A waiter's key: one per lease and lock.
+    pub(crate) fn queue_key(lock_dir: &str, lease: i64) -> String {
+        format!("{lock_dir}queue/{lease:016x}")
+    }
+
+    /// Split a key under [`PREFIX`] into its kind, its lock's name and the rest (`owner`,
+    /// `queue/<lease>`).
+    pub(crate) fn key_parts(key: &str) -> Option<(&str, &str, &str)> {
+        let rest = key.strip_prefix(PREFIX)?;
+        let (kind, rest) = rest.split_once('/')?;
+        let (name, rest) = rest.split_once('/')?;
+        Some((kind, name, rest))
+    }
+}
+
 /// App lock files are `cc-ci-app-<domain>.lock`.
 pub(crate) const LOCK_FILE_PREFIX: &str = "cc-ci-app-";
 pub(crate) const LOCK_FILE_SUFFIX: &str = ".lock";

@@ -141,14 +141,23 @@ impl<'a> DockerState<'a> {
 /// One sweep over every candidate, then the tidy sweep of orphaned lock files.
 pub(crate) fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepReport {
     let started = Instant::now();
+    let mut report = SweepReport {
+        dry_run: opts.dry_run,
+        ..SweepReport::default()
+    };
+    let locks = match crate::lock::backend(global) {
+        Ok(locks) => locks,
+        Err(err) => {
+            // Deciding without the locks could reap a live app: decide nothing.
+            report.errors.push(err.to_string());
+            return report;
+        }
+    };
     let mut sweep = Sweep {
         global,
         opts,
-        locks: crate::lock::backend(global),
-        report: SweepReport {
-            dry_run: opts.dry_run,
-            ..SweepReport::default()
-        },
+        locks,
+        report,
     };
     sweep.run(link);
     sweep.report.duration = started.elapsed();

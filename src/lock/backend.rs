@@ -96,6 +96,12 @@ pub(crate) trait Lease {
     /// Remove what names the lock while still holding it (after a reap: the app is gone);
     /// whether it was removed. The lock is released when the lease is dropped.
     fn remove(&self) -> Result<bool, LockError>;
+    /// A number larger for every later holder of this lock, on every host (the etcd key's
+    /// creation revision): what a resource shared beyond one host can check to refuse a
+    /// holder that lost its lock. `None` where the lock cannot be lost behind its holder.
+    fn fencing_token(&self) -> Option<i64> {
+        None
+    }
 }
 
 /// A place that keeps locks.

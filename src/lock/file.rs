@@ -51,6 +51,20 @@ pub(crate) enum LockError {
         dir: PathBuf,
         source: io::Error,
     },
+    #[cfg(feature = "etcd")]
+    #[error("etcd at {endpoints}: failed to {what}: {detail}")]
+    Etcd {
+        endpoints: String,
+        what: String,
+        detail: String,
+    },
+    #[cfg(not(feature = "etcd"))]
+    #[error(
+        "etcd endpoints are set (--etcd-endpoints, CCCI_ETCD_ENDPOINTS, etcd_endpoints) but this \
+         build has no etcd backend (build it with --features etcd); refusing to fall back to \
+         this host's flock, which excludes nobody on another host"
+    )]
+    NoEtcd,
     #[error("failed to {what} lock file {path}: {source}")]
     Io {
         what: &'static str,

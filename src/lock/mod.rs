@@ -13,6 +13,8 @@
 //! Nothing here may start a process, touch Docker or remove an app: a lock only says who may.
 
 pub(crate) mod backend;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod file;
 pub(crate) mod list;
 pub(crate) mod local;
@@ -21,11 +23,21 @@ pub(crate) mod queue;
 
 pub(crate) use file::*;
 
-/// The lock backend this host's configuration names: on one host, the local flock.
-pub(crate) fn backend(global: &crate::config::Global) -> Box<dyn backend::LockBackend> {
-    Box::new(local::Local::new(
-        &global.lock_dir,
-        &global.runs_dir,
-        &global.pattern,
-    ))
+/// The lock backend the configuration names: etcd when endpoints are set (and reachable: an
+/// unreachable etcd is an error, never a fallback to the flock, which would exclude nobody on
+/// another host), else this host's flock.
+pub(crate) fn backend(
+    global: &crate::config::Global,
+) -> Result<Box<dyn backend::LockBackend>, LockError> {
+    match &global.etcd {
+        #[cfg(feature = "etcd")]
+        Some(settings) => Ok(Box::new(etcd::Etcd::connect(settings)?)),
+        #[cfg(not(feature = "etcd"))]
+        Some(_) => Err(LockError::NoEtcd),
+        None => Ok(Box::new(local::Local::new(
+            &global.lock_dir,
+            &global.runs_dir,
+            &global.pattern,
+        ))),
+    }
 }

@@ -57,7 +57,9 @@ const DEAD_AHEAD_RETRY: Duration = Duration::from_millis(20);
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
 /// Fast tickets go before normal ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum Class {
     Fast,

@@ -98,8 +98,9 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
         fetch::init_git();
     }
     let holder = Holder::this_process(cfg.run_id.as_str());
+    let locks = crate::lock::backend(global)?;
     let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
-    let mut run = Run::new(funnel, global, cfg, &run_dir, &holder, hard_end);
+    let mut run = Run::new(funnel, global, cfg, &run_dir, &holder, hard_end, locks);
     let result = run.execute(&run_dir, holder.pid);
     if let Err(err) = &result {
         run.record.error = Some(err.to_string());
@@ -189,6 +190,7 @@ impl<'a> Run<'a> {
         run_dir: &RunDir,
         holder: &Holder,
         hard_end: Instant,
+        locks: Box<dyn LockBackend>,
     ) -> Self {
         let mut record = first_record(cfg, holder);
         let cgroup = cgroup::run_cgroup(global.cgroup, "run", cfg.run_id.as_str());
@@ -212,7 +214,7 @@ impl<'a> Run<'a> {
             record,
             state: StateFiles::default(),
             env: Vec::new(),
-            locks: crate::lock::backend(global),
+            locks,
             app_lock: None,
             teardown_timed_out: false,
             cgroup,
@@ -228,6 +230,8 @@ impl Run<'_> {
     /// straight to teardown.
     fn execute(&mut self, run_dir: &RunDir, pid: u32) -> Result<u8, RunError> {
         self.save_checked(false)?;
+        // Where the app lock is kept must answer before anything is fetched or deployed.
+        self.locks.prepare(true)?;
         let abra_dir = run_dir.prepare_abra_dir(&self.global.abra_home)?;
         self.record.abra_dir = abra_dir.display().to_string();
         self.record.enter(Phase::AbraDir);
@@ -258,6 +262,7 @@ impl Run<'_> {
                 if let Some(fd) = loss_watch(&*lease).map_err(RunError::LossWatch)? {
                     self.funnel.watch_loss(fd);
                 }
+                self.record.fencing_token = lease.fencing_token();
                 self.app_lock = Some(lease);
             }
             Taken::Stopped(event) => {
@@ -334,6 +339,11 @@ impl Run<'_> {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .chain(self.state.env().map(|(k, p)| (k.to_owned(), p.into())))
+        .chain(
+            self.record
+                .fencing_token
+                .map(|token| ("CCCI_FENCING_TOKEN".to_owned(), token.to_string().into())),
+        )
         .collect()
     }
 

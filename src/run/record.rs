@@ -60,6 +60,10 @@ pub(crate) struct RunRecord {
     pub exit_code: Option<u8>,
     /// Teardown steps that failed; they never change the exit code.
     pub teardown_errors: Vec<String>,
+    /// The app lock's fencing token when it is kept beyond this host (etcd): larger for every
+    /// later holder of the domain, on any host. Also `CCCI_FENCING_TOKEN` for the command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
     /// Set by a later janitor that reaped this run's leftovers.
     pub reaped: Option<String>,
     /// Why the run failed before its command could run, if it did.

@@ -1,0 +1,910 @@
+//! Locks beyond one host: etcd keeps them, as keys bound to leases (`--etcd-endpoints`).
+//!
+//! A lease is etcd's answer to "the kernel releases a flock when its holder dies": every key a
+//! process writes is bound to the one lease it keeps alive, so when the process dies (or is cut
+//! off from etcd for the lease's TTL) its keys vanish and its locks are free. Each lock is a key
+//! directory (see [`crate::names::etcd`]):
+//!
+//! - `queue/<lease>`: a waiter. Waiters are served fast class first, then by the revision that
+//!   created their key (FIFO across the fleet); a normal waiter that waited past
+//!   `--promote-after` rewrites its key as fast and keeps its place.
+//! - `owner`: the holder's line. Only the head waiter may create it, in one transaction that
+//!   also requires it absent and removes the waiter's key. The revision that created it is the
+//!   lock's **fencing token**: larger for every later holder, cluster-wide.
+//!
+//! A waiter waits on a watch of its lock's directory (no polling) and re-reads the directory on
+//! every change. The lease is kept alive by a task on a runtime thread of its own; if no
+//! keepalive has been answered for a whole TTL, the lease counts as lost (another host may hold
+//! the lock by then) and [`Lease::lost_fd`] turns readable, which the holder's signal funnel
+//! turns into a teardown (`lock-lost`, exit 76).
+//!
+//! Nothing here falls back to the local flock: an unreachable etcd is an error, since a flock
+//! would exclude nobody on another host.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant, SystemTime};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, WatchOptions,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::config::EtcdSettings;
+use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
+use crate::lock::list::{LockInfo, LockKind};
+use crate::lock::queue::{Class, QueuedTicket, Ticket};
+use crate::lock::{Holder, LockError};
+use crate::names::AppDomain;
+use crate::names::etcd as keys;
+use crate::supervise::linux;
+use crate::supervise::signals::Awaited;
+use crate::supervise::worker::Awaitable;
+
+/// How long connecting, and any one request of the main thread, may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a release may take: a holder whose etcd is gone must still tear down promptly
+/// (its lease runs out on its own).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A pause before retrying after a failed watch or keepalive, so a dead member is not hammered.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Locks as etcd keys bound to this process's lease.
+pub(crate) struct Etcd {
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+struct Shared {
+    client: Client,
+    /// The endpoints, comma-separated, for messages.
+    endpoints: String,
+    ttl: Duration,
+    handle: tokio::runtime::Handle,
+    /// This process's lease, granted at the first lock it takes or waits for.
+    session: Mutex<Option<Arc<Session>>>,
+    host: String,
+}
+
+/// A granted lease and its keepalive.
+struct Session {
+    id: i64,
+    /// Readable once the lease counts as lost.
+    lost: UnixStream,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+/// What a waiter's key holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WaiterValue {
+    holder: Holder,
+    class: Class,
+}
+
+/// One lock's key directory, as read at one revision.
+struct Snapshot {
+    revision: i64,
+    owner: Option<KeyValue>,
+    /// Waiters in service order: fast first, then by creation.
+    queue: Vec<(KeyValue, Option<WaiterValue>)>,
+}
+
+impl Snapshot {
+    fn holder(&self) -> Option<Holder> {
+        let owner = self.owner.as_ref()?;
+        Holder::parse(&String::from_utf8_lossy(owner.value()))
+    }
+
+    fn head_is(&self, key: &str) -> bool {
+        self.queue
+            .first()
+            .is_some_and(|(kv, _)| kv.key() == key.as_bytes())
+    }
+}
+
+impl Etcd {
+    /// Set up a client of `settings.endpoints`; whether one of them answers is for
+    /// [`LockBackend::prepare`] to find out.
+    pub(crate) fn connect(settings: &EtcdSettings) -> Result<Self, LockError> {
+        let endpoints = settings.endpoints.join(",");
+        let fail = |what: &str, detail: String| LockError::Etcd {
+            endpoints: endpoints.clone(),
+            what: what.to_owned(),
+            detail,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("etcd")
+            .enable_all()
+            // Signals are the main thread's: the funnel must see every one of them.
+            .on_thread_start(linux::block_all_signals_but_kick)
+            .build()
+            .map_err(|e| fail("start the etcd client", e.to_string()))?;
+        let options = ConnectOptions::new()
+            .with_connect_timeout(REQUEST_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        let client = runtime
+            .block_on(async {
+                tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    Client::connect(&settings.endpoints, Some(options)),
+                )
+                .await
+                .map_err(|_| "no answer".to_owned())?
+                .map_err(|e| e.to_string())
+            })
+            .map_err(|detail| fail("connect", detail))?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                client,
+                endpoints,
+                ttl: settings.lease_ttl,
+                handle: runtime.handle().clone(),
+                session: Mutex::new(None),
+                host: nix::unistd::gethostname()
+                    .map(|h| h.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            }),
+            runtime: Some(runtime),
+        })
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.shared.end_session();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(RELEASE_TIMEOUT);
+        }
+    }
+}
+
+impl Shared {
+    fn error(&self, what: &str, detail: impl ToString) -> LockError {
+        LockError::Etcd {
+            endpoints: self.endpoints.clone(),
+            what: what.to_owned(),
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Run `work` on the runtime, from the main thread, within `limit`.
+    fn block_on<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        work: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, LockError> {
+        self.handle
+            .block_on(tokio::time::timeout(limit, work))
+            .map_err(|_| self.error(what, format!("no answer within {} s", limit.as_secs())))?
+            .map_err(|e| self.error(what, e))
+    }
+
+    /// This process's lease, granted (and kept alive) on first use.
+    fn session(&self) -> Result<Arc<Session>, LockError> {
+        let mut slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(session) = slot.as_ref() {
+            return Ok(session.clone());
+        }
+        let ttl_secs = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX);
+        let asked = tokio::time::Instant::now();
+        let mut client = self.client.clone();
+        let granted = self.block_on(
+            "grant a lease",
+            REQUEST_TIMEOUT,
+            client.lease_grant(ttl_secs, None),
+        )?;
+        let (lost, notify) =
+            UnixStream::pair().map_err(|e| self.error("make the lease-loss pipe", e))?;
+        let keeper = self.handle.spawn(keep_alive(
+            self.client.clone(),
+            granted.id(),
+            self.ttl,
+            asked,
+            notify,
+        ));
+        tracing::debug!(lease = format!("{:x}", granted.id()), ttl = ?self.ttl, "lease granted");
+        let session = Arc::new(Session {
+            id: granted.id(),
+            lost,
+            keeper,
+        });
+        *slot = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Stop keeping the lease alive and revoke it: every key it still holds goes at once.
+    fn end_session(&self) {
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(session) = session {
+            session.keeper.abort();
+            let mut client = self.client.clone();
+            if let Err(err) = self.block_on(
+                "revoke the lease",
+                RELEASE_TIMEOUT,
+                client.lease_revoke(session.id),
+            ) {
+                tracing::debug!("{err}; it expires on its own");
+            }
+        }
+    }
+
+    fn snapshot(&self, dir: &str) -> Result<Snapshot, LockError> {
+        let client = self.client.clone();
+        self.block_on("read the lock", REQUEST_TIMEOUT, snapshot(client, dir))
+    }
+}
+
+/// Read one lock's key directory at one revision.
+async fn snapshot(mut client: Client, dir: &str) -> Result<Snapshot, etcd_client::Error> {
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let response = client.get(dir, Some(options)).await?;
+    let revision = response.header().map_or(0, |h| h.revision());
+    let owner_key = keys::owner_key(dir);
+    let queue_prefix = keys::queue_prefix(dir);
+    let mut owner = None;
+    let mut queue = Vec::new();
+    for kv in response.kvs() {
+        if kv.key() == owner_key.as_bytes() {
+            owner = Some(kv.clone());
+        } else if kv.key().starts_with(queue_prefix.as_bytes()) {
+            let value = serde_json::from_slice::<WaiterValue>(kv.value()).ok();
+            queue.push((kv.clone(), value));
+        }
+    }
+    // Stable: within a class, creation order (the read's order) stands.
+    queue.sort_by_key(|(_, v)| v.as_ref().map_or(Class::Normal, |v| v.class));
+    Ok(Snapshot {
+        revision,
+        owner,
+        queue,
+    })
+}
+
+/// Keep lease `id` alive; once no keepalive has been answered for a whole TTL (or etcd says
+/// the lease is gone), write to `lost` and stop. The TTL is counted from when the last
+/// answered keepalive was *sent*: the server renewed the lease no earlier than that, so this
+/// side gives up no later than the server expires it.
+async fn keep_alive(
+    mut client: Client,
+    id: i64,
+    ttl: Duration,
+    granted: tokio::time::Instant,
+    mut lost: UnixStream,
+) {
+    let every = (ttl / 3).max(Duration::from_millis(500));
+    let mut good_until = granted + ttl;
+    let mut stream = None;
+    let why = loop {
+        let now = tokio::time::Instant::now();
+        if now >= good_until {
+            break format!("no keepalive answered for {} s", ttl.as_secs_f64().round());
+        }
+        let sent = now;
+        let round = async {
+            if stream.is_none() {
+                stream = Some(client.lease_keep_alive(id).await?);
+            }
+            let (keeper, answers) = stream.as_mut().expect("just set");
+            keeper.keep_alive().await?;
+            answers.message().await
+        };
+        match tokio::time::timeout_at(good_until, round).await {
+            Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                let renewed = Duration::from_secs(answer.ttl().unsigned_abs()).min(ttl);
+                good_until = sent + renewed;
+                tokio::time::sleep(every).await;
+            }
+            Ok(Ok(Some(_))) => break "etcd says the lease has expired or was revoked".to_owned(),
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                stream = None;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(_) => continue,
+        }
+    };
+    tracing::warn!(lease = format!("{id:x}"), "etcd lease lost: {why}");
+    let _ = lost.write_all(&[1]);
+}
+
+/// Which lock, as keys.
+fn lock_dir(key: LockKey<'_>) -> String {
+    match key {
+        LockKey::App(domain) => keys::lock_dir(keys::APP, domain.as_str()),
+        LockKey::Named(name) => keys::lock_dir(keys::NAMED, name.as_str()),
+    }
+}
+
+/// How long ago a holder line says it started.
+fn age_of(holder: &Holder) -> Option<Duration> {
+    let since = humantime::parse_rfc3339_weak(&holder.started_at).ok()?;
+    SystemTime::now().duration_since(since).ok()
+}
+
+/// "ticket 41 (normal, pid 7 on host-b)".
+fn describe_waiter(kv: &KeyValue, value: Option<&WaiterValue>) -> String {
+    match value {
+        Some(v) => format!(
+            "{} ({}, pid {} on {})",
+            kv.create_revision(),
+            v.class.as_str(),
+            v.holder.pid,
+            v.holder.host
+        ),
+        None => kv.create_revision().to_string(),
+    }
+}
+
+/// Try to become the owner as the head waiter: the owner key must be absent and our waiter
+/// key still ours. Returns the fencing token when we are the owner now.
+async fn claim(
+    mut client: Client,
+    dir: &str,
+    waiter: &str,
+    lease: i64,
+    holder_line: &str,
+) -> Result<Option<i64>, etcd_client::Error> {
+    let owner = keys::owner_key(dir);
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(owner.as_str(), CompareOp::Equal, 0),
+            Compare::lease(waiter, CompareOp::Equal, lease),
+        ])
+        .and_then([
+            TxnOp::put(
+                owner.as_str(),
+                holder_line,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::delete(waiter, None),
+        ]);
+    let response = client.txn(txn).await?;
+    Ok(response
+        .succeeded()
+        .then(|| response.header().map_or(0, |h| h.revision())))
+}
+
+/// Wait in line for the lock whose directory is `dir`, as waiter key `waiter` (already
+/// written), until we own it. A normal waiter joins the fast class at `promote_at`.
+async fn wait_turn(
+    client: Client,
+    dir: String,
+    waiter: String,
+    lease: i64,
+    holder_line: String,
+    mut promote: Option<(tokio::time::Instant, String)>,
+) -> Result<i64, String> {
+    loop {
+        let snap = match snapshot(client.clone(), &dir).await {
+            Ok(snap) => snap,
+            Err(_) => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        };
+        if !snap
+            .queue
+            .iter()
+            .any(|(kv, _)| kv.key() == waiter.as_bytes())
+        {
+            return Err("our place in the queue is gone (the lease expired)".to_owned());
+        }
+        if snap.owner.is_none() && snap.head_is(&waiter) {
+            match claim(client.clone(), &dir, &waiter, lease, &holder_line).await {
+                Ok(Some(token)) => return Ok(token),
+                Ok(None) => continue,
+                Err(_) => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+            }
+        }
+        // Wait for any change after what we read.
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(snap.revision + 1);
+        let mut watch = match client.clone().watch(dir.as_str(), Some(options)).await {
+            Ok(watch) => watch,
+            Err(_) => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        };
+        loop {
+            let promote_at = promote.as_ref().map(|(at, _)| *at);
+            tokio::select! {
+                answer = watch.message() => match answer {
+                    Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
+                    Ok(Some(_)) => break,
+                    Ok(None) | Err(_) => {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        break;
+                    }
+                },
+                () = async {
+                    match promote_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let (_, fast_line) = promote.take().expect("only armed while set");
+                    let options = PutOptions::new().with_lease(lease);
+                    // Keeps its creation revision: a promoted waiter keeps its place.
+                    let _ = client.clone().put(waiter.as_str(), fast_line, Some(options)).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A wait in line under way on the runtime, for the signal funnel to wait on.
+struct PendingTake {
+    shared: Arc<Shared>,
+    dir: String,
+    waiter: String,
+    lease: i64,
+    ready: UnixStream,
+    outcome: mpsc::Receiver<Result<i64, String>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Awaitable for PendingTake {
+    type Output = Result<i64, String>;
+
+    fn ready_fd(&self) -> BorrowedFd<'_> {
+        self.ready.as_fd()
+    }
+
+    fn try_finish(&mut self) -> Option<Self::Output> {
+        self.outcome.try_recv().ok()
+    }
+
+    fn cancel(self) {
+        self.task.abort();
+        // Leave the line, and let go of the lock if it was got meanwhile.
+        let owner = keys::owner_key(&self.dir);
+        let txn = Txn::new()
+            .when([Compare::lease(owner.as_str(), CompareOp::Equal, self.lease)])
+            .and_then([TxnOp::delete(owner.as_str(), None)]);
+        let mut client = self.shared.client.clone();
+        let waiter = self.waiter.clone();
+        let result = self
+            .shared
+            .block_on("leave the queue", RELEASE_TIMEOUT, async move {
+                client.txn(txn).await?;
+                client.delete(waiter, None).await
+            });
+        if let Err(err) = result {
+            tracing::debug!("{err}; the lease takes our keys with it");
+        }
+    }
+}
+
+/// An etcd lock we hold: the owner key created at `token`.
+struct EtcdLease {
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    owner: String,
+    token: i64,
+}
+
+impl Lease for EtcdLease {
+    fn holder(&self) -> Option<Holder> {
+        let mut client = self.shared.client.clone();
+        let response = self
+            .shared
+            .block_on(
+                "read the lock",
+                REQUEST_TIMEOUT,
+                client.get(self.owner.as_str(), None),
+            )
+            .ok()?;
+        let kv = response.kvs().first()?;
+        (kv.create_revision() == self.token)
+            .then(|| Holder::parse(&String::from_utf8_lossy(kv.value())))
+            .flatten()
+    }
+
+    fn token(&self) -> Result<String, LockError> {
+        Ok(format!("etcd:{:x}:{}", self.session.id, self.token))
+    }
+
+    fn lost_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.session.lost.as_fd())
+    }
+
+    fn remove(&self) -> Result<bool, LockError> {
+        // The owner key is all that names the lock, and it goes with the release.
+        Ok(false)
+    }
+
+    fn fencing_token(&self) -> Option<i64> {
+        Some(self.token)
+    }
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.owner.as_str(),
+                CompareOp::Equal,
+                self.token,
+            )])
+            .and_then([TxnOp::delete(self.owner.as_str(), None)]);
+        let mut client = self.shared.client.clone();
+        if let Err(err) = self
+            .shared
+            .block_on("release the lock", RELEASE_TIMEOUT, client.txn(txn))
+        {
+            tracing::warn!("{err}; the lock frees when the lease expires");
+        }
+    }
+}
+
+impl Etcd {
+    fn lease(&self, session: Arc<Session>, dir: &str, token: i64) -> Box<dyn Lease> {
+        Box::new(EtcdLease {
+            shared: self.shared.clone(),
+            session,
+            owner: keys::owner_key(dir),
+            token,
+        })
+    }
+
+    /// Join the line for `dir` as `holder`, and try once.
+    fn enqueue(
+        &self,
+        session: &Session,
+        dir: &str,
+        value: &WaiterValue,
+    ) -> Result<(String, Option<i64>, Snapshot), LockError> {
+        let waiter = keys::queue_key(dir, session.id);
+        let line = serde_json::to_string(value).expect("a waiter always serialises");
+        let holder_line = value.holder.to_line();
+        let mut client = self.shared.client.clone();
+        let id = session.id;
+        let (token, snap) = self.shared.block_on("join the queue", REQUEST_TIMEOUT, {
+            let (dir, waiter) = (dir.to_owned(), waiter.clone());
+            async move {
+                let options = PutOptions::new().with_lease(id);
+                client.put(waiter.as_str(), line, Some(options)).await?;
+                let snap = snapshot(client.clone(), &dir).await?;
+                if snap.owner.is_none() && snap.head_is(&waiter) {
+                    if let Some(token) = claim(client, &dir, &waiter, id, &holder_line).await? {
+                        return Ok((Some(token), snap));
+                    }
+                }
+                Ok((None, snap))
+            }
+        })?;
+        Ok((waiter, token, snap))
+    }
+
+    /// Why a wait for `dir` timed out: where we were in line, who is ahead, who holds it.
+    fn timed_out_detail(&self, key: LockKey<'_>, dir: &str, waiter: &str) -> String {
+        let Ok(snap) = self.shared.snapshot(dir) else {
+            return "etcd did not answer".to_owned();
+        };
+        let held_by = Holder::describe(snap.holder().as_ref());
+        match key {
+            LockKey::App(_) => format!("held by {held_by}"),
+            LockKey::Named(_) => {
+                let ours = snap
+                    .queue
+                    .iter()
+                    .find(|(kv, _)| kv.key() == waiter.as_bytes());
+                let head = snap
+                    .queue
+                    .iter()
+                    .find(|(kv, _)| kv.key() != waiter.as_bytes())
+                    .map_or_else(
+                        || "(no other ticket queued)".to_owned(),
+                        |(kv, v)| format!("head of queue is {}", describe_waiter(kv, v.as_ref())),
+                    );
+                let ticket = ours.map_or_else(
+                    || "?".to_owned(),
+                    |(kv, v)| {
+                        format!(
+                            "{} ({})",
+                            kv.create_revision(),
+                            v.as_ref().map_or("normal", |v| v.class.as_str())
+                        )
+                    },
+                );
+                format!("as queue ticket {ticket}; {head}; held by {held_by}")
+            }
+        }
+    }
+}
+
+impl LockBackend for Etcd {
+    fn describe(&self, key: LockKey<'_>) -> String {
+        format!("etcd key {}", keys::owner_key(&lock_dir(key)))
+    }
+
+    /// Whether etcd answers: a lock kept in an etcd nobody can reach protects nothing.
+    fn prepare(&self, _create: bool) -> Result<(), LockError> {
+        let mut client = self.shared.client.clone();
+        self.shared
+            .block_on("reach any endpoint", REQUEST_TIMEOUT, client.status())
+            .map(drop)
+    }
+
+    fn describe_store(&self) -> String {
+        format!("etcd at {}", self.shared.endpoints)
+    }
+
+    fn missing_store(&self) -> Option<String> {
+        None
+    }
+
+    fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError> {
+        let dir = lock_dir(key);
+        let snap = self.shared.snapshot(&dir)?;
+        if let Some(holder) = snap.holder() {
+            return Ok(Attempt::Held {
+                age: age_of(&holder),
+                note: (holder.host != self.shared.host).then(|| format!("held on {}", holder.host)),
+            });
+        }
+        if snap.owner.is_some() {
+            return Ok(Attempt::Held {
+                age: None,
+                note: None,
+            });
+        }
+        if let Some((kv, value)) = snap.queue.first() {
+            return Ok(Attempt::Held {
+                age: None,
+                note: Some(format!(
+                    "a waiter is about to take it: {}",
+                    describe_waiter(kv, value.as_ref())
+                )),
+            });
+        }
+        if !create {
+            return Ok(Attempt::Missing);
+        }
+        let session = self.shared.session()?;
+        let owner = keys::owner_key(&dir);
+        let holder = Holder::this_process("");
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                owner.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(
+                owner.as_str(),
+                holder.to_line(),
+                Some(PutOptions::new().with_lease(session.id)),
+            )]);
+        let mut client = self.shared.client.clone();
+        let response = self
+            .shared
+            .block_on("take the lock", REQUEST_TIMEOUT, client.txn(txn))?;
+        if !response.succeeded() {
+            return Ok(Attempt::Held {
+                age: None,
+                note: None,
+            });
+        }
+        let token = response.header().map_or(0, |h| h.revision());
+        Ok(Attempt::Taken {
+            lease: self.lease(session, &dir, token),
+            current: true,
+        })
+    }
+
+    fn take(
+        &self,
+        key: LockKey<'_>,
+        wait: &Wait<'_>,
+        on_wait: &mut dyn FnMut(Option<&Holder>, Duration),
+    ) -> Result<Taken, LockError> {
+        let dir = lock_dir(key);
+        let session = self.shared.session()?;
+        let started = Instant::now();
+        let value = WaiterValue {
+            holder: wait.holder.clone(),
+            class: wait.class,
+        };
+        let (waiter, token, snap) = self.enqueue(&session, &dir, &value)?;
+        if let Some(token) = token {
+            return Ok(Taken::Held(self.lease(session, &dir, token)));
+        }
+        on_wait(snap.holder().as_ref(), Duration::ZERO);
+        let promote = (wait.class == Class::Normal)
+            .then(|| started.checked_add(wait.promote_after))
+            .flatten()
+            .map(|at| {
+                let fast = WaiterValue {
+                    class: Class::Fast,
+                    ..value.clone()
+                };
+                let line = serde_json::to_string(&fast).expect("a waiter always serialises");
+                (tokio::time::Instant::from_std(at), line)
+            });
+        let (ready, notify) = UnixStream::pair().map_err(|e| self.shared.error("wait", e))?;
+        let (tx, rx) = mpsc::channel();
+        let task = self.shared.handle.spawn({
+            let work = wait_turn(
+                self.shared.client.clone(),
+                dir.clone(),
+                waiter.clone(),
+                session.id,
+                wait.holder.to_line(),
+                promote,
+            );
+            let mut notify = notify;
+            async move {
+                let outcome = work.await;
+                let _ = tx.send(outcome);
+                let _ = notify.write_all(&[1]);
+            }
+        });
+        let pending = PendingTake {
+            shared: self.shared.clone(),
+            dir: dir.clone(),
+            waiter: waiter.clone(),
+            lease: session.id,
+            ready,
+            outcome: rx,
+            task,
+        };
+        let shared = &self.shared;
+        let mut progress = || {
+            let holder = shared.snapshot(&dir).ok().and_then(|s| s.holder());
+            on_wait(holder.as_ref(), started.elapsed());
+        };
+        let keepalive: Option<(Duration, &mut dyn FnMut())> = Some((PROGRESS_EVERY, &mut progress));
+        let lost = wait.funnel.await_work(pending, wait.until, keepalive);
+        match lost {
+            Awaited::Done(Ok(token)) => Ok(Taken::Held(self.lease(session, &dir, token))),
+            Awaited::Done(Err(why)) => Err(self.shared.error("wait for the lock", why)),
+            Awaited::Stopped(event) => Ok(Taken::Stopped(event)),
+            Awaited::TimedOut => Ok(Taken::TimedOut {
+                waited: started.elapsed(),
+                lock: match key {
+                    LockKey::App(_) => self.describe(key),
+                    LockKey::Named(name) => name.to_string(),
+                },
+                detail: self.timed_out_detail(key, &dir, &waiter),
+            }),
+        }
+    }
+
+    fn is_held_by(&self, key: LockKey<'_>, pid: i32, token: &str) -> bool {
+        let Some((lease, revision)) = token
+            .strip_prefix("etcd:")
+            .and_then(|t| t.split_once(':'))
+            .and_then(|(l, r)| Some((i64::from_str_radix(l, 16).ok()?, r.parse::<i64>().ok()?)))
+        else {
+            return false;
+        };
+        let Ok(snap) = self.shared.snapshot(&lock_dir(key)) else {
+            return false;
+        };
+        let (Some(owner), Some(holder)) = (snap.owner.as_ref(), snap.holder()) else {
+            return false;
+        };
+        owner.lease() == lease
+            && owner.create_revision() == revision
+            && i64::from(holder.pid) == i64::from(pid)
+            && holder.host == self.shared.host
+    }
+
+    fn list(&self, long_held: Duration) -> std::io::Result<Vec<LockInfo>> {
+        let mut client = self.shared.client.clone();
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let response = self
+            .shared
+            .block_on(
+                "list the locks",
+                REQUEST_TIMEOUT,
+                client.get(keys::PREFIX, Some(options)),
+            )
+            .map_err(std::io::Error::other)?;
+        let mut dirs: BTreeMap<(String, String), Vec<&KeyValue>> = BTreeMap::new();
+        for kv in response.kvs() {
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
+                continue;
+            };
+            if let Some((kind, name, _)) = keys::key_parts(key) {
+                dirs.entry((kind.to_owned(), name.to_owned()))
+                    .or_default()
+                    .push(kv);
+            }
+        }
+        let mut found = Vec::new();
+        for ((kind, name), kvs) in dirs {
+            let kind = match kind.as_str() {
+                keys::APP => LockKind::App,
+                keys::NAMED => LockKind::Named,
+                _ => continue,
+            };
+            let dir = keys::lock_dir(
+                if kind == LockKind::App {
+                    keys::APP
+                } else {
+                    keys::NAMED
+                },
+                &name,
+            );
+            let owner_key = keys::owner_key(&dir);
+            let owner = kvs.iter().find(|kv| kv.key() == owner_key.as_bytes());
+            let mut queue: Vec<(&KeyValue, Option<WaiterValue>)> = kvs
+                .iter()
+                .filter(|kv| kv.key() != owner_key.as_bytes())
+                .map(|kv| (*kv, serde_json::from_slice(kv.value()).ok()))
+                .collect();
+            queue.sort_by_key(|(_, v)| v.as_ref().map_or(Class::Normal, |v: &WaiterValue| v.class));
+            let holder = owner.and_then(|kv| Holder::parse(&String::from_utf8_lossy(kv.value())));
+            let age = holder.as_ref().and_then(age_of);
+            found.push(LockInfo {
+                path: PathBuf::from(&owner_key),
+                kind,
+                name: crate::names::escape_outside(name.as_bytes()),
+                held: owner.is_some(),
+                holder_pids: holder
+                    .iter()
+                    .map(|h| i32::try_from(h.pid).unwrap_or(i32::MAX))
+                    .collect(),
+                waiters: queue.len(),
+                holder_raw: match (owner, &holder) {
+                    (Some(kv), None) => Some(String::from_utf8_lossy(kv.value()).into_owned()),
+                    _ => None,
+                },
+                holder,
+                age_s: age.map(|a| a.as_secs()),
+                long_held: age.is_some_and(|a| a > long_held),
+                problem: None,
+                queue: (kind == LockKind::Named).then(|| {
+                    queue
+                        .iter()
+                        .map(|(kv, v)| QueuedTicket {
+                            ticket: Ticket {
+                                class: v.as_ref().map_or(Class::Normal, |v| v.class),
+                                seq: kv.create_revision().unsigned_abs(),
+                                pid: v
+                                    .as_ref()
+                                    .map_or(0, |v| i32::try_from(v.holder.pid).unwrap_or(0)),
+                            },
+                            age_s: v
+                                .as_ref()
+                                .and_then(|v| age_of(&v.holder))
+                                .map_or(0, |a| a.as_secs()),
+                        })
+                        .collect()
+                }),
+            });
+        }
+        Ok(found)
+    }
+
+    fn tidy(
+        &self,
+        _keep: &dyn Fn(&AppDomain) -> bool,
+        _dry_run: bool,
+    ) -> (Vec<PathBuf>, Vec<String>) {
+        // Keys go with their leases: nothing is ever left behind to tidy.
+        (Vec::new(), Vec::new())
+    }
+}
