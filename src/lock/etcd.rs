@@ -26,12 +26,13 @@ use std::io::Write as _;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, KeyValue, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnResponse, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 
@@ -51,17 +52,24 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a release may take: a holder whose etcd is gone must still tear down promptly
 /// (its lease runs out on its own).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one member may take to answer one request before the next member is asked: a
+/// member that is stopped or cut off accepts connections and never answers.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
+/// How often a waiter reads its queue again even though its watch said nothing.
+const RECHECK_EVERY: Duration = Duration::from_secs(3);
 /// A pause before retrying after a failed watch or keepalive, so a dead member is not hammered.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Locks as etcd keys bound to this process's lease.
 pub(crate) struct Etcd {
     shared: Arc<Shared>,
-    runtime: Option<tokio::runtime::Runtime>,
 }
 
+/// What the backend and every lock it handed out share; the last of them to go revokes the
+/// lease and stops the runtime.
 struct Shared {
-    client: Client,
+    runtime: Option<tokio::runtime::Runtime>,
+    pool: Arc<Pool>,
     /// The endpoints, comma-separated, for messages.
     endpoints: String,
     ttl: Duration,
@@ -69,6 +77,78 @@ struct Shared {
     /// This process's lease, granted at the first lock it takes or waits for.
     session: Mutex<Option<Arc<Session>>>,
     host: String,
+}
+
+/// One client per endpoint, asked in turn: a request that fails or hangs on one member is
+/// asked again of the next, and the member that answered is asked first next time. (The
+/// client's own balancing keeps sending to a member that is down.)
+struct Pool {
+    clients: Vec<Client>,
+    next: AtomicUsize,
+}
+
+impl Pool {
+    /// The member to ask now, and its index for [`Pool::fail_over`].
+    fn current(&self) -> (usize, Client) {
+        let at = self.next.load(Ordering::SeqCst);
+        (at, self.clients[at % self.clients.len()].clone())
+    }
+
+    /// The member at `at` failed us: ask the next one from now on (unless another request
+    /// already moved on).
+    fn fail_over(&self, at: usize) {
+        let _ =
+            self.next
+                .compare_exchange(at, at.wrapping_add(1), Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// `request`, asked of each member in turn until one answers (within about
+    /// [`REQUEST_TIMEOUT`]).
+    async fn call<T, F, Fut>(&self, request: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        // A cluster between leaders refuses on every member for a moment: go round until one
+        // answers or the time for a request is up.
+        let started = tokio::time::Instant::now();
+        let mut last = None;
+        for round in 0.. {
+            if round > 0 && round % self.clients.len() == 0 {
+                if started.elapsed() >= REQUEST_TIMEOUT {
+                    break;
+                }
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            let (at, client) = self.current();
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, request(client)).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(err)) if !member_failed(&err) => return Err(err),
+                Ok(Err(err)) => last = Some(err),
+                Err(_) => {
+                    last = Some(etcd_client::Error::IoError(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no answer",
+                    )));
+                }
+            }
+            self.fail_over(at);
+        }
+        Err(last.expect("at least one endpoint"))
+    }
+}
+
+/// Whether `err` says the member could not serve us (down, stopped, without a leader), as
+/// opposed to an answer (a lease that does not exist, a request it refuses).
+fn member_failed(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => {
+            // NOT_FOUND, INVALID_ARGUMENT, FAILED_PRECONDITION, PERMISSION_DENIED,
+            // UNAUTHENTICATED, OUT_OF_RANGE: the cluster answered.
+            !matches!(i32::from(status.code()), 3 | 5 | 7 | 9 | 11 | 16)
+        }
+        _ => true,
+    }
 }
 
 /// A granted lease and its keepalive.
@@ -126,39 +206,43 @@ impl Etcd {
             .build()
             .map_err(|e| fail("start the etcd client", e.to_string()))?;
         let options = ConnectOptions::new()
-            .with_connect_timeout(REQUEST_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let client = runtime
+            .with_connect_timeout(ATTEMPT_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+            // A member cut off from the others refuses at once instead of waiting.
+            .with_require_leader(true);
+        let clients = runtime
             .block_on(async {
-                tokio::time::timeout(
-                    REQUEST_TIMEOUT,
-                    Client::connect(&settings.endpoints, Some(options)),
-                )
-                .await
-                .map_err(|_| "no answer".to_owned())?
-                .map_err(|e| e.to_string())
+                let mut clients = Vec::new();
+                for endpoint in &settings.endpoints {
+                    // One endpoint per client: connects lazily, so a member that is down now
+                    // is only skipped.
+                    clients.push(Client::connect([endpoint], Some(options.clone())).await?);
+                }
+                Ok::<_, etcd_client::Error>(clients)
             })
-            .map_err(|detail| fail("connect", detail))?;
+            .map_err(|e| fail("connect", e.to_string()))?;
         Ok(Self {
             shared: Arc::new(Shared {
-                client,
+                handle: runtime.handle().clone(),
+                runtime: Some(runtime),
+                pool: Arc::new(Pool {
+                    clients,
+                    next: AtomicUsize::new(0),
+                }),
                 endpoints,
                 ttl: settings.lease_ttl,
-                handle: runtime.handle().clone(),
                 session: Mutex::new(None),
                 host: nix::unistd::gethostname()
                     .map(|h| h.to_string_lossy().into_owned())
                     .unwrap_or_default(),
             }),
-            runtime: Some(runtime),
         })
     }
 }
 
-impl Drop for Etcd {
+impl Drop for Shared {
     fn drop(&mut self) {
-        self.shared.end_session();
+        self.end_session();
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(RELEASE_TIMEOUT);
         }
@@ -181,10 +265,40 @@ impl Shared {
         limit: Duration,
         work: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T, LockError> {
+        // The timer is made inside the runtime: it needs the runtime's clock.
         self.handle
-            .block_on(tokio::time::timeout(limit, work))
+            .block_on(async move { tokio::time::timeout(limit, work).await })
             .map_err(|_| self.error(what, format!("no answer within {} s", limit.as_secs())))?
             .map_err(|e| self.error(what, e))
+    }
+
+    /// One transaction, through whichever member answers.
+    fn txn(&self, what: &str, limit: Duration, txn: Txn) -> Result<TxnResponse, LockError> {
+        self.block_on(
+            what,
+            limit,
+            self.pool.call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            }),
+        )
+    }
+
+    /// The keys at `key` (or under it, with the prefix option).
+    fn get(
+        &self,
+        what: &str,
+        key: &str,
+        options: Option<GetOptions>,
+    ) -> Result<GetResponse, LockError> {
+        self.block_on(
+            what,
+            REQUEST_TIMEOUT,
+            self.pool.call(|mut c| {
+                let options = options.clone();
+                async move { c.get(key, options).await }
+            }),
+        )
     }
 
     /// This process's lease, granted (and kept alive) on first use.
@@ -195,16 +309,16 @@ impl Shared {
         }
         let ttl_secs = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX);
         let asked = tokio::time::Instant::now();
-        let mut client = self.client.clone();
         let granted = self.block_on(
             "grant a lease",
             REQUEST_TIMEOUT,
-            client.lease_grant(ttl_secs, None),
+            self.pool
+                .call(|mut c| async move { c.lease_grant(ttl_secs, None).await }),
         )?;
         let (lost, notify) =
             UnixStream::pair().map_err(|e| self.error("make the lease-loss pipe", e))?;
         let keeper = self.handle.spawn(keep_alive(
-            self.client.clone(),
+            self.pool.clone(),
             granted.id(),
             self.ttl,
             asked,
@@ -229,11 +343,12 @@ impl Shared {
             .take();
         if let Some(session) = session {
             session.keeper.abort();
-            let mut client = self.client.clone();
+            let id = session.id;
             if let Err(err) = self.block_on(
                 "revoke the lease",
                 RELEASE_TIMEOUT,
-                client.lease_revoke(session.id),
+                self.pool
+                    .call(|mut c| async move { c.lease_revoke(id).await }),
             ) {
                 tracing::debug!("{err}; it expires on its own");
             }
@@ -241,17 +356,20 @@ impl Shared {
     }
 
     fn snapshot(&self, dir: &str) -> Result<Snapshot, LockError> {
-        let client = self.client.clone();
-        self.block_on("read the lock", REQUEST_TIMEOUT, snapshot(client, dir))
+        self.block_on("read the lock", REQUEST_TIMEOUT, snapshot(&self.pool, dir))
     }
 }
 
 /// Read one lock's key directory at one revision.
-async fn snapshot(mut client: Client, dir: &str) -> Result<Snapshot, etcd_client::Error> {
-    let options = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend);
-    let response = client.get(dir, Some(options)).await?;
+async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_client::Error> {
+    let response = pool
+        .call(|mut c| async move {
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend);
+            c.get(dir, Some(options)).await
+        })
+        .await?;
     let revision = response.header().map_or(0, |h| h.revision());
     let owner_key = keys::owner_key(dir);
     let queue_prefix = keys::queue_prefix(dir);
@@ -279,7 +397,7 @@ async fn snapshot(mut client: Client, dir: &str) -> Result<Snapshot, etcd_client
 /// answered keepalive was *sent*: the server renewed the lease no earlier than that, so this
 /// side gives up no later than the server expires it.
 async fn keep_alive(
-    mut client: Client,
+    pool: Arc<Pool>,
     id: i64,
     ttl: Duration,
     granted: tokio::time::Instant,
@@ -287,6 +405,7 @@ async fn keep_alive(
 ) {
     let every = (ttl / 3).max(Duration::from_millis(500));
     let mut good_until = granted + ttl;
+    // The keepalive stream, and the member it goes to.
     let mut stream = None;
     let why = loop {
         let now = tokio::time::Instant::now();
@@ -296,24 +415,39 @@ async fn keep_alive(
         let sent = now;
         let round = async {
             if stream.is_none() {
-                stream = Some(client.lease_keep_alive(id).await?);
+                let (at, mut client) = pool.current();
+                stream = Some((at, client.lease_keep_alive(id).await.map_err(|e| (at, e))?));
             }
-            let (keeper, answers) = stream.as_mut().expect("just set");
-            keeper.keep_alive().await?;
-            answers.message().await
+            let (at, (keeper, answers)) = stream.as_mut().expect("just set");
+            let at = *at;
+            keeper.keep_alive().await.map_err(|e| (at, e))?;
+            answers.message().await.map_err(|e| (at, e))
         };
-        match tokio::time::timeout_at(good_until, round).await {
+        let limit = good_until.min(now + ATTEMPT_TIMEOUT);
+        match tokio::time::timeout_at(limit, round).await {
             Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
                 let renewed = Duration::from_secs(answer.ttl().unsigned_abs()).min(ttl);
                 good_until = sent + renewed;
                 tokio::time::sleep(every).await;
             }
             Ok(Ok(Some(_))) => break "etcd says the lease has expired or was revoked".to_owned(),
-            Ok(Ok(None)) | Ok(Err(_)) => {
+            Ok(Ok(None)) => {
                 stream = None;
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
-            Err(_) => continue,
+            Ok(Err((at, _))) => {
+                pool.fail_over(at);
+                stream = None;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(_) => {
+                // The member did not answer in time: ask another.
+                if let Some((at, _)) = stream.take() {
+                    pool.fail_over(at);
+                } else {
+                    pool.fail_over(pool.current().0);
+                }
+            }
         }
     };
     tracing::warn!(lease = format!("{id:x}"), "etcd lease lost: {why}");
@@ -351,7 +485,7 @@ fn describe_waiter(kv: &KeyValue, value: Option<&WaiterValue>) -> String {
 /// Try to become the owner as the head waiter: the owner key must be absent and our waiter
 /// key still ours. Returns the fencing token when we are the owner now.
 async fn claim(
-    mut client: Client,
+    pool: &Pool,
     dir: &str,
     waiter: &str,
     lease: i64,
@@ -371,7 +505,12 @@ async fn claim(
             ),
             TxnOp::delete(waiter, None),
         ]);
-    let response = client.txn(txn).await?;
+    let response = pool
+        .call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
     Ok(response
         .succeeded()
         .then(|| response.header().map_or(0, |h| h.revision())))
@@ -380,7 +519,7 @@ async fn claim(
 /// Wait in line for the lock whose directory is `dir`, as waiter key `waiter` (already
 /// written), until we own it. A normal waiter joins the fast class at `promote_at`.
 async fn wait_turn(
-    client: Client,
+    pool: Arc<Pool>,
     dir: String,
     waiter: String,
     lease: i64,
@@ -388,13 +527,17 @@ async fn wait_turn(
     mut promote: Option<(tokio::time::Instant, String)>,
 ) -> Result<i64, String> {
     loop {
-        let snap = match snapshot(client.clone(), &dir).await {
+        let snap = match snapshot(&pool, &dir).await {
             Ok(snap) => snap,
             Err(_) => {
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
             }
         };
+        if let Some(owner) = snap.owner.as_ref().filter(|o| o.lease() == lease) {
+            // Our claim went through though its answer was lost (a member died meanwhile).
+            return Ok(owner.create_revision());
+        }
         if !snap
             .queue
             .iter()
@@ -403,7 +546,7 @@ async fn wait_turn(
             return Err("our place in the queue is gone (the lease expired)".to_owned());
         }
         if snap.owner.is_none() && snap.head_is(&waiter) {
-            match claim(client.clone(), &dir, &waiter, lease, &holder_line).await {
+            match claim(&pool, &dir, &waiter, lease, &holder_line).await {
                 Ok(Some(token)) => return Ok(token),
                 Ok(None) => continue,
                 Err(_) => {
@@ -416,13 +559,19 @@ async fn wait_turn(
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(snap.revision + 1);
-        let mut watch = match client.clone().watch(dir.as_str(), Some(options)).await {
+        let (at, mut client) = pool.current();
+        let mut watch = match client.watch(dir.as_str(), Some(options)).await {
             Ok(watch) => watch,
             Err(_) => {
+                pool.fail_over(at);
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
             }
         };
+        // A watch on a member that stops answering says nothing at all: read the queue again
+        // now and then whatever the watch says (through a member that answers).
+        let recheck = tokio::time::sleep(RECHECK_EVERY);
+        tokio::pin!(recheck);
         loop {
             let promote_at = promote.as_ref().map(|(at, _)| *at);
             tokio::select! {
@@ -430,10 +579,12 @@ async fn wait_turn(
                     Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
                     Ok(Some(_)) => break,
                     Ok(None) | Err(_) => {
+                        pool.fail_over(at);
                         tokio::time::sleep(RETRY_PAUSE).await;
                         break;
                     }
                 },
+                () = &mut recheck => break,
                 () = async {
                     match promote_at {
                         Some(at) => tokio::time::sleep_until(at).await,
@@ -441,9 +592,15 @@ async fn wait_turn(
                     }
                 } => {
                     let (_, fast_line) = promote.take().expect("only armed while set");
-                    let options = PutOptions::new().with_lease(lease);
                     // Keeps its creation revision: a promoted waiter keeps its place.
-                    let _ = client.clone().put(waiter.as_str(), fast_line, Some(options)).await;
+                    let _ = pool
+                        .call(|mut c| {
+                            let line = fast_line.clone();
+                            let waiter = waiter.clone();
+                            let options = PutOptions::new().with_lease(lease);
+                            async move { c.put(waiter, line, Some(options)).await }
+                        })
+                        .await;
                     break;
                 }
             }
@@ -480,14 +637,11 @@ impl Awaitable for PendingTake {
         let txn = Txn::new()
             .when([Compare::lease(owner.as_str(), CompareOp::Equal, self.lease)])
             .and_then([TxnOp::delete(owner.as_str(), None)]);
-        let mut client = self.shared.client.clone();
-        let waiter = self.waiter.clone();
+        let leave = Txn::new().and_then([TxnOp::delete(self.waiter.as_str(), None)]);
         let result = self
             .shared
-            .block_on("leave the queue", RELEASE_TIMEOUT, async move {
-                client.txn(txn).await?;
-                client.delete(waiter, None).await
-            });
+            .txn("let go of the lock", RELEASE_TIMEOUT, txn)
+            .and_then(|_| self.shared.txn("leave the queue", RELEASE_TIMEOUT, leave));
         if let Err(err) = result {
             tracing::debug!("{err}; the lease takes our keys with it");
         }
@@ -504,15 +658,7 @@ struct EtcdLease {
 
 impl Lease for EtcdLease {
     fn holder(&self) -> Option<Holder> {
-        let mut client = self.shared.client.clone();
-        let response = self
-            .shared
-            .block_on(
-                "read the lock",
-                REQUEST_TIMEOUT,
-                client.get(self.owner.as_str(), None),
-            )
-            .ok()?;
+        let response = self.shared.get("read the lock", &self.owner, None).ok()?;
         let kv = response.kvs().first()?;
         (kv.create_revision() == self.token)
             .then(|| Holder::parse(&String::from_utf8_lossy(kv.value())))
@@ -546,11 +692,7 @@ impl Drop for EtcdLease {
                 self.token,
             )])
             .and_then([TxnOp::delete(self.owner.as_str(), None)]);
-        let mut client = self.shared.client.clone();
-        if let Err(err) = self
-            .shared
-            .block_on("release the lock", RELEASE_TIMEOUT, client.txn(txn))
-        {
+        if let Err(err) = self.shared.txn("release the lock", RELEASE_TIMEOUT, txn) {
             tracing::warn!("{err}; the lock frees when the lease expires");
         }
     }
@@ -576,16 +718,22 @@ impl Etcd {
         let waiter = keys::queue_key(dir, session.id);
         let line = serde_json::to_string(value).expect("a waiter always serialises");
         let holder_line = value.holder.to_line();
-        let mut client = self.shared.client.clone();
         let id = session.id;
+        let pool = &self.shared.pool;
         let (token, snap) = self.shared.block_on("join the queue", REQUEST_TIMEOUT, {
             let (dir, waiter) = (dir.to_owned(), waiter.clone());
             async move {
-                let options = PutOptions::new().with_lease(id);
-                client.put(waiter.as_str(), line, Some(options)).await?;
-                let snap = snapshot(client.clone(), &dir).await?;
+                pool.call(|mut c| {
+                    let (waiter, line) = (waiter.clone(), line.clone());
+                    async move {
+                        let options = PutOptions::new().with_lease(id);
+                        c.put(waiter, line, Some(options)).await
+                    }
+                })
+                .await?;
+                let snap = snapshot(pool, &dir).await?;
                 if snap.owner.is_none() && snap.head_is(&waiter) {
-                    if let Some(token) = claim(client, &dir, &waiter, id, &holder_line).await? {
+                    if let Some(token) = claim(pool, &dir, &waiter, id, &holder_line).await? {
                         return Ok((Some(token), snap));
                     }
                 }
@@ -595,8 +743,9 @@ impl Etcd {
         Ok((waiter, token, snap))
     }
 
-    /// Why a wait for `dir` timed out: where we were in line, who is ahead, who holds it.
-    fn timed_out_detail(&self, key: LockKey<'_>, dir: &str, waiter: &str) -> String {
+    /// Why a wait for `dir` timed out: where we were in line (`ticket`, the revision that
+    /// created our waiter key), who is ahead, who holds it.
+    fn timed_out_detail(&self, key: LockKey<'_>, dir: &str, ticket: i64, class: Class) -> String {
         let Ok(snap) = self.shared.snapshot(dir) else {
             return "etcd did not answer".to_owned();
         };
@@ -604,29 +753,14 @@ impl Etcd {
         match key {
             LockKey::App(_) => format!("held by {held_by}"),
             LockKey::Named(_) => {
-                let ours = snap
-                    .queue
-                    .iter()
-                    .find(|(kv, _)| kv.key() == waiter.as_bytes());
-                let head = snap
-                    .queue
-                    .iter()
-                    .find(|(kv, _)| kv.key() != waiter.as_bytes())
-                    .map_or_else(
-                        || "(no other ticket queued)".to_owned(),
-                        |(kv, v)| format!("head of queue is {}", describe_waiter(kv, v.as_ref())),
-                    );
-                let ticket = ours.map_or_else(
-                    || "?".to_owned(),
-                    |(kv, v)| {
-                        format!(
-                            "{} ({})",
-                            kv.create_revision(),
-                            v.as_ref().map_or("normal", |v| v.class.as_str())
-                        )
-                    },
+                let head = snap.queue.first().map_or_else(
+                    || "(no other ticket queued)".to_owned(),
+                    |(kv, v)| format!("head of queue is {}", describe_waiter(kv, v.as_ref())),
                 );
-                format!("as queue ticket {ticket}; {head}; held by {held_by}")
+                format!(
+                    "as queue ticket {ticket} ({}); {head}; held by {held_by}",
+                    class.as_str()
+                )
             }
         }
     }
@@ -639,9 +773,14 @@ impl LockBackend for Etcd {
 
     /// Whether etcd answers: a lock kept in an etcd nobody can reach protects nothing.
     fn prepare(&self, _create: bool) -> Result<(), LockError> {
-        let mut client = self.shared.client.clone();
         self.shared
-            .block_on("reach any endpoint", REQUEST_TIMEOUT, client.status())
+            .block_on(
+                "reach any endpoint",
+                REQUEST_TIMEOUT,
+                self.shared
+                    .pool
+                    .call(|mut c| async move { c.status().await }),
+            )
             .map(drop)
     }
 
@@ -694,10 +833,7 @@ impl LockBackend for Etcd {
                 holder.to_line(),
                 Some(PutOptions::new().with_lease(session.id)),
             )]);
-        let mut client = self.shared.client.clone();
-        let response = self
-            .shared
-            .block_on("take the lock", REQUEST_TIMEOUT, client.txn(txn))?;
+        let response = self.shared.txn("take the lock", REQUEST_TIMEOUT, txn)?;
         if !response.succeeded() {
             return Ok(Attempt::Held {
                 age: None,
@@ -725,6 +861,11 @@ impl LockBackend for Etcd {
             class: wait.class,
         };
         let (waiter, token, snap) = self.enqueue(&session, &dir, &value)?;
+        let ticket = snap
+            .queue
+            .iter()
+            .find(|(kv, _)| kv.key() == waiter.as_bytes())
+            .map_or(0, |(kv, _)| kv.create_revision());
         if let Some(token) = token {
             return Ok(Taken::Held(self.lease(session, &dir, token)));
         }
@@ -744,7 +885,7 @@ impl LockBackend for Etcd {
         let (tx, rx) = mpsc::channel();
         let task = self.shared.handle.spawn({
             let work = wait_turn(
-                self.shared.client.clone(),
+                self.shared.pool.clone(),
                 dir.clone(),
                 waiter.clone(),
                 session.id,
@@ -784,7 +925,7 @@ impl LockBackend for Etcd {
                     LockKey::App(_) => self.describe(key),
                     LockKey::Named(name) => name.to_string(),
                 },
-                detail: self.timed_out_detail(key, &dir, &waiter),
+                detail: self.timed_out_detail(key, &dir, ticket, wait.class),
             }),
         }
     }
@@ -810,17 +951,12 @@ impl LockBackend for Etcd {
     }
 
     fn list(&self, long_held: Duration) -> std::io::Result<Vec<LockInfo>> {
-        let mut client = self.shared.client.clone();
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         let response = self
             .shared
-            .block_on(
-                "list the locks",
-                REQUEST_TIMEOUT,
-                client.get(keys::PREFIX, Some(options)),
-            )
+            .get("list the locks", keys::PREFIX, Some(options))
             .map_err(std::io::Error::other)?;
         let mut dirs: BTreeMap<(String, String), Vec<&KeyValue>> = BTreeMap::new();
         for kv in response.kvs() {

@@ -8,6 +8,8 @@ mod bad_input;
 mod chaos;
 mod cli;
 mod docker;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod fetch;
 mod janitor;
 mod lifetime;

@@ -1,0 +1,484 @@
+//! Locks beyond one host: a real 3-member etcd cluster on loopback ports, started by each test,
+//! and "hosts" that are separate lock dirs, runs dirs and abra homes sharing it.
+//!
+//! Members are stopped with SIGSTOP (a partition as the holder sees it: connections open,
+//! nobody answering) and killed with SIGKILL, as a crashed or fenced-off member would be.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::util::{PATIENCE, Proc, Sandbox, Stream, run, signal};
+
+/// A 3-member etcd cluster of this test's own.
+struct Cluster {
+    members: Vec<Child>,
+    clients: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+/// Whether `etcd` can be started here; outside CI a missing server skips the test (with a
+/// message), in CI it fails it.
+fn etcd_available() -> bool {
+    let found = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but no etcd server is installed: the etcd tests must run in CI"
+        );
+        eprintln!("skipping an etcd test: no etcd server (apt install etcd-server)");
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl Cluster {
+    fn start() -> Option<Self> {
+        if !etcd_available() {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let initial: Vec<String> = peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect();
+        let members = (0..3)
+            .map(|i| {
+                let log = std::fs::File::create(dir.path().join(format!("m{i}.log"))).unwrap();
+                Command::new("etcd")
+                    .args(["--name", &format!("m{i}")])
+                    .arg("--data-dir")
+                    .arg(dir.path().join(format!("m{i}")))
+                    .args([
+                        "--listen-client-urls",
+                        &format!("http://127.0.0.1:{}", clients[i]),
+                        "--advertise-client-urls",
+                        &format!("http://127.0.0.1:{}", clients[i]),
+                        "--listen-peer-urls",
+                        &format!("http://127.0.0.1:{}", peers[i]),
+                        "--initial-advertise-peer-urls",
+                        &format!("http://127.0.0.1:{}", peers[i]),
+                        "--initial-cluster",
+                        &initial.join(","),
+                        "--initial-cluster-state",
+                        "new",
+                        "--initial-cluster-token",
+                        &format!("ccci-test-{}", std::process::id()),
+                    ])
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .expect("start etcd")
+            })
+            .collect();
+        let cluster = Self {
+            members,
+            clients: clients
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .collect(),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + PATIENCE;
+        while !cluster.healthy() {
+            assert!(
+                Instant::now() < deadline,
+                "etcd cluster never became healthy"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(cluster)
+    }
+
+    fn endpoints(&self) -> String {
+        self.clients.join(",")
+    }
+
+    fn etcdctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(self.endpoints())
+            .args(["--dial-timeout", "1s", "--command-timeout", "2s"])
+            .args(args)
+            .output()
+            .expect("run etcdctl")
+    }
+
+    /// Every member answers and the cluster has a leader.
+    fn healthy(&self) -> bool {
+        self.etcdctl(&["endpoint", "health"]).status.success()
+    }
+
+    /// The member that leads now.
+    fn leader(&self) -> usize {
+        let out = self.etcdctl(&["endpoint", "status", "-w", "json"]);
+        let statuses: Vec<Value> = serde_json::from_slice(&out.stdout).expect("status JSON");
+        let leader = &statuses[0]["Status"]["leader"];
+        statuses
+            .iter()
+            .position(|s| &s["Status"]["header"]["member_id"] == leader)
+            .expect("a leader among the members")
+    }
+
+    fn signal_member(&self, i: usize, sig: Signal) {
+        signal(self.members[i].id() as i32, sig);
+    }
+
+    fn signal_all(&self, sig: Signal) {
+        for i in 0..self.members.len() {
+            self.signal_member(i, sig);
+        }
+    }
+
+    /// The keys under ccci-run's prefix, with their values.
+    fn keys(&self) -> String {
+        let out = self.etcdctl(&["get", "--prefix", "/ccci-run/"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            signal(member.id() as i32, Signal::SIGCONT);
+            let _ = member.kill();
+            let _ = member.wait();
+        }
+    }
+}
+
+/// One "host": its own directories, the cluster's etcd, a lease TTL of `ttl` seconds.
+struct Host {
+    sandbox: Sandbox,
+    endpoints: String,
+    ttl: u32,
+}
+
+impl Host {
+    fn on(cluster: &Cluster, ttl: u32) -> Self {
+        Self::at(cluster.endpoints(), ttl)
+    }
+
+    fn at(endpoints: String, ttl: u32) -> Self {
+        Self {
+            sandbox: Sandbox::new(),
+            endpoints,
+            ttl,
+        }
+    }
+
+    fn ccci(&self) -> Command {
+        let mut cmd = self.sandbox.ccci();
+        cmd.arg("--etcd-endpoints")
+            .arg(&self.endpoints)
+            .arg("--lease-ttl")
+            .arg(self.ttl.to_string());
+        cmd
+    }
+
+    /// `run` of `recipe` PR 1 as `run_id`, running `script`.
+    fn run(&self, run_id: &str, recipe: &str, extra: &[&str], script: &str) -> Command {
+        let mut cmd = self.ccci();
+        cmd.args([
+            "run",
+            "--recipe",
+            recipe,
+            "--pr",
+            "1",
+            "--run-id",
+            run_id,
+            "--no-fetch",
+        ])
+        .args(extra)
+        .args(["--", "sh", "-c", script]);
+        cmd
+    }
+
+    fn record(&self, run_id: &str) -> Value {
+        self.sandbox.record(run_id)
+    }
+
+    fn locks(&self) -> Value {
+        let mut cmd = self.ccci();
+        cmd.args(["locks", "--json"]);
+        let done = run(cmd);
+        done.assert_code(0);
+        serde_json::from_str(&done.out.join("\n")).expect("locks JSON")
+    }
+
+    /// Wait until `locks` shows `n` waiters on named lock `name`.
+    fn wait_for_waiters(&self, name: &str, n: usize) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let locks = self.locks();
+            let waiters = locks
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["name"] == name)
+                .map_or(0, |l| l["waiters"].as_u64().unwrap() as usize);
+            if waiters == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never saw {n} waiters on {name}: {locks}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Holds until its stdin closes: prints `ready <pid> <fencing token>` first.
+const HOLD: &str = "echo ready $$ $CCCI_FENCING_TOKEN; read _ || true";
+
+fn token_of(line: &str) -> i64 {
+    line.split_whitespace()
+        .nth(2)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no fencing token in {line:?}"))
+}
+
+#[test]
+fn same_domain_runs_on_two_hosts_serialise_visibly_and_other_domains_do_not_wait() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
+    let mut first = Proc::spawn(a.run("a1", "custom-html", &[], HOLD));
+    let first_token = token_of(&first.wait_for(Stream::Out, "ready"));
+
+    // Another domain on the other host runs straight through while the first is held.
+    let other = run(b.run("b0", "wordpress", &[], "echo other"));
+    other.assert_code(0);
+
+    let mut second = Proc::spawn(b.run("b1", "custom-html", &[], HOLD));
+    second.wait_for(Stream::Err, "in flight — waiting; held by run a1 (pid");
+    let held = a.locks();
+    let app = held
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "app" && l["held"] == true)
+        .unwrap_or_else(|| panic!("no held app lock in {held}"));
+    assert_eq!(app["holder"]["run_id"], "a1", "{held}");
+    assert!(
+        !app["holder"]["host"].as_str().unwrap().is_empty(),
+        "{held}"
+    );
+
+    first.close_stdin();
+    let second_token = token_of(&second.wait_for(Stream::Out, "ready"));
+    assert!(
+        second_token > first_token,
+        "the next holder's fencing token {second_token} must be larger than {first_token}"
+    );
+    second.close_stdin();
+    first.finish().assert_code(0);
+    second.finish().assert_code(0);
+    assert_eq!(a.record("a1")["fencing_token"], first_token);
+    assert_eq!(b.record("b1")["fencing_token"], second_token);
+    assert!(
+        cluster.keys().is_empty(),
+        "released locks leave no keys: {}",
+        cluster.keys()
+    );
+}
+
+#[test]
+fn a_sigkilled_holders_domain_goes_to_the_other_hosts_waiter_within_the_ttl() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let ttl = 3;
+    let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
+    let mut holder = Proc::spawn(a.run("a1", "custom-html", &[], HOLD));
+    let command_pid = holder.wait_ready();
+    let mut waiter = Proc::spawn(b.run("b1", "custom-html", &[], HOLD));
+    waiter.wait_for(Stream::Err, "waiting; held by run a1");
+
+    // The supervisor dies without a word (the OOM killer); its command lives on until a janitor
+    // finds it, but its lease is no longer kept alive.
+    signal(holder.pid(), Signal::SIGKILL);
+    let killed = Instant::now();
+    waiter.wait_for(Stream::Out, "ready");
+    let handed_over = killed.elapsed();
+    assert!(
+        handed_over < Duration::from_secs(u64::from(ttl) + 1),
+        "the waiter got the domain {handed_over:?} after the holder died (TTL {ttl} s)"
+    );
+    waiter.close_stdin();
+    waiter.finish().assert_code(0);
+    // Whatever is left of the dead run's command (a janitor's job on a real host).
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(command_pid), Signal::SIGKILL);
+    drop(holder.finish());
+}
+
+#[test]
+fn a_run_keeps_its_lock_when_the_leader_dies_and_loses_it_when_etcd_goes_silent() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    // Long enough to ride out an election (etcd's default election timeout is 1 s).
+    let ttl = 5;
+    let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
+    let mut holder = Proc::spawn(a.run("a1", "custom-html", &[], HOLD));
+    let first_token = token_of(&holder.wait_for(Stream::Out, "ready"));
+
+    // The leader dies: the client fails over and keeps the lease alive. A waiter that gives up
+    // after twice the TTL proves the lock stayed held all that time.
+    cluster.signal_member(cluster.leader(), Signal::SIGKILL);
+    let budget = (2 * ttl).to_string();
+    let waiter = run(b.run("b1", "custom-html", &["--lock-wait", &budget], "true"));
+    waiter.assert_code(75);
+    waiter.assert_stderr_has("held by run a1");
+
+    // Now nobody answers at all, past the TTL: the run must assume another host may hold the
+    // domain, and stop at once.
+    cluster.signal_all(Signal::SIGSTOP);
+    holder.wait_for(Stream::Err, "finished, exit");
+    let lost = holder.finish();
+    cluster.signal_all(Signal::SIGCONT);
+    lost.assert_code(76);
+    lost.assert_stderr_has("the lock was lost while held — tearing down");
+    let record = a.record("a1");
+    assert_eq!(record["shutdown_reason"], "lock-lost", "{record}");
+    assert_eq!(record["exit_code"], 76, "{record}");
+
+    // Nothing is double-held afterwards, and the next holder's token is larger.
+    let mut next = Proc::spawn(b.run("b2", "custom-html", &[], HOLD));
+    let next_token = token_of(&next.wait_for(Stream::Out, "ready"));
+    assert!(next_token > first_token, "{next_token} after {first_token}");
+    next.close_stdin();
+    next.finish().assert_code(0);
+}
+
+#[test]
+fn an_unreachable_etcd_fails_the_run_and_the_janitor_and_never_falls_back_to_flock() {
+    // Nobody listens here.
+    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    let host = Host::at(endpoint.clone(), 2);
+    let done = run(host.run("r1", "custom-html", &[], "echo must-not-run"));
+    done.assert_code(125);
+    done.assert_stderr_has(&endpoint);
+    assert!(!done.out.join("\n").contains("must-not-run"));
+    let record = host.record("r1");
+    assert_eq!(record["exit_code"], 125, "{record}");
+    assert!(
+        record["error"].as_str().unwrap().contains(&endpoint),
+        "{record}"
+    );
+
+    let mut janitor = host.ccci();
+    janitor.args(["janitor", "--json"]);
+    let swept = run(janitor);
+    swept.assert_code(1);
+    let report: Value = serde_json::from_str(&swept.out.join("\n")).unwrap();
+    assert!(
+        report["candidates"].as_array().is_none_or(|c| c.is_empty()),
+        "{report}"
+    );
+    assert!(report.to_string().contains(&endpoint), "{report}");
+
+    let mut locks = host.ccci();
+    locks.arg("locks");
+    let listed = run(locks);
+    listed.assert_code(1);
+    listed.assert_stderr_has(&endpoint);
+}
+
+#[test]
+fn named_lock_waiters_across_hosts_are_served_in_order_and_a_killed_one_drops_out() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
+    let order = a.sandbox.path().join("order");
+    let append = |who: &str| {
+        format!(
+            "echo {who} >> {}",
+            crate::util::sh_quote(PathBuf::from(&order))
+        )
+    };
+    let lock = |host: &Host, script: &str| {
+        let mut cmd = host.ccci();
+        cmd.args(["lock", "cache", "--", "sh", "-c", script]);
+        cmd
+    };
+    let mut holder = Proc::spawn(lock(&a, HOLD));
+    holder.wait_ready();
+    let mut waiters = Vec::new();
+    for (i, host) in [&b, &a, &b].into_iter().enumerate() {
+        waiters.push(Proc::spawn(lock(host, &append(&format!("w{i}")))));
+        a.wait_for_waiters("cache", i + 1);
+    }
+    // The middle waiter dies; its key goes with its lease, and it is skipped.
+    signal(waiters[1].pid(), Signal::SIGKILL);
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+    let mut finished = Vec::new();
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        let done = waiter.finish();
+        if i != 1 {
+            done.assert_code(0);
+        }
+        finished.push(done);
+    }
+    let served = std::fs::read_to_string(&order).unwrap();
+    assert_eq!(served, "w0\nw2\n");
+    // A descendant of a holder is granted the lock at once.
+    let nested = run(lock(
+        &a,
+        &format!(
+            "{} --etcd-endpoints {} --lock-dir {} lock cache --wait 1 -- echo nested",
+            crate::util::sh_quote(crate::util::BIN),
+            cluster.endpoints(),
+            crate::util::sh_quote(a.sandbox.locks())
+        ),
+    ));
+    nested.assert_code(0);
+    assert!(
+        nested.out.join("\n").contains("nested"),
+        "{}",
+        nested.transcript()
+    );
+}
+
+#[test]
+fn a_named_lock_timeout_names_its_ticket_and_the_holder() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
+    let mut cmd = a.ccci();
+    cmd.args(["lock", "cache", "--", "sh", "-c", HOLD]);
+    let mut holder = Proc::spawn(cmd);
+    holder.wait_ready();
+    let mut cmd = b.ccci();
+    cmd.args(["lock", "cache", "--wait", "0.5", "--", "true"]);
+    let timed_out = run(cmd);
+    timed_out.assert_code(75);
+    timed_out.assert_stderr_has("as queue ticket ");
+    timed_out.assert_stderr_has("(normal); (no other ticket queued); held by pid");
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+}
