@@ -10,7 +10,7 @@
   # /etc/ccci-run/config.toml: the one place the host's paths are set. Every ccci-run on the
   # host reads it (the Drone step, the janitor's timer, an operator's shell), so they cannot drift.
   configToml =
-    { lockDir, runsDir, abraHome, stateDir, docker }:
+    { lockDir, runsDir, abraHome, stateDir, docker, etcdEndpoints ? [ ], leaseTtl ? 10 }:
     ''
       # Written by the NixOS module services.ccci-run; `ccci-run config` shows what is in force.
       lock_dir = "${lockDir}"
@@ -18,13 +18,17 @@
       abra_home = "${abraHome}"
       state_dir = "${stateDir}"
       docker = "${docker}"
-    '';
+    '' + (if etcdEndpoints == [ ] then "" else ''
+      etcd_endpoints = [ ${builtins.concatStringsSep ", " (map (e: "\"${e}\"") etcdEndpoints)} ]
+      lease_ttl = ${toString leaseTtl}
+    '');
 
   # The janitor unit's sandbox: what it must reach (the directories it writes, the cgroup file
   # system, /proc, Docker's Unix socket, signals to dead runs' processes) and nothing else.
   # systemd/ccci-run-janitor.service carries the same settings for hosts without Nix.
+  # `network`: the locks are kept in etcd, reached over TCP.
   janitorHardening =
-    { writablePaths, abraHome }:
+    { writablePaths, abraHome, network ? false }:
     {
       TimeoutStartSec = "15min";
       ProtectSystem = "strict";
@@ -52,8 +56,7 @@
         "~@privileged @resources @mount @swap @reboot @module @raw-io @clock @cpu-emulation @debug @obsolete"
       ];
       SystemCallErrorNumber = "EPERM";
-      RestrictAddressFamilies = [ "AF_UNIX" ];
-      IPAddressDeny = "any";
+      RestrictAddressFamilies = [ "AF_UNIX" ] ++ (if network then [ "AF_INET" "AF_INET6" ] else [ ]);
       UMask = "0077";
-    };
+    } // (if network then { } else { IPAddressDeny = "any"; });
 }

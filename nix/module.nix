@@ -58,6 +58,27 @@ in
       '';
     };
 
+    etcdEndpoints = mkOption {
+      type = types.listOf types.str;
+      default = [ ];
+      example = [ "http://10.0.0.1:2379" "http://10.0.0.2:2379" "http://10.0.0.3:2379" ];
+      description = ''
+        etcd endpoints shared by every runner host of one swarm: the app-domain and named locks
+        become keys bound to leases, so runs of one domain on different hosts serialise and the
+        janitor on any host tells a live run from a dead one. Empty: this host's flock.
+      '';
+    };
+
+    leaseTtl = mkOption {
+      type = types.ints.between 2 3600;
+      default = 10;
+      description = ''
+        Seconds an etcd lease outlives its holder's last keepalive: how soon a dead host's
+        domains free up, and how long etcd may be unreachable before a run counts its lock lost
+        (exit 76).
+      '';
+    };
+
     janitor = {
       interval = mkOption {
         type = types.str;
@@ -108,7 +129,7 @@ in
 
     # One source of configuration for every ccci-run on the host.
     environment.etc."ccci-run/config.toml".text = helpers.configToml {
-      inherit (cfg) lockDir runsDir abraHome stateDir docker;
+      inherit (cfg) lockDir runsDir abraHome stateDir docker etcdEndpoints leaseTtl;
     };
 
     systemd.tmpfiles.rules = [
@@ -129,6 +150,7 @@ in
       restartTriggers = [ config.environment.etc."ccci-run/config.toml".source ];
       serviceConfig = helpers.janitorHardening {
         inherit (cfg) abraHome;
+        network = cfg.etcdEndpoints != [ ];
         writablePaths = [ cfg.lockDir cfg.runsDir cfg.stateDir ]
           ++ lib.optional (cfg.janitor.metricsFile != null) (builtins.dirOf cfg.janitor.metricsFile);
       } // {

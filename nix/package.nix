@@ -3,6 +3,7 @@
   stdenv,
   rustPlatform,
   pkg-config,
+  protobuf,
   openssl,
   installShellFiles,
 }:
@@ -23,10 +24,12 @@ rustPlatform.buildRustPackage {
   };
   cargoLock.lockFile = ../Cargo.lock;
 
-  # The system's OpenSSL and libgit2 build (the default features); `--features vendored` is the
-  # self-contained binary for hosts without Nix.
+  # The system's OpenSSL and libgit2 build; `--features vendored` is the self-contained binary
+  # for hosts without Nix. The etcd backend is in: a fleet of runners shares its locks there.
+  buildFeatures = [ "etcd" ];
   nativeBuildInputs = [
     pkg-config
+    protobuf
     installShellFiles
   ];
   buildInputs = [ openssl ];

@@ -26,13 +26,14 @@ use crate::names::{DomainSuffix, LockName, NameError, RunId};
     about = "Daemonless run supervisor for recipe CI on a Co-op Cloud host",
     long_about = "Daemonless run supervisor for recipe CI on a Co-op Cloud host.\n\n\
         A run can never outlive its CI step or its hard deadline, gets its own ABRA_DIR, \
-        serialises with other runs of the same app domain through a kernel flock, and leaves \
-        nothing behind that a later janitor sweep would not reap.",
+        serialises with other runs of the same app domain through a kernel flock (or, across \
+        hosts, an etcd lease), and leaves nothing behind that a later janitor sweep would not reap.",
     after_help = "Exit codes: the command's own status (128+N when signal N killed it); \
         2 invalid input; 75 lock not acquired in time; 125 ccci-run failed; \
         126/127 command not executable / not found; 129/130/131/143 SIGHUP/SIGINT/SIGQUIT/SIGTERM \
         after teardown (143 also when the parent or the --tie-to process died); \
-        142 hard deadline after teardown."
+        142 hard deadline after teardown; 76 the lock was lost while held (an etcd lease \
+        expired or was revoked) after teardown."
 )]
 pub(crate) struct Cli {
     #[command(flatten)]

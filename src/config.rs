@@ -596,7 +596,7 @@ mod tests {
     }
 
     #[test]
-    fn a_named_file_must_exist_and_etcd_is_refused() {
+    fn a_named_file_must_exist_and_etcd_settings_are_validated() {
         let dir = tempfile::tempdir().unwrap();
         let mut inputs = Inputs {
             config: Some(dir.path().join("missing.toml")),
@@ -609,12 +609,45 @@ mod tests {
             "{err}"
         );
         let file = dir.path().join("etcd.toml");
-        std::fs::write(&file, "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n").unwrap();
-        inputs.config = Some(file);
-        let err = resolve(&inputs).unwrap_err();
-        assert!(
-            err.to_string().contains("only the local flock backend"),
-            "{err}"
+        std::fs::write(
+            &file,
+            "etcd_endpoints = [\"http://127.0.0.1:2379\", \"10.0.0.2:2379\"]\nlease_ttl = 15\n",
+        )
+        .unwrap();
+        inputs.config = Some(file.clone());
+        let resolved = resolve(&inputs).unwrap();
+        assert_eq!(
+            resolved.etcd,
+            Some(EtcdSettings {
+                endpoints: vec!["http://127.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                lease_ttl: Duration::from_secs(15),
+            })
         );
+        // A flag wins over the file, as everywhere.
+        inputs.lease_ttl = Some((20, Origin::Flag));
+        assert_eq!(
+            resolve(&inputs).unwrap().etcd.unwrap().lease_ttl,
+            Duration::from_secs(20)
+        );
+        for (endpoints, ttl, why) in [
+            ("https://a:2379", 10, "no TLS"),
+            ("a", 10, "HOST:PORT"),
+            ("a:0", 10, "port in 1-65535"),
+            ("a:2379", 1, "out of range"),
+            ("a:2379", 100_000, "out of range"),
+        ] {
+            inputs.etcd_endpoints = Some((vec![endpoints.to_owned()], Origin::Flag));
+            inputs.lease_ttl = Some((ttl, Origin::Flag));
+            let err = resolve(&inputs).unwrap_err().to_string();
+            assert!(
+                err.contains(why) && err.contains("--etcd-endpoints"),
+                "{err}"
+            );
+        }
+        // No endpoints: the local flock, whatever the TTL says.
+        inputs.etcd_endpoints = Some((Vec::new(), Origin::Flag));
+        inputs.lease_ttl = None;
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(resolve(&inputs).unwrap().etcd, None);
     }
 }

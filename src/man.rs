@@ -87,6 +87,11 @@ fn extra(command: &str) -> Extra {
                      CCCI_DEPSKIP_FILE",
                     "Set for COMMAND and the --on-teardown hook.",
                 ),
+                (
+                    "CCCI_FENCING_TOKEN",
+                    "Set for COMMAND and the hook when the app lock is kept in etcd: the lock's \
+                     revision, larger for every later holder of the domain on any host.",
+                ),
             ],
             files: &[
                 CONFIG_FILE,

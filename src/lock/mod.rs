@@ -41,3 +41,29 @@ pub(crate) fn backend(
         ))),
     }
 }
+
+#[cfg(all(test, not(feature = "etcd")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_endpoints_without_the_etcd_backend_are_an_error_not_a_flock() {
+        let suffix = crate::names::DomainSuffix::parse("ci.example.org").unwrap();
+        let global = crate::config::Global {
+            lock_dir: "/nonexistent/locks".into(),
+            abra_home: "/nonexistent/abra".into(),
+            runs_dir: "/nonexistent/runs".into(),
+            state_dir: "/nonexistent/state".into(),
+            pattern: crate::names::RunAppPattern::new(&suffix),
+            suffix,
+            docker: crate::config::DockerMode::Off,
+            cgroup: crate::config::CgroupMode::Off,
+            etcd: Some(crate::config::EtcdSettings {
+                endpoints: vec!["http://127.0.0.1:2379".into()],
+                lease_ttl: std::time::Duration::from_secs(10),
+            }),
+        };
+        let err = backend(&global).err().expect("no fallback to the flock");
+        assert!(err.to_string().contains("--features etcd"), "{err}");
+    }
+}

@@ -160,6 +160,38 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
         "--help",
     ]);
     assert!(cmd.status().unwrap().success());
+    // The module's configuration file, with the etcd settings, is one the binary reads as meant.
+    let toml = eval(
+        "(import ./nix/lib.nix).configToml { lockDir = \"/l\"; runsDir = \"/r\"; \
+         abraHome = \"/a\"; stateDir = \"/s\"; docker = \"auto\"; \
+         etcdEndpoints = [ \"http://10.0.0.1:2379\" \"http://10.0.0.2:2379\" ]; leaseTtl = 15; }",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, toml.as_str().unwrap()).unwrap();
+    let out = succeeds(
+        Command::new(BIN)
+            .env_remove("CCCI_ETCD_ENDPOINTS")
+            .env_remove("CCCI_LEASE_TTL")
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "--json"]),
+    );
+    let settings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let value = |key: &str| {
+        settings
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["key"] == key)
+            .map(|s| s["value"].clone())
+    };
+    assert_eq!(
+        value("etcd_endpoints"),
+        Some("http://10.0.0.1:2379,http://10.0.0.2:2379".into())
+    );
+    assert_eq!(value("lease_ttl"), Some("15".into()));
+    assert_eq!(value("lock_dir"), Some("/l".into()));
 }
 
 #[test]
