@@ -33,7 +33,7 @@ use crate::janitor::decide::{Decision, Probe, decide};
 use crate::janitor::reap::{finish_reap, reap_dead_runs_cgroups, reap_leftovers};
 use crate::janitor::report::{CandidateReport, Source, SweepReport};
 use crate::janitor::tidy::tidy_state_files;
-use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey};
+use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, is_lost};
 use crate::names::AppDomain;
 use crate::report as status;
 
@@ -294,6 +294,13 @@ impl Sweep<'_> {
     /// Docker resources first, several stacks at a time, each under its own probe lock, and
     /// confirmed gone before anything else of the app goes or the lock is released.
     fn reap(&mut self, to_reap: Vec<ToReap<'_>>, docker: &DockerState<'_>) {
+        // A probe lock lost before the reap (an etcd lease that ran out) may be someone else's
+        // lock by now, and the app theirs: hands off.
+        let (to_reap, lost): (Vec<_>, Vec<_>) =
+            to_reap.into_iter().partition(|r| !is_lost(&*r.lock));
+        for r in lost {
+            self.lost_mid_reap(&r);
+        }
         let stacks: Vec<(AppDomain, StackResources)> = to_reap
             .iter()
             .map(|r| {
@@ -314,6 +321,10 @@ impl Sweep<'_> {
             ],
         };
         for (r, reaped) in to_reap.into_iter().zip(reaped) {
+            if is_lost(&*r.lock) {
+                self.lost_mid_reap(&r);
+                continue;
+            }
             let line = &mut self.report.candidates[r.line];
             let gone = reaped.gone();
             let problems = reaped.problems();
@@ -335,6 +346,16 @@ impl Sweep<'_> {
         }
     }
 
+    /// The probe lock of `r` was lost: leave the rest of the app (its `.env`) to the next
+    /// sweep, which will find out whose it is.
+    fn lost_mid_reap(&mut self, r: &ToReap<'_>) {
+        let line = &mut self.report.candidates[r.line];
+        line.decision = Decision::ReapIncomplete;
+        let why = "the probe lock was lost (its lease ran out): left to the next sweep";
+        status::line(&format!("!! janitor: {}: {why}", r.candidate.domain));
+        line.error = Some(why.to_owned());
+    }
+
     /// Probe one candidate's lock and decide. A lock taken for a `reap` (or `raced`) is
     /// handed back still held.
     fn probe(&self, candidate: &Candidate) -> (CandidateReport, Option<Box<dyn Lease>>) {
@@ -345,6 +366,7 @@ impl Sweep<'_> {
             sources: candidate.sources.clone(),
             decision: Decision::Unreadable,
             lock_age_s: None,
+            holder: None,
             removed: RemovedResources::default(),
             error: None,
         };
@@ -357,8 +379,9 @@ impl Sweep<'_> {
             Err(err) if err.is_foreign() => Probe::Foreign(err.to_string()),
             Err(err) => Probe::Unreadable(err.to_string()),
             Ok(Attempt::Missing) => Probe::NoLockFile,
-            Ok(Attempt::Held { age, note }) => {
+            Ok(Attempt::Held { age, holder, note }) => {
                 elsewhere = note;
+                line.holder = holder;
                 Probe::Held { age }
             }
             Ok(Attempt::Taken { lease, current }) => {

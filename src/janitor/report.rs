@@ -31,6 +31,10 @@ pub(crate) struct CandidateReport {
     pub sources: BTreeSet<Source>,
     pub decision: Decision,
     pub lock_age_s: Option<u64>,
+    /// Who holds the domain's lock, as the lock names it (with the host, when locks are kept
+    /// beyond one host).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<crate::lock::Holder>,
     pub removed: RemovedResources,
     pub error: Option<String>,
 }

@@ -46,10 +46,12 @@ pub(crate) enum Attempt {
     },
     /// Nothing names this lock, so nobody can hold it (only when asked not to create it).
     Missing,
-    /// Someone holds it: since `age` (when the backend knows), with `note` when the verdict
-    /// came from a second account of ownership rather than the lock itself.
+    /// Someone holds it: since `age` (when the backend knows), `holder` as the lock names it
+    /// (on any host), with `note` when the verdict came from a second account of ownership
+    /// rather than the lock itself.
     Held {
         age: Option<Duration>,
+        holder: Option<Holder>,
         note: Option<String>,
     },
 }

@@ -43,6 +43,7 @@ use crate::lock::queue::{Class, QueuedTicket, Ticket};
 use crate::lock::{Holder, LockError};
 use crate::names::AppDomain;
 use crate::names::etcd as keys;
+use crate::report;
 use crate::supervise::linux;
 use crate::supervise::signals::Awaited;
 use crate::supervise::worker::Awaitable;
@@ -482,6 +483,42 @@ fn describe_waiter(kv: &KeyValue, value: Option<&WaiterValue>) -> String {
     }
 }
 
+/// A named lock's waiting line, as on one host: our ticket, the budget, our place in line.
+fn waiting_line(
+    name: &crate::names::LockName,
+    snap: &Snapshot,
+    waiter: &str,
+    ticket: i64,
+    wait: &Wait<'_>,
+) -> String {
+    let budget = wait.until.map_or("no time limit".to_owned(), |until| {
+        format!(
+            "{:.1} s of budget left",
+            until
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64()
+        )
+    });
+    let ahead = snap
+        .queue
+        .iter()
+        .take_while(|(kv, _)| kv.key() != waiter.as_bytes())
+        .count();
+    let position = if ahead == 0 {
+        "head of the queue, waiting for the holder".to_owned()
+    } else {
+        let head = snap
+            .queue
+            .first()
+            .map_or("-".to_owned(), |(kv, v)| describe_waiter(kv, v.as_ref()));
+        format!("{ahead} ticket(s) ahead, head is {head}")
+    };
+    format!(
+        "== lock {name}: waiting as queue ticket {ticket} ({}), {budget}; {position} ==",
+        wait.class.as_str()
+    )
+}
+
 /// Try to become the owner as the head waiter: the owner key must be absent and our waiter
 /// key still ours. Returns the fencing token when we are the owner now.
 async fn claim(
@@ -795,25 +832,20 @@ impl LockBackend for Etcd {
     fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError> {
         let dir = lock_dir(key);
         let snap = self.shared.snapshot(&dir)?;
-        if let Some(holder) = snap.holder() {
-            return Ok(Attempt::Held {
-                age: age_of(&holder),
-                note: (holder.host != self.shared.host).then(|| format!("held on {}", holder.host)),
-            });
-        }
         if snap.owner.is_some() {
+            let holder = snap.holder();
             return Ok(Attempt::Held {
-                age: None,
+                age: holder.as_ref().and_then(age_of),
+                holder,
                 note: None,
             });
         }
-        if let Some((kv, value)) = snap.queue.first() {
+        if let Some((_, value)) = snap.queue.first() {
+            // A live waiter is about to take it (its key lives only as long as its lease).
             return Ok(Attempt::Held {
                 age: None,
-                note: Some(format!(
-                    "a waiter is about to take it: {}",
-                    describe_waiter(kv, value.as_ref())
-                )),
+                holder: value.as_ref().map(|v| v.holder.clone()),
+                note: None,
             });
         }
         if !create {
@@ -837,6 +869,7 @@ impl LockBackend for Etcd {
         if !response.succeeded() {
             return Ok(Attempt::Held {
                 age: None,
+                holder: None,
                 note: None,
             });
         }
@@ -870,6 +903,12 @@ impl LockBackend for Etcd {
             return Ok(Taken::Held(self.lease(session, &dir, token)));
         }
         on_wait(snap.holder().as_ref(), Duration::ZERO);
+        let say_where = |snap: &Snapshot| {
+            if let LockKey::Named(name) = key {
+                report::line(&waiting_line(name, snap, &waiter, ticket, wait));
+            }
+        };
+        say_where(&snap);
         let promote = (wait.class == Class::Normal)
             .then(|| started.checked_add(wait.promote_after))
             .flatten()
@@ -910,8 +949,11 @@ impl LockBackend for Etcd {
         };
         let shared = &self.shared;
         let mut progress = || {
-            let holder = shared.snapshot(&dir).ok().and_then(|s| s.holder());
-            on_wait(holder.as_ref(), started.elapsed());
+            let snap = shared.snapshot(&dir).ok();
+            if let Some(snap) = &snap {
+                say_where(snap);
+            }
+            on_wait(snap.and_then(|s| s.holder()).as_ref(), started.elapsed());
         };
         let keepalive: Option<(Duration, &mut dyn FnMut())> = Some((PROGRESS_EVERY, &mut progress));
         let lost = wait.funnel.await_work(pending, wait.until, keepalive);

@@ -212,9 +212,10 @@ impl LockBackend for Local {
         let attempt = match opened {
             None => Attempt::Missing,
             Some(file) => match file.try_lock()? {
-                TryLock::Busy(file) => {
+                TryLock::Busy(mut file) => {
                     return Ok(Attempt::Held {
                         age: file.age(),
+                        holder: Holder::parse(&file.read_holder()),
                         note: None,
                     });
                 }
@@ -229,6 +230,7 @@ impl LockBackend for Local {
             if let Some(run_id) = self.owner_by_runs_dir(domain) {
                 return Ok(Attempt::Held {
                     age: None,
+                    holder: None,
                     note: Some(format!("held by run {run_id} under another lock dir")),
                 });
             }

@@ -10,6 +10,11 @@
 //! - nothing of a dead run is left: `.env` files, lock files, state files, processes;
 //! - every exit code is one the contract allows.
 //!
+//! In its two-host mode (with the etcd backend) the runs are spread over two "hosts" (directories
+//! of their own) sharing a real 3-member etcd cluster, and a schedule may also kill the cluster's
+//! leader or stop every member past the lease TTL (a partition as the runs see it): a holder
+//! that loses its lease must stop (76), and still no two runs of one domain overlap.
+//!
 //! CI runs a bounded slice; the soak runs as many schedules as asked:
 //!
 //! ```sh
@@ -27,6 +32,7 @@ use nix::sys::signal::Signal;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
+use crate::etcd_cluster::Cluster as EtcdCluster;
 use crate::util::{Sandbox, list, process_alive, sh_quote};
 
 /// The fault a run meets.
@@ -60,7 +66,25 @@ struct RunPlan {
     pr: u8,
     fault: Fault,
     hold_ms: u64,
+    /// Which host it runs on (two-host mode), else 0.
+    host: usize,
 }
+
+/// What happens to the etcd cluster in a two-host schedule, after so many events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EtcdFault {
+    None,
+    KillLeader {
+        after: usize,
+    },
+    /// Every member stopped for the lease TTL and two seconds more.
+    Partition {
+        after: usize,
+    },
+}
+
+/// The lease TTL of two-host schedules, seconds.
+const CHAOS_TTL: u32 = 2;
 
 #[derive(Debug, Clone)]
 struct Plan {
@@ -74,27 +98,50 @@ struct Plan {
     kill_janitor_chance: f64,
     /// After this many events, every process is killed and the lock dir emptied.
     reboot_after: Option<usize>,
+    /// Two hosts on etcd, and what befalls the cluster.
+    etcd: Option<EtcdFault>,
 }
 
 impl Plan {
-    fn new(seed: u64, docker: bool) -> Self {
+    fn new(seed: u64, docker: bool, etcd: bool) -> Self {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-        let runs = (0..rng.random_range(3..=7))
+        let mut runs: Vec<RunPlan> = (0..rng.random_range(3..=7))
             .map(|i| RunPlan {
                 id: format!("chaos-{seed}-{i}"),
                 pr: rng.random_range(1..=3),
                 fault: FAULTS[rng.random_range(0..FAULTS.len())],
                 hold_ms: rng.random_range(20..=250),
+                host: 0,
             })
             .collect();
-        Self {
+        let mut plan = Self {
             seed,
             docker,
-            runs,
             janitor_chance: rng.random_range(0.0..0.3),
             kill_janitor_chance: rng.random_range(0.0..0.5),
             reboot_after: rng.random_bool(0.15).then(|| rng.random_range(3..30)),
+            runs: Vec::new(),
+            etcd: None,
+        };
+        if etcd {
+            // Drawn from a generator of their own: one-host schedules replay as before.
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0xe7cd);
+            for run in &mut runs {
+                run.host = rng.random_range(0..2);
+            }
+            plan.reboot_after = None;
+            plan.etcd = Some(match rng.random_range(0..3) {
+                0 => EtcdFault::None,
+                1 => EtcdFault::KillLeader {
+                    after: rng.random_range(3..15),
+                },
+                _ => EtcdFault::Partition {
+                    after: rng.random_range(3..15),
+                },
+            });
         }
+        plan.runs = runs;
+        plan
     }
 }
 
@@ -176,7 +223,14 @@ struct Outcome {
     command_pids: Vec<i32>,
 }
 
-fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Outcome {
+fn execute(
+    plan: &Plan,
+    hosts: &[Sandbox],
+    cluster: Option<&EtcdCluster>,
+    log: &Path,
+    tally: &mut Tally,
+) -> Outcome {
+    let sandbox = &hosts[0];
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(plan.seed ^ 0x5eed);
     let (tx, rx): (Sender<Msg>, Receiver<Msg>) = channel();
     let mut procs: Vec<Spawned> = Vec::new();
@@ -187,7 +241,11 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
     let mut next_run = 0usize;
     let mut rebooted = false;
     let started = Instant::now();
-    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    for host in hosts {
+        std::fs::create_dir_all(host.abra_home().join("servers/ci")).unwrap();
+    }
+    let mut partition_until: Option<Instant> = None;
+    let mut etcd_fault_done = false;
     let compose = sandbox.path().join("chaos-stack.yml");
     std::fs::write(&compose, include_str!("../fixtures/chaos-stack.yml")).unwrap();
 
@@ -248,7 +306,7 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
             ]);
         }
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let mut cmd = sandbox.run_sh(&run.id, &extra, &script);
+        let mut cmd = hosts[run.host].run_sh(&run.id, &extra, &script);
         cmd.env("CHAOS_LOG", log).env("CHAOS_COMPOSE", &compose);
         let index = procs.len();
         let child = spawn(&mut cmd, index, &tx);
@@ -286,7 +344,19 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
         if next_run == plan.runs.len() && everyone_done {
             break;
         }
-        let msg = match rx.recv_timeout(Duration::from_secs(5)) {
+        if partition_until.is_some_and(|until| Instant::now() >= until) {
+            partition_until = None;
+            transcript.push("-- etcd members continued --".to_owned());
+            if let Some(cluster) = cluster {
+                cluster.signal_all(Signal::SIGCONT);
+            }
+        }
+        let wait = partition_until.map_or(Duration::from_secs(5), |until| {
+            until
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(5))
+        });
+        let msg = match rx.recv_timeout(wait) {
             Ok(msg) => msg,
             Err(_) => continue,
         };
@@ -345,7 +415,7 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
         }
         let janitors = procs.iter().filter(|p| p.kind == Kind::Janitor).count();
         if from_run && janitors < 2 * plan.runs.len() && rng.random_bool(plan.janitor_chance) {
-            let mut cmd = sandbox.ccci();
+            let mut cmd = hosts[rng.random_range(0..hosts.len())].ccci();
             cmd.args(["janitor", "--json"]);
             let index = procs.len();
             let child = spawn(&mut cmd, index, &tx);
@@ -357,6 +427,25 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
                 killed: false,
             });
             tally.count("janitors");
+        }
+        if let (Some(cluster), Some(fault), false) = (cluster, plan.etcd, etcd_fault_done) {
+            match fault {
+                EtcdFault::KillLeader { after } if events >= after => {
+                    etcd_fault_done = true;
+                    tally.count("KillLeader");
+                    transcript.push("-- the etcd leader killed --".to_owned());
+                    cluster.signal_member(cluster.leader(), Signal::SIGKILL);
+                }
+                EtcdFault::Partition { after } if events >= after => {
+                    etcd_fault_done = true;
+                    tally.count("Partition");
+                    transcript.push("-- every etcd member stopped --".to_owned());
+                    cluster.signal_all(Signal::SIGSTOP);
+                    partition_until =
+                        Some(Instant::now() + Duration::from_secs(u64::from(CHAOS_TTL) + 2));
+                }
+                _ => {}
+            }
         }
         if !rebooted && plan.reboot_after.is_some_and(|n| events >= n) {
             rebooted = true;
@@ -386,6 +475,11 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
             }
         }
     }
+    if partition_until.is_some() {
+        if let Some(cluster) = cluster {
+            cluster.signal_all(Signal::SIGCONT);
+        }
+    }
     let mut run_codes = HashMap::new();
     let mut janitor_codes = Vec::new();
     for p in &procs {
@@ -406,13 +500,33 @@ fn execute(plan: &Plan, sandbox: &Sandbox, log: &Path, tally: &mut Tally) -> Out
 }
 
 /// Check the promise after a schedule; returns what was violated.
-fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<String> {
+fn check(
+    plan: &Plan,
+    hosts: &[Sandbox],
+    cluster: Option<&EtcdCluster>,
+    log: &Path,
+    outcome: &Outcome,
+) -> Vec<String> {
     let mut violations = Vec::new();
-    // A final sweep: nothing of a dead run may survive it.
-    let (report, done) = sandbox.janitor(&[]);
-    if done.status.code() != Some(0) {
-        violations.push(format!("final janitor exited {:?}: {report}", done.status));
+    if let Some(cluster) = cluster {
+        // Every process is gone: every lease runs out, and with it every key.
+        let deadline = Instant::now() + crate::util::PATIENCE;
+        while !cluster.keys().is_empty() {
+            if Instant::now() > deadline {
+                violations.push(format!("keys of dead runs stayed: {}", cluster.keys()));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
+    // A final sweep on every host: nothing of a dead run may survive it.
+    for sandbox in hosts {
+        let (report, done) = sandbox.janitor(&[]);
+        if done.status.code() != Some(0) {
+            violations.push(format!("final janitor exited {:?}: {report}", done.status));
+        }
+    }
+    let sandbox = &hosts[0];
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let mut intervals: BTreeMap<String, BTreeMap<String, (u128, u128)>> = BTreeMap::new();
     for line in text.lines() {
@@ -450,21 +564,29 @@ fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<S
             }
         }
     }
-    let envs = list(&sandbox.abra_home().join("servers/ci"));
-    if !envs.is_empty() {
-        violations.push(format!(".env files left: {envs:?}"));
+    for host in hosts {
+        let envs = list(&host.abra_home().join("servers/ci"));
+        if !envs.is_empty() {
+            violations.push(format!(".env files left: {envs:?}"));
+        }
+        let locks: Vec<String> = list(&host.locks())
+            .into_iter()
+            .filter(|n| n.starts_with("cc-ci-app-"))
+            .collect();
+        if !locks.is_empty() {
+            violations.push(format!("lock files left: {locks:?}"));
+        }
+        let states = host.state_files();
+        if !states.is_empty() {
+            violations.push(format!("state files left: {states:?}"));
+        }
     }
-    let locks: Vec<String> = list(&sandbox.locks())
-        .into_iter()
-        .filter(|n| n.starts_with("cc-ci-app-"))
-        .collect();
-    if !locks.is_empty() {
-        violations.push(format!("lock files left: {locks:?}"));
-    }
-    let states = sandbox.state_files();
-    if !states.is_empty() {
-        violations.push(format!("state files left: {states:?}"));
-    }
+    // On etcd a holder that cannot keep its lease stops (76); when the cluster itself was hurt,
+    // a run may also fail to reach it (125) and a janitor decline to decide (1).
+    let hurt = matches!(
+        plan.etcd,
+        Some(EtcdFault::KillLeader { .. } | EtcdFault::Partition { .. })
+    );
     if plan.docker {
         let prefix = format!("name={}", sandbox.suffix().replace('.', "_"));
         for kind in ["service", "network", "volume"] {
@@ -482,31 +604,43 @@ fn check(plan: &Plan, sandbox: &Sandbox, log: &Path, outcome: &Outcome) -> Vec<S
         }
     }
     for (r, code) in &outcome.run_codes {
-        let allowed = matches!(code, None | Some(0) | Some(142) | Some(143));
+        let allowed = matches!(code, None | Some(0) | Some(142) | Some(143))
+            || plan.etcd.is_some() && *code == Some(76)
+            || hurt && *code == Some(125);
         if !allowed {
             violations.push(format!("{} exited {code:?}", plan.runs[*r].id));
         }
     }
     for code in &outcome.janitor_codes {
-        if !matches!(code, None | Some(0)) {
+        let allowed = matches!(code, None | Some(0)) || hurt && *code == Some(1);
+        if !allowed {
             violations.push(format!("a janitor exited {code:?}"));
         }
     }
     violations
 }
 
-fn run_schedules(first_seed: u64, count: u64, docker: bool) -> Tally {
+fn run_schedules(first_seed: u64, count: u64, docker: bool, etcd: bool) -> Tally {
     let mut tally = Tally::default();
     for seed in first_seed..first_seed + count {
-        let plan = Plan::new(seed, docker);
-        let sandbox = if docker {
+        let plan = Plan::new(seed, docker, etcd);
+        let mut sandbox = if docker {
             Sandbox::with_docker().expect("a Docker engine")
         } else {
             Sandbox::new()
         };
-        let log = sandbox.path().join("events.log");
-        let outcome = execute(&plan, &sandbox, &log, &mut tally);
-        let violations = check(&plan, &sandbox, &log, &outcome);
+        // Each two-host schedule gets a cluster of its own: it may kill or stop members.
+        let cluster = etcd.then(|| EtcdCluster::start().expect("an etcd server"));
+        if let Some(cluster) = &cluster {
+            sandbox.set_etcd(cluster.endpoints(), CHAOS_TTL);
+        }
+        let mut hosts = vec![sandbox];
+        if etcd {
+            hosts.push(Sandbox::beside(&hosts[0]));
+        }
+        let log = hosts[0].path().join("events.log");
+        let outcome = execute(&plan, &hosts, cluster.as_ref(), &log, &mut tally);
+        let violations = check(&plan, &hosts, cluster.as_ref(), &log, &outcome);
         assert!(
             violations.is_empty(),
             "chaos seed {seed} (replay: CCCI_CHAOS_SEED={seed} CCCI_CHAOS_SCHEDULES=1)\nplan: {plan:#?}\nviolations:\n  {}\nevents log:\n{}\ntranscript:\n{}",
@@ -531,7 +665,7 @@ fn chaos_schedules_keep_every_invariant() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
     let started = Instant::now();
-    let tally = run_schedules(seed, count, false);
+    let tally = run_schedules(seed, count, false, false);
     eprintln!(
         "chaos: {} schedules from seed {seed} in {:.1} s, 0 violations; injected: {:?}",
         tally.schedules,
@@ -551,9 +685,36 @@ fn chaos_schedules_with_docker_keep_every_invariant() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     let started = Instant::now();
-    let tally = run_schedules(10_000, count, true);
+    let tally = run_schedules(10_000, count, true, false);
     eprintln!(
         "chaos (Docker): {} schedules in {:.1} s, 0 violations; injected: {:?}",
+        tally.schedules,
+        started.elapsed().as_secs_f64(),
+        tally.faults
+    );
+}
+
+/// Schedules on two hosts sharing one etcd cluster, which may lose its leader or stop
+/// altogether for longer than a lease lives.
+#[cfg(feature = "etcd")]
+#[test]
+fn chaos_schedules_on_two_hosts_over_etcd_keep_every_invariant() {
+    if EtcdCluster::start().is_none() {
+        return;
+    }
+    let count = std::env::var("CCCI_CHAOS_ETCD_SCHEDULES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let seed = std::env::var("CCCI_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    let started = Instant::now();
+    let tally = run_schedules(seed, count, false, true);
+    eprintln!(
+        "chaos (two hosts, etcd): {} schedules from seed {seed} in {:.1} s, 0 violations; \
+         injected: {:?}",
         tally.schedules,
         started.elapsed().as_secs_f64(),
         tally.faults

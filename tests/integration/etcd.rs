@@ -4,167 +4,15 @@
 //! Members are stopped with SIGSTOP (a partition as the holder sees it: connections open,
 //! nobody answering) and killed with SIGKILL, as a crashed or fenced-off member would be.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
+use crate::etcd_cluster::{Cluster, free_port};
 use crate::util::{PATIENCE, Proc, Sandbox, Stream, run, signal};
-
-/// A 3-member etcd cluster of this test's own.
-struct Cluster {
-    members: Vec<Child>,
-    clients: Vec<String>,
-    _dir: tempfile::TempDir,
-}
-
-/// Whether `etcd` can be started here; outside CI a missing server skips the test (with a
-/// message), in CI it fails it.
-fn etcd_available() -> bool {
-    let found = Command::new("etcd")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but no etcd server is installed: the etcd tests must run in CI"
-        );
-        eprintln!("skipping an etcd test: no etcd server (apt install etcd-server)");
-    }
-    found
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-impl Cluster {
-    fn start() -> Option<Self> {
-        if !etcd_available() {
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let initial: Vec<String> = peers
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("m{i}=http://127.0.0.1:{p}"))
-            .collect();
-        let members = (0..3)
-            .map(|i| {
-                let log = std::fs::File::create(dir.path().join(format!("m{i}.log"))).unwrap();
-                Command::new("etcd")
-                    .args(["--name", &format!("m{i}")])
-                    .arg("--data-dir")
-                    .arg(dir.path().join(format!("m{i}")))
-                    .args([
-                        "--listen-client-urls",
-                        &format!("http://127.0.0.1:{}", clients[i]),
-                        "--advertise-client-urls",
-                        &format!("http://127.0.0.1:{}", clients[i]),
-                        "--listen-peer-urls",
-                        &format!("http://127.0.0.1:{}", peers[i]),
-                        "--initial-advertise-peer-urls",
-                        &format!("http://127.0.0.1:{}", peers[i]),
-                        "--initial-cluster",
-                        &initial.join(","),
-                        "--initial-cluster-state",
-                        "new",
-                        "--initial-cluster-token",
-                        &format!("ccci-test-{}", std::process::id()),
-                    ])
-                    .stdout(Stdio::null())
-                    .stderr(log)
-                    .spawn()
-                    .expect("start etcd")
-            })
-            .collect();
-        let cluster = Self {
-            members,
-            clients: clients
-                .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
-                .collect(),
-            _dir: dir,
-        };
-        let deadline = Instant::now() + PATIENCE;
-        while !cluster.healthy() {
-            assert!(
-                Instant::now() < deadline,
-                "etcd cluster never became healthy"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Some(cluster)
-    }
-
-    fn endpoints(&self) -> String {
-        self.clients.join(",")
-    }
-
-    fn etcdctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg("--endpoints")
-            .arg(self.endpoints())
-            .args(["--dial-timeout", "1s", "--command-timeout", "2s"])
-            .args(args)
-            .output()
-            .expect("run etcdctl")
-    }
-
-    /// Every member answers and the cluster has a leader.
-    fn healthy(&self) -> bool {
-        self.etcdctl(&["endpoint", "health"]).status.success()
-    }
-
-    /// The member that leads now.
-    fn leader(&self) -> usize {
-        let out = self.etcdctl(&["endpoint", "status", "-w", "json"]);
-        let statuses: Vec<Value> = serde_json::from_slice(&out.stdout).expect("status JSON");
-        let leader = &statuses[0]["Status"]["leader"];
-        statuses
-            .iter()
-            .position(|s| &s["Status"]["header"]["member_id"] == leader)
-            .expect("a leader among the members")
-    }
-
-    fn signal_member(&self, i: usize, sig: Signal) {
-        signal(self.members[i].id() as i32, sig);
-    }
-
-    fn signal_all(&self, sig: Signal) {
-        for i in 0..self.members.len() {
-            self.signal_member(i, sig);
-        }
-    }
-
-    /// The keys under ccci-run's prefix, with their values.
-    fn keys(&self) -> String {
-        let out = self.etcdctl(&["get", "--prefix", "/ccci-run/"]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for member in &mut self.members {
-            signal(member.id() as i32, Signal::SIGCONT);
-            let _ = member.kill();
-            let _ = member.wait();
-        }
-    }
-}
 
 /// One "host": its own directories, the cluster's etcd, a lease TTL of `ttl` seconds.
 struct Host {
@@ -176,6 +24,27 @@ struct Host {
 impl Host {
     fn on(cluster: &Cluster, ttl: u32) -> Self {
         Self::at(cluster.endpoints(), ttl)
+    }
+
+    /// Two hosts on one Docker engine (one swarm) and one etcd. `None` without an engine.
+    fn pair_with_docker(cluster: &Cluster, ttl: u32) -> Option<(Self, Self)> {
+        let a = Sandbox::with_docker()?;
+        let b = Sandbox::beside(&a);
+        let host = |sandbox| Self {
+            sandbox,
+            endpoints: cluster.endpoints(),
+            ttl,
+        };
+        Some((host(a), host(b)))
+    }
+
+    fn janitor(&self) -> (Value, crate::util::Finished) {
+        let mut cmd = self.ccci();
+        cmd.args(["janitor", "--json"]);
+        let done = run(cmd);
+        let report = serde_json::from_str(&done.out.join("\n"))
+            .unwrap_or_else(|e| panic!("janitor JSON: {e}\n{}", done.transcript()));
+        (report, done)
     }
 
     fn at(endpoints: String, ttl: u32) -> Self {
@@ -481,4 +350,73 @@ fn a_named_lock_timeout_names_its_ticket_and_the_holder() {
     timed_out.assert_stderr_has("(normal); (no other ticket queued); held by pid");
     holder.close_stdin();
     holder.finish().assert_code(0);
+}
+
+#[test]
+fn a_dead_hosts_app_is_reaped_from_another_host_and_a_live_one_is_left_alone() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let ttl = 3;
+    let Some((a, b)) = Host::pair_with_docker(&cluster, ttl) else {
+        return;
+    };
+    let compose = crate::docker::compose_file(a.sandbox.path());
+    std::fs::create_dir_all(a.sandbox.abra_home().join("servers/ci")).unwrap();
+    let deploy_and_hold = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
+         && echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" \
+         && echo ready $$ $CCCI_FENCING_TOKEN $CCCI_STACK_NAME $CCCI_APP_DOMAIN; read _ || true";
+    let mut cmd = a.run("a1", "custom-html", &[], deploy_and_hold);
+    cmd.env("COMPOSE", &compose);
+    let mut holder = Proc::spawn(cmd);
+    let ready = holder.wait_for(Stream::Out, "ready");
+    let words: Vec<&str> = ready.split_whitespace().collect();
+    let (command_pid, stack, domain) = (words[1], words[3].to_owned(), words[4].to_owned());
+    let _cleanup = crate::docker::Cleanup(stack.clone());
+    let env = a
+        .sandbox
+        .abra_home()
+        .join(format!("servers/ci/{domain}.env"));
+    assert!(env.exists());
+
+    // From the other host: the stack is there, its domain's key is held: live, and who holds it.
+    let (report, done) = b.janitor();
+    done.assert_code(0);
+    let line = crate::util::candidate(&report, &domain);
+    assert_eq!(line["decision"], "live", "{report:#}");
+    assert_eq!(line["holder"]["run_id"], "a1", "{report:#}");
+    assert!(
+        !line["holder"]["host"].as_str().unwrap().is_empty(),
+        "{report:#}"
+    );
+
+    // Host A dies: its supervisor and its command, without a teardown.
+    signal(holder.pid(), Signal::SIGKILL);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(command_pid.parse().unwrap()),
+        Signal::SIGKILL,
+    );
+    drop(holder.finish());
+    // Its lease runs out; then the other host's janitor reaps the app, swarm-wide.
+    let deadline = Instant::now() + PATIENCE;
+    while !cluster.keys().is_empty() {
+        assert!(Instant::now() < deadline, "the dead run's keys never went");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (report, done) = b.janitor();
+    done.assert_code(0);
+    let line = crate::util::candidate(&report, &domain);
+    assert_eq!(line["decision"], "reap", "{report:#}");
+    crate::docker::assert_gone_now(&stack);
+    // Host A's own files are host A's: never touched from another host.
+    assert!(env.exists(), "another host's .env was removed");
+    // And a new run of the domain, on the other host, deploys the same stack at once.
+    let mut cmd = b.run("b1", "custom-html", &[], deploy_and_hold);
+    cmd.env("COMPOSE", &compose);
+    std::fs::create_dir_all(b.sandbox.abra_home().join("servers/ci")).unwrap();
+    let mut again = Proc::spawn(cmd);
+    again.wait_for(Stream::Out, "ready");
+    again.close_stdin();
+    again.finish().assert_code(0);
+    crate::docker::assert_gone_now(&stack);
 }

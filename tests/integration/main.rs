@@ -10,6 +10,7 @@ mod cli;
 mod docker;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod etcd_cluster;
 mod fetch;
 mod janitor;
 mod lifetime;

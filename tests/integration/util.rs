@@ -26,6 +26,8 @@ pub struct Sandbox {
     /// `--domain-suffix`: Docker tests get one of their own, so that no test's janitor ever
     /// sees another test's stacks on the shared engine.
     suffix: Option<String>,
+    /// `--etcd-endpoints` and `--lease-ttl`, for a sandbox that is one host of a fleet.
+    etcd: Option<(String, u32)>,
 }
 
 impl Sandbox {
@@ -34,6 +36,7 @@ impl Sandbox {
             dir: tempfile::tempdir().expect("create sandbox"),
             docker: "off",
             suffix: None,
+            etcd: None,
         };
         std::fs::create_dir_all(sandbox.state()).unwrap();
         sandbox
@@ -52,6 +55,22 @@ impl Sandbox {
         sandbox.docker = "auto";
         sandbox.suffix = Some(format!("t{}x{n}.test", std::process::id()));
         Some(sandbox)
+    }
+
+    /// Another "host" of the same fleet as `other`: directories of its own, the same engine and
+    /// domain suffix (so the two see each other's stacks and share domains).
+    pub fn beside(other: &Sandbox) -> Self {
+        let mut sandbox = Self::new();
+        sandbox.docker = other.docker;
+        sandbox.suffix = other.suffix.clone();
+        sandbox.etcd = other.etcd.clone();
+        sandbox
+    }
+
+    /// Keep locks in the etcd at `endpoints` from now on, with leases of `ttl` seconds.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub fn set_etcd(&mut self, endpoints: String, ttl: u32) {
+        self.etcd = Some((endpoints, ttl));
     }
 
     /// Use `--docker mode` from now on.
@@ -111,6 +130,12 @@ impl Sandbox {
             .arg(self.docker);
         if let Some(suffix) = &self.suffix {
             cmd.arg("--domain-suffix").arg(suffix);
+        }
+        if let Some((endpoints, ttl)) = &self.etcd {
+            cmd.arg("--etcd-endpoints")
+                .arg(endpoints)
+                .arg("--lease-ttl")
+                .arg(ttl.to_string());
         }
         cmd
     }
