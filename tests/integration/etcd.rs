@@ -420,3 +420,56 @@ fn a_dead_hosts_app_is_reaped_from_another_host_and_a_live_one_is_left_alone() {
     again.finish().assert_code(0);
     crate::docker::assert_gone_now(&stack);
 }
+
+#[test]
+fn named_lock_classes_and_promotion_hold_across_hosts() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
+    let order = a.sandbox.path().join("order");
+    let lock = |host: &Host, who: &str, extra: &[&str]| {
+        let mut cmd = host.ccci();
+        cmd.args(["lock", "cache"]).args(extra).args([
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "echo {who} >> {}",
+                crate::util::sh_quote(PathBuf::from(&order))
+            ),
+        ]);
+        cmd
+    };
+    let mut cmd = a.ccci();
+    cmd.args(["lock", "cache", "--", "sh", "-c", HOLD]);
+    let mut holder = Proc::spawn(cmd);
+    holder.wait_ready();
+    // In arrival order: a normal waiter, a normal one that is promoted soon, a fast one.
+    let n1 = Proc::spawn(lock(&b, "n1", &[]));
+    a.wait_for_waiters("cache", 1);
+    let n2 = Proc::spawn(lock(&a, "n2", &["--promote-after", "0.2"]));
+    a.wait_for_waiters("cache", 2);
+    // n2 joins the fast class, keeping its place among the fast by its arrival.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let locks = a.locks();
+        let queue = locks[0]["queue"].clone();
+        if queue
+            .as_array()
+            .is_some_and(|q| q.iter().any(|t| t["ticket"]["class"] == "fast"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n2 was never promoted: {locks}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let f1 = Proc::spawn(lock(&b, "f1", &["--class", "fast"]));
+    a.wait_for_waiters("cache", 3);
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+    for waiter in [n1, n2, f1] {
+        waiter.finish().assert_code(0);
+    }
+    assert_eq!(std::fs::read_to_string(&order).unwrap(), "n2\nf1\nn1\n");
+}
