@@ -96,9 +96,11 @@ impl Cluster {
 
     /// How many keys live under `prefix`.
     fn count(&self, prefix: &str) -> usize {
-        let out = self.etcdctl(&["get", "--prefix", "--count-only", "-w", "json", prefix]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["count"].as_u64().unwrap_or(0) as usize
+        let out = self.etcdctl(&["get", "--prefix", "--keys-only", prefix]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count()
     }
 }
 
@@ -238,7 +240,13 @@ fn ccci_round(kind: Kind, endpoints: Option<&str>, waiters: usize) -> Vec<f64> {
         Kind::Named => ("held", "waiting as queue ticket"),
     };
     let mut holder = start(
-        waiter(&round, kind, 0, "holder", "echo held >&2; read line"),
+        waiter(
+            &round,
+            kind,
+            0,
+            "holder",
+            "echo held >&2; read line || true",
+        ),
         held,
     );
     let children: Vec<Child> = (0..waiters)
@@ -260,13 +268,18 @@ fn etcdctl_round(cluster: &Cluster, waiters: usize) -> Vec<f64> {
         let mut c = Command::new("etcdctl");
         c.env("ETCDCTL_API", "3")
             .env("LOG", round.log())
-            .args(["--endpoints", &cluster.endpoints, "lock", &name])
+            .args(["--endpoints", &cluster.endpoints, "lock", &name, "--"])
             .args(["sh", "-c", script])
             .stdin(Stdio::piped())
             .stdout(Stdio::null());
         c
     };
-    let mut holder = lock("read line").spawn().unwrap();
+    // etcdctl gives its command no stdin: the holder waits for a file instead.
+    let release = round.dir.path().join("release");
+    let mut holder = lock("while [ ! -e \"$RELEASE\" ]; do sleep 0.01; done")
+        .env("RELEASE", &release)
+        .spawn()
+        .unwrap();
     while cluster.count(&name) < 1 {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -279,7 +292,7 @@ fn etcdctl_round(cluster: &Cluster, waiters: usize) -> Vec<f64> {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    drop(holder.stdin.take());
+    std::fs::write(&release, "").unwrap();
     assert!(holder.wait().unwrap().success());
     for mut c in children {
         assert!(c.wait().unwrap().success());

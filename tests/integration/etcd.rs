@@ -473,3 +473,24 @@ fn named_lock_classes_and_promotion_hold_across_hosts() {
     }
     assert_eq!(std::fs::read_to_string(&order).unwrap(), "n2\nf1\nn1\n");
 }
+
+#[test]
+fn a_named_lock_whose_lease_runs_out_stops_its_command_with_76() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let host = Host::on(&cluster, 2);
+    let mut cmd = host.ccci();
+    cmd.args(["lock", "cache", "--", "sh", "-c", HOLD]);
+    let mut holder = Proc::spawn(cmd);
+    let command_pid = holder.wait_ready();
+    cluster.signal_all(Signal::SIGSTOP);
+    holder.wait_for(Stream::Err, "the lock was lost while held");
+    let done = holder.finish();
+    cluster.signal_all(Signal::SIGCONT);
+    done.assert_code(76);
+    assert!(
+        crate::util::wait_exited(command_pid),
+        "the command outlived its lock"
+    );
+}
