@@ -1,8 +1,11 @@
-//! What supervision costs: `ccci-run run --no-fetch -- true` against `flock <file> true` and a
-//! plain `true`, timed in one run, interleaved so machine noise hits all three alike.
+//! What supervision costs: `ccci-run run --no-fetch -- true` against `flock <file> true`,
+//! `timeout 3600 true` (the smallest supervisor with a deadline: fork, exec, a timer, a wait)
+//! and a plain `true`, timed in one run, interleaved so machine noise hits all alike. Run it as
+//! `cargo bench --profile dist --features vendored --bench run_overhead` for the binary that
+//! ships.
 //!
 //! Prints median and p90 wall time and peak RSS (from `wait4`) of each, and the differences.
-//! Targets: at most 5 ms median more than flock(1), under 10 MB peak RSS.
+//! Targets: at most 2.5 ms median more than flock(1), under 10 MB peak RSS.
 //!
 //! `cargo bench --bench run_overhead [-- ITERATIONS]`
 
@@ -84,6 +87,8 @@ fn main() {
     let mut plain = Command::new("true");
     let mut flock = Command::new("flock");
     flock.arg(&lock).arg("true");
+    let mut timeout = Command::new("timeout");
+    timeout.args(["3600", "true"]);
     let mut ccci = Command::new(BIN);
     ccci.arg("--runs-dir")
         .arg(base.join("runs"))
@@ -113,6 +118,13 @@ fn main() {
                 samples: Vec::new(),
             },
             &mut flock,
+        ),
+        (
+            Series {
+                name: "timeout(1) true",
+                samples: Vec::new(),
+            },
+            &mut timeout,
         ),
         (
             Series {
@@ -146,10 +158,12 @@ fn main() {
             s.peak_rss_kib()
         );
     }
-    let [(plain, _), (flock, _), (ccci, _)] = &series;
+    let [(plain, _), (flock, _), (timeout, _), (ccci, _)] = &series;
     let over_flock = ms(ccci.median()) - ms(flock.median());
     let over_true = ms(ccci.median()) - ms(plain.median());
-    println!("ccci-run − flock(1): {over_flock:+.3} ms median (target ≤ 5 ms)");
+    let over_timeout = ms(ccci.median()) - ms(timeout.median());
+    println!("ccci-run − flock(1): {over_flock:+.3} ms median (target ≤ 2.5 ms)");
+    println!("ccci-run − timeout(1): {over_timeout:+.3} ms median");
     println!("ccci-run − true:     {over_true:+.3} ms median");
     println!(
         "ccci-run peak RSS:   {:.1} MB (target < 10 MB)",
