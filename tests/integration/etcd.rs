@@ -494,3 +494,26 @@ fn a_named_lock_whose_lease_runs_out_stops_its_command_with_76() {
         "the command outlived its lock"
     );
 }
+
+#[test]
+fn a_signal_ends_a_wait_on_etcd_at_once_and_leaves_no_place_in_line() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
+    let mut holder = Proc::spawn(a.run("a1", "custom-html", &[], HOLD));
+    holder.wait_ready();
+    let mut waiter = Proc::spawn(b.run("b1", "custom-html", &[], "echo must-not-run"));
+    waiter.wait_for(Stream::Err, "waiting; held by run a1");
+    signal(waiter.pid(), Signal::SIGTERM);
+    let done = waiter.finish();
+    done.assert_code(143);
+    assert!(!done.out.join("\n").contains("must-not-run"));
+    // Its waiter key went with it (not only when its lease ran out): nobody is queued.
+    let locks = a.locks();
+    let app = &locks.as_array().unwrap()[0];
+    assert_eq!(app["waiters"], 0, "{locks}");
+    assert_eq!(app["holder"]["run_id"], "a1", "{locks}");
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+}
