@@ -12,7 +12,6 @@
 //! `cargo bench --features etcd --bench etcd_lock [-- WAITERS]` (default 20)
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,95 +21,20 @@ const BIN: &str = env!("CARGO_BIN_EXE_ccci-run");
 /// What each holder runs: log start and end, hold 10 ms in between.
 const WORK: &str = r#"echo "$ID start $(date +%s%N)" >> "$LOG"; sleep 0.01; echo "$ID end $(date +%s%N)" >> "$LOG""#;
 
-struct Cluster {
-    members: Vec<Child>,
-    endpoints: String,
-    _dir: tempfile::TempDir,
-}
+// The suite's cluster: 3 members on free loopback ports, started and waited for.
+#[allow(dead_code)]
+#[path = "../tests/integration/etcd_cluster.rs"]
+mod etcd_cluster;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use etcd_cluster::Cluster;
 
-impl Cluster {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let initial: Vec<String> = (0..3)
-            .map(|i| format!("m{i}=http://127.0.0.1:{}", peers[i]))
-            .collect();
-        let members = (0..3)
-            .map(|i| {
-                Command::new("etcd")
-                    .args(["--name", &format!("m{i}")])
-                    .arg("--data-dir")
-                    .arg(dir.path().join(format!("m{i}")))
-                    .args([
-                        "--listen-client-urls",
-                        &format!("http://127.0.0.1:{}", clients[i]),
-                        "--advertise-client-urls",
-                        &format!("http://127.0.0.1:{}", clients[i]),
-                        "--listen-peer-urls",
-                        &format!("http://127.0.0.1:{}", peers[i]),
-                        "--initial-advertise-peer-urls",
-                        &format!("http://127.0.0.1:{}", peers[i]),
-                        "--initial-cluster",
-                        &initial.join(","),
-                    ])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("etcd (apt install etcd-server)")
-            })
-            .collect();
-        let cluster = Self {
-            members,
-            endpoints: clients
-                .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
-                .collect::<Vec<_>>()
-                .join(","),
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !cluster.etcdctl(&["endpoint", "health"]).status.success() {
-            assert!(Instant::now() < deadline, "etcd never became healthy");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        cluster
-    }
-
-    fn etcdctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoints])
-            .args(args)
-            .output()
-            .expect("etcdctl (apt install etcd-client)")
-    }
-
-    /// How many keys live under `prefix`.
-    fn count(&self, prefix: &str) -> usize {
-        let out = self.etcdctl(&["get", "--prefix", "--keys-only", prefix]);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| !l.is_empty())
-            .count()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for m in &mut self.members {
-            let _ = m.kill();
-            let _ = m.wait();
-        }
-    }
+/// How many keys live under `prefix`.
+fn count(cluster: &Cluster, prefix: &str) -> usize {
+    let out = cluster.etcdctl(&["get", "--prefix", "--keys-only", prefix]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count()
 }
 
 /// Where one round happens: two hosts' directories, the log, and (with etcd) the endpoints.
@@ -268,7 +192,7 @@ fn etcdctl_round(cluster: &Cluster, waiters: usize) -> Vec<f64> {
         let mut c = Command::new("etcdctl");
         c.env("ETCDCTL_API", "3")
             .env("LOG", round.log())
-            .args(["--endpoints", &cluster.endpoints, "lock", &name, "--"])
+            .args(["--endpoints", &cluster.endpoints(), "lock", &name, "--"])
             .args(["sh", "-c", script])
             .stdin(Stdio::piped())
             .stdout(Stdio::null());
@@ -280,7 +204,7 @@ fn etcdctl_round(cluster: &Cluster, waiters: usize) -> Vec<f64> {
         .env("RELEASE", &release)
         .spawn()
         .unwrap();
-    while cluster.count(&name) < 1 {
+    while count(cluster, &name) < 1 {
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut children = Vec::new();
@@ -288,7 +212,7 @@ fn etcdctl_round(cluster: &Cluster, waiters: usize) -> Vec<f64> {
         let mut c = lock(WORK);
         c.env("ID", format!("w{i}"));
         children.push(c.spawn().unwrap());
-        while cluster.count(&name) < i + 2 {
+        while count(cluster, &name) < i + 2 {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -335,8 +259,9 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(20);
-    let cluster = Cluster::start();
-    let etcd = Some(cluster.endpoints.as_str());
+    let cluster = Cluster::start().expect("etcd and etcdctl (apt install etcd-server etcd-client)");
+    let endpoints = cluster.endpoints();
+    let etcd = Some(endpoints.as_str());
     println!(
         "etcd_lock: {waiters} waiters over two hosts, each holding 10 ms; handoff in ms \
          (3-member etcd on loopback)"

@@ -12,8 +12,9 @@
 //!   also requires it absent and removes the waiter's key. The revision that created it is the
 //!   lock's **fencing token**: larger for every later holder, cluster-wide.
 //!
-//! A waiter waits on a watch of its lock's directory (no polling) and re-reads the directory on
-//! every change. The lease is kept alive by a task on a runtime thread of its own; if no
+//! A waiter waits on a watch (no polling) of the one key whose change can make it the owner:
+//! the owner key for the head, the waiter just ahead for anyone else; it re-reads the directory
+//! when that key changes. The lease is kept alive by a task on a runtime thread of its own; if no
 //! keepalive has been answered for a whole TTL, the lease counts as lost (another host may hold
 //! the lock by then) and [`Lease::lost_fd`] turns readable, which the holder's signal funnel
 //! turns into a teardown (`lock-lost`, exit 76).
@@ -592,12 +593,19 @@ async fn wait_turn(
                 }
             }
         }
-        // Wait for any change after what we read.
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(snap.revision + 1);
+        // Wait for the one change that can make us the owner: the head waits for the owner key,
+        // anyone else for the waiter just ahead of it (so a handoff wakes two waiters, not the
+        // whole line). A newcomer that goes ahead of us only delays us: no need to wake.
+        let ahead = snap
+            .queue
+            .iter()
+            .take_while(|(kv, _)| kv.key() != waiter.as_bytes())
+            .last()
+            .map(|(kv, _)| kv.key().to_vec());
+        let watched = ahead.unwrap_or_else(|| keys::owner_key(&dir).into_bytes());
+        let options = WatchOptions::new().with_start_revision(snap.revision + 1);
         let (at, mut client) = pool.current();
-        let mut watch = match client.watch(dir.as_str(), Some(options)).await {
+        let mut watch = match client.watch(watched, Some(options)).await {
             Ok(watch) => watch,
             Err(_) => {
                 pool.fail_over(at);

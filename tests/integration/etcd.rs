@@ -17,8 +17,6 @@ use crate::util::{PATIENCE, Proc, Sandbox, Stream, run, signal};
 /// One "host": its own directories, the cluster's etcd, a lease TTL of `ttl` seconds.
 struct Host {
     sandbox: Sandbox,
-    endpoints: String,
-    ttl: u32,
 }
 
 impl Host {
@@ -26,42 +24,26 @@ impl Host {
         Self::at(cluster.endpoints(), ttl)
     }
 
+    fn at(endpoints: String, ttl: u32) -> Self {
+        let mut sandbox = Sandbox::new();
+        sandbox.set_etcd(endpoints, ttl);
+        Self { sandbox }
+    }
+
     /// Two hosts on one Docker engine (one swarm) and one etcd. `None` without an engine.
     fn pair_with_docker(cluster: &Cluster, ttl: u32) -> Option<(Self, Self)> {
-        let a = Sandbox::with_docker()?;
+        let mut a = Sandbox::with_docker()?;
+        a.set_etcd(cluster.endpoints(), ttl);
         let b = Sandbox::beside(&a);
-        let host = |sandbox| Self {
-            sandbox,
-            endpoints: cluster.endpoints(),
-            ttl,
-        };
-        Some((host(a), host(b)))
-    }
-
-    fn janitor(&self) -> (Value, crate::util::Finished) {
-        let mut cmd = self.ccci();
-        cmd.args(["janitor", "--json"]);
-        let done = run(cmd);
-        let report = serde_json::from_str(&done.out.join("\n"))
-            .unwrap_or_else(|e| panic!("janitor JSON: {e}\n{}", done.transcript()));
-        (report, done)
-    }
-
-    fn at(endpoints: String, ttl: u32) -> Self {
-        Self {
-            sandbox: Sandbox::new(),
-            endpoints,
-            ttl,
-        }
+        Some((Self { sandbox: a }, Self { sandbox: b }))
     }
 
     fn ccci(&self) -> Command {
-        let mut cmd = self.sandbox.ccci();
-        cmd.arg("--etcd-endpoints")
-            .arg(&self.endpoints)
-            .arg("--lease-ttl")
-            .arg(self.ttl.to_string());
-        cmd
+        self.sandbox.ccci()
+    }
+
+    fn janitor(&self) -> (Value, crate::util::Finished) {
+        self.sandbox.janitor(&[])
     }
 
     /// `run` of `recipe` PR 1 as `run_id`, running `script`.

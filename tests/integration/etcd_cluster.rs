@@ -1,5 +1,6 @@
-//! A real 3-member etcd cluster on loopback ports, for the tests of locks beyond one host and
-//! the chaos harness's two-host mode. Members are stopped with SIGSTOP (a partition as a client
+//! A real 3-member etcd cluster on loopback ports, for the tests of locks beyond one host, the
+//! chaos harness's two-host mode and the etcd benchmark (which includes this file: it depends
+//! on nothing else of the suite). Members are stopped with SIGSTOP (a partition as a client
 //! sees it: connections open, nobody answering) and killed with SIGKILL.
 // Only the etcd backend's tests start clusters.
 #![cfg_attr(not(feature = "etcd"), allow(dead_code))]
@@ -11,7 +12,14 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::util::{PATIENCE, signal};
+/// How long a cluster may take to become healthy.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn signal(pid: u32, sig: Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("a pid"));
+    // A member that already died (and is not yet reaped) still takes signals.
+    let _ = nix::sys::signal::kill(pid, sig);
+}
 
 /// A 3-member etcd cluster of this test's own.
 pub(crate) struct Cluster {
@@ -111,7 +119,7 @@ impl Cluster {
         self.clients.join(",")
     }
 
-    fn etcdctl(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn etcdctl(&self, args: &[&str]) -> std::process::Output {
         Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .arg("--endpoints")
@@ -139,7 +147,7 @@ impl Cluster {
     }
 
     pub(crate) fn signal_member(&self, i: usize, sig: Signal) {
-        signal(self.members[i].id() as i32, sig);
+        signal(self.members[i].id(), sig);
     }
 
     pub(crate) fn signal_all(&self, sig: Signal) {
@@ -158,7 +166,7 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for member in &mut self.members {
-            signal(member.id() as i32, Signal::SIGCONT);
+            signal(member.id(), Signal::SIGCONT);
             let _ = member.kill();
             let _ = member.wait();
         }
