@@ -140,18 +140,28 @@ impl<'a> DockerState<'a> {
 
 /// One sweep over every candidate, then the tidy sweep of orphaned lock files.
 pub(crate) fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> SweepReport {
+    match crate::lock::backend(global) {
+        Ok(locks) => sweep_with(&*locks, global, opts, link),
+        Err(err) => SweepReport {
+            dry_run: opts.dry_run,
+            // Deciding without the locks could reap a live app: decide nothing.
+            errors: vec![err.to_string()],
+            ..SweepReport::default()
+        },
+    }
+}
+
+/// [`sweep`] through a lock backend the caller already has (a run's, at its start).
+pub(crate) fn sweep_with(
+    locks: &dyn LockBackend,
+    global: &Global,
+    opts: &SweepOptions,
+    link: &DockerLink,
+) -> SweepReport {
     let started = Instant::now();
-    let mut report = SweepReport {
+    let report = SweepReport {
         dry_run: opts.dry_run,
         ..SweepReport::default()
-    };
-    let locks = match crate::lock::backend(global) {
-        Ok(locks) => locks,
-        Err(err) => {
-            // Deciding without the locks could reap a live app: decide nothing.
-            report.errors.push(err.to_string());
-            return report;
-        }
     };
     let mut sweep = Sweep {
         global,
@@ -168,7 +178,7 @@ pub(crate) fn sweep(global: &Global, opts: &SweepOptions, link: &DockerLink) -> 
 struct Sweep<'a> {
     global: &'a Global,
     opts: &'a SweepOptions,
-    locks: Box<dyn LockBackend>,
+    locks: &'a dyn LockBackend,
     report: SweepReport,
 }
 

@@ -478,7 +478,7 @@ impl Run<'_> {
             reap_budget: janitor::reap::DEFAULT_REAP_BUDGET
                 .min(self.hard_end.saturating_duration_since(Instant::now())),
         };
-        let report = janitor::sweep(self.global, &opts, &self.docker);
+        let report = janitor::sweep_with(&*self.locks, self.global, &opts, &self.docker);
         for warning in &report.warnings {
             tracing::warn!("janitor: {warning}");
         }
