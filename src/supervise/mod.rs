@@ -202,7 +202,14 @@ impl Supervisor<'_> {
         };
         let timeout = next.map(|t| t.saturating_duration_since(Instant::now()));
         let mut events: Vec<Event> = shutdown_events(&self.funnel.wait(timeout)).collect();
-        for (pid, status) in process::reap_ready() {
+        let reaped = process::reap_ready();
+        if !reaped.is_empty() {
+            // A signal that arrived before the exit was seen (the supervisor may have been off
+            // the CPU between the two) came first, and goes first: a stop request is never lost
+            // to a command that ended in the same instant.
+            events.extend(shutdown_events(&self.funnel.pending()));
+        }
+        for (pid, status) in reaped {
             if leader.is_some_and(|(leader, _)| leader == pid) {
                 events.push(Event::CommandEnded(status));
             }
