@@ -177,6 +177,29 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    /// Lock directory `dir` from its keys as read at `revision`, in creation order.
+    fn of<'k>(dir: &str, revision: i64, kvs: impl IntoIterator<Item = &'k KeyValue>) -> Self {
+        let owner_key = keys::owner_key(dir);
+        let queue_prefix = keys::queue_prefix(dir);
+        let mut owner = None;
+        let mut queue = Vec::new();
+        for kv in kvs {
+            if kv.key() == owner_key.as_bytes() {
+                owner = Some(kv.clone());
+            } else if kv.key().starts_with(queue_prefix.as_bytes()) {
+                let value = serde_json::from_slice::<WaiterValue>(kv.value()).ok();
+                queue.push((kv.clone(), value));
+            }
+        }
+        // Stable: within a class, creation order (the read's order) stands.
+        queue.sort_by_key(|(_, v)| v.as_ref().map_or(Class::Normal, |v| v.class));
+        Self {
+            revision,
+            owner,
+            queue,
+        }
+    }
+
     fn holder(&self) -> Option<Holder> {
         let owner = self.owner.as_ref()?;
         Holder::parse(&String::from_utf8_lossy(owner.value()))
@@ -373,25 +396,7 @@ async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_client::Error
         })
         .await?;
     let revision = response.header().map_or(0, |h| h.revision());
-    let owner_key = keys::owner_key(dir);
-    let queue_prefix = keys::queue_prefix(dir);
-    let mut owner = None;
-    let mut queue = Vec::new();
-    for kv in response.kvs() {
-        if kv.key() == owner_key.as_bytes() {
-            owner = Some(kv.clone());
-        } else if kv.key().starts_with(queue_prefix.as_bytes()) {
-            let value = serde_json::from_slice::<WaiterValue>(kv.value()).ok();
-            queue.push((kv.clone(), value));
-        }
-    }
-    // Stable: within a class, creation order (the read's order) stands.
-    queue.sort_by_key(|(_, v)| v.as_ref().map_or(Class::Normal, |v| v.class));
-    Ok(Snapshot {
-        revision,
-        owner,
-        queue,
-    })
+    Ok(Snapshot::of(dir, revision, response.kvs()))
 }
 
 /// Keep lease `id` alive; once no keepalive has been answered for a whole TTL (or etcd says
@@ -1008,53 +1013,44 @@ impl LockBackend for Etcd {
             .shared
             .get("list the locks", keys::PREFIX, Some(options))
             .map_err(std::io::Error::other)?;
-        let mut dirs: BTreeMap<(String, String), Vec<&KeyValue>> = BTreeMap::new();
+        let revision = response.header().map_or(0, |h| h.revision());
+        let mut dirs: BTreeMap<(LockKind, String), Vec<&KeyValue>> = BTreeMap::new();
         for kv in response.kvs() {
-            let Ok(key) = std::str::from_utf8(kv.key()) else {
+            let Some((kind, name, _)) =
+                std::str::from_utf8(kv.key()).ok().and_then(keys::key_parts)
+            else {
                 continue;
             };
-            if let Some((kind, name, _)) = keys::key_parts(key) {
-                dirs.entry((kind.to_owned(), name.to_owned()))
-                    .or_default()
-                    .push(kv);
-            }
-        }
-        let mut found = Vec::new();
-        for ((kind, name), kvs) in dirs {
-            let kind = match kind.as_str() {
+            let kind = match kind {
                 keys::APP => LockKind::App,
                 keys::NAMED => LockKind::Named,
                 _ => continue,
             };
+            dirs.entry((kind, name.to_owned())).or_default().push(kv);
+        }
+        let mut found = Vec::new();
+        for ((kind, name), kvs) in dirs {
             let dir = keys::lock_dir(
-                if kind == LockKind::App {
-                    keys::APP
-                } else {
-                    keys::NAMED
+                match kind {
+                    LockKind::App => keys::APP,
+                    LockKind::Named => keys::NAMED,
                 },
                 &name,
             );
-            let owner_key = keys::owner_key(&dir);
-            let owner = kvs.iter().find(|kv| kv.key() == owner_key.as_bytes());
-            let mut queue: Vec<(&KeyValue, Option<WaiterValue>)> = kvs
-                .iter()
-                .filter(|kv| kv.key() != owner_key.as_bytes())
-                .map(|kv| (*kv, serde_json::from_slice(kv.value()).ok()))
-                .collect();
-            queue.sort_by_key(|(_, v)| v.as_ref().map_or(Class::Normal, |v: &WaiterValue| v.class));
-            let holder = owner.and_then(|kv| Holder::parse(&String::from_utf8_lossy(kv.value())));
+            let snap = Snapshot::of(&dir, revision, kvs);
+            let holder = snap.holder();
             let age = holder.as_ref().and_then(age_of);
             found.push(LockInfo {
-                path: PathBuf::from(&owner_key),
+                path: PathBuf::from(keys::owner_key(&dir)),
                 kind,
                 name: crate::names::escape_outside(name.as_bytes()),
-                held: owner.is_some(),
+                held: snap.owner.is_some(),
                 holder_pids: holder
                     .iter()
                     .map(|h| i32::try_from(h.pid).unwrap_or(i32::MAX))
                     .collect(),
-                waiters: queue.len(),
-                holder_raw: match (owner, &holder) {
+                waiters: snap.queue.len(),
+                holder_raw: match (&snap.owner, &holder) {
                     (Some(kv), None) => Some(String::from_utf8_lossy(kv.value()).into_owned()),
                     _ => None,
                 },
@@ -1063,7 +1059,7 @@ impl LockBackend for Etcd {
                 long_held: age.is_some_and(|a| a > long_held),
                 problem: None,
                 queue: (kind == LockKind::Named).then(|| {
-                    queue
+                    snap.queue
                         .iter()
                         .map(|(kv, v)| QueuedTicket {
                             ticket: Ticket {

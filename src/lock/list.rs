@@ -20,7 +20,7 @@ use crate::lock::queue::{Queue, QueuedTicket};
 use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX, named_lock_of_file, queue_dir_of};
 use crate::supervise::linux::{self, ProcLock};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum LockKind {
     /// `cc-ci-app-<domain>.lock`

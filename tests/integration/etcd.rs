@@ -46,21 +46,18 @@ impl Host {
         self.sandbox.janitor(&[])
     }
 
-    /// `run` of `recipe` PR 1 as `run_id`, running `script`.
-    fn run(&self, run_id: &str, recipe: &str, extra: &[&str], script: &str) -> Command {
+    /// `run` of custom-html PR 1 as `run_id`, running `script`.
+    fn run(&self, run_id: &str, extra: &[&str], script: &str) -> Command {
+        self.sandbox
+            .run_sh(run_id, &[&["--pr", "1"], extra].concat(), script)
+    }
+
+    /// `lock cache [extra...] -- sh -c script`.
+    fn lock(&self, extra: &[&str], script: &str) -> Command {
         let mut cmd = self.ccci();
-        cmd.args([
-            "run",
-            "--recipe",
-            recipe,
-            "--pr",
-            "1",
-            "--run-id",
-            run_id,
-            "--no-fetch",
-        ])
-        .args(extra)
-        .args(["--", "sh", "-c", script]);
+        cmd.args(["lock", "cache"])
+            .args(extra)
+            .args(["--", "sh", "-c", script]);
         cmd
     }
 
@@ -115,14 +112,14 @@ fn same_domain_runs_on_two_hosts_serialise_visibly_and_other_domains_do_not_wait
         return;
     };
     let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
-    let mut first = Proc::spawn(a.run("a1", "custom-html", &[], HOLD));
+    let mut first = Proc::spawn(a.run("a1", &[], HOLD));
     let first_token = token_of(&first.wait_for(Stream::Out, "ready"));
 
     // Another domain on the other host runs straight through while the first is held.
-    let other = run(b.run("b0", "wordpress", &[], "echo other"));
+    let other = run(b.sandbox.run_sh("b0", &["--pr", "2"], "echo other"));
     other.assert_code(0);
 
-    let mut second = Proc::spawn(b.run("b1", "custom-html", &[], HOLD));
+    let mut second = Proc::spawn(b.run("b1", &[], HOLD));
     second.wait_for(Stream::Err, "in flight — waiting; held by run a1 (pid");
     let held = a.locks();
     let app = held
@@ -162,13 +159,13 @@ fn a_sigkilled_holders_domain_goes_to_the_other_hosts_waiter_within_the_ttl() {
     };
     let ttl = 3;
     let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
-    let mut holder = Proc::spawn(a.run("a1", "custom-html", &[], HOLD));
+    let mut holder = Proc::spawn(a.run("a1", &[], HOLD));
     let command_pid = holder.wait_ready();
-    let mut waiter = Proc::spawn(b.run("b1", "custom-html", &[], HOLD));
+    let mut waiter = Proc::spawn(b.run("b1", &[], HOLD));
     waiter.wait_for(Stream::Err, "waiting; held by run a1");
 
-    // The supervisor dies without a word (the OOM killer); its command lives on until a janitor
-    // finds it, but its lease is no longer kept alive.
+    // The supervisor dies without a word (the OOM killer): nothing of it keeps its lease alive
+    // any more (its command dies by its own parent-death signal).
     signal(holder.pid(), Signal::SIGKILL);
     let killed = Instant::now();
     waiter.wait_for(Stream::Out, "ready");
@@ -192,14 +189,14 @@ fn a_run_keeps_its_lock_when_the_leader_dies_and_loses_it_when_etcd_goes_silent(
     // Long enough to ride out an election (etcd's default election timeout is 1 s).
     let ttl = 5;
     let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
-    let mut holder = Proc::spawn(a.run("a1", "custom-html", &[], HOLD));
+    let mut holder = Proc::spawn(a.run("a1", &[], HOLD));
     let first_token = token_of(&holder.wait_for(Stream::Out, "ready"));
 
     // The leader dies: the client fails over and keeps the lease alive. A waiter that gives up
     // after twice the TTL proves the lock stayed held all that time.
     cluster.signal_member(cluster.leader(), Signal::SIGKILL);
     let budget = (2 * ttl).to_string();
-    let waiter = run(b.run("b1", "custom-html", &["--lock-wait", &budget], "true"));
+    let waiter = run(b.run("b1", &["--lock-wait", &budget], "true"));
     waiter.assert_code(75);
     waiter.assert_stderr_has("held by run a1");
 
@@ -216,7 +213,7 @@ fn a_run_keeps_its_lock_when_the_leader_dies_and_loses_it_when_etcd_goes_silent(
     assert_eq!(record["exit_code"], 76, "{record}");
 
     // Nothing is double-held afterwards, and the next holder's token is larger.
-    let mut next = Proc::spawn(b.run("b2", "custom-html", &[], HOLD));
+    let mut next = Proc::spawn(b.run("b2", &[], HOLD));
     let next_token = token_of(&next.wait_for(Stream::Out, "ready"));
     assert!(next_token > first_token, "{next_token} after {first_token}");
     next.close_stdin();
@@ -228,7 +225,7 @@ fn an_unreachable_etcd_fails_the_run_and_the_janitor_and_never_falls_back_to_flo
     // Nobody listens here.
     let endpoint = format!("http://127.0.0.1:{}", free_port());
     let host = Host::at(endpoint.clone(), 2);
-    let done = run(host.run("r1", "custom-html", &[], "echo must-not-run"));
+    let done = run(host.run("r1", &[], "echo must-not-run"));
     done.assert_code(125);
     done.assert_stderr_has(&endpoint);
     assert!(!done.out.join("\n").contains("must-not-run"));
@@ -270,11 +267,7 @@ fn named_lock_waiters_across_hosts_are_served_in_order_and_a_killed_one_drops_ou
             crate::util::sh_quote(PathBuf::from(&order))
         )
     };
-    let lock = |host: &Host, script: &str| {
-        let mut cmd = host.ccci();
-        cmd.args(["lock", "cache", "--", "sh", "-c", script]);
-        cmd
-    };
+    let lock = |host: &Host, script: &str| host.lock(&[], script);
     let mut holder = Proc::spawn(lock(&a, HOLD));
     holder.wait_ready();
     let mut waiters = Vec::new();
@@ -320,13 +313,9 @@ fn a_named_lock_timeout_names_its_ticket_and_the_holder() {
         return;
     };
     let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
-    let mut cmd = a.ccci();
-    cmd.args(["lock", "cache", "--", "sh", "-c", HOLD]);
-    let mut holder = Proc::spawn(cmd);
+    let mut holder = Proc::spawn(a.lock(&[], HOLD));
     holder.wait_ready();
-    let mut cmd = b.ccci();
-    cmd.args(["lock", "cache", "--wait", "0.5", "--", "true"]);
-    let timed_out = run(cmd);
+    let timed_out = run(b.lock(&["--wait", "0.5"], "true"));
     timed_out.assert_code(75);
     timed_out.assert_stderr_has("as queue ticket ");
     timed_out.assert_stderr_has("(normal); (no other ticket queued); held by pid");
@@ -348,7 +337,7 @@ fn a_dead_hosts_app_is_reaped_from_another_host_and_a_live_one_is_left_alone() {
     let deploy_and_hold = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
          && echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" \
          && echo ready $$ $CCCI_FENCING_TOKEN $CCCI_STACK_NAME $CCCI_APP_DOMAIN; read _ || true";
-    let mut cmd = a.run("a1", "custom-html", &[], deploy_and_hold);
+    let mut cmd = a.run("a1", &[], deploy_and_hold);
     cmd.env("COMPOSE", &compose);
     let mut holder = Proc::spawn(cmd);
     let ready = holder.wait_for(Stream::Out, "ready");
@@ -393,7 +382,7 @@ fn a_dead_hosts_app_is_reaped_from_another_host_and_a_live_one_is_left_alone() {
     // Host A's own files are host A's: never touched from another host.
     assert!(env.exists(), "another host's .env was removed");
     // And a new run of the domain, on the other host, deploys the same stack at once.
-    let mut cmd = b.run("b1", "custom-html", &[], deploy_and_hold);
+    let mut cmd = b.run("b1", &[], deploy_and_hold);
     cmd.env("COMPOSE", &compose);
     std::fs::create_dir_all(b.sandbox.abra_home().join("servers/ci")).unwrap();
     let mut again = Proc::spawn(cmd);
@@ -411,21 +400,10 @@ fn named_lock_classes_and_promotion_hold_across_hosts() {
     let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
     let order = a.sandbox.path().join("order");
     let lock = |host: &Host, who: &str, extra: &[&str]| {
-        let mut cmd = host.ccci();
-        cmd.args(["lock", "cache"]).args(extra).args([
-            "--",
-            "sh",
-            "-c",
-            &format!(
-                "echo {who} >> {}",
-                crate::util::sh_quote(PathBuf::from(&order))
-            ),
-        ]);
-        cmd
+        let script = format!("echo {who} >> {}", crate::util::sh_quote(&order));
+        host.lock(extra, &script)
     };
-    let mut cmd = a.ccci();
-    cmd.args(["lock", "cache", "--", "sh", "-c", HOLD]);
-    let mut holder = Proc::spawn(cmd);
+    let mut holder = Proc::spawn(a.lock(&[], HOLD));
     holder.wait_ready();
     // In arrival order: a normal waiter, a normal one that is promoted soon, a fast one.
     let n1 = Proc::spawn(lock(&b, "n1", &[]));
@@ -462,9 +440,7 @@ fn a_named_lock_whose_lease_runs_out_stops_its_command_with_76() {
         return;
     };
     let host = Host::on(&cluster, 2);
-    let mut cmd = host.ccci();
-    cmd.args(["lock", "cache", "--", "sh", "-c", HOLD]);
-    let mut holder = Proc::spawn(cmd);
+    let mut holder = Proc::spawn(host.lock(&[], HOLD));
     let command_pid = holder.wait_ready();
     cluster.signal_all(Signal::SIGSTOP);
     holder.wait_for(Stream::Err, "the lock was lost while held");
@@ -483,9 +459,9 @@ fn a_signal_ends_a_wait_on_etcd_at_once_and_leaves_no_place_in_line() {
         return;
     };
     let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
-    let mut holder = Proc::spawn(a.run("a1", "custom-html", &[], HOLD));
+    let mut holder = Proc::spawn(a.run("a1", &[], HOLD));
     holder.wait_ready();
-    let mut waiter = Proc::spawn(b.run("b1", "custom-html", &[], "echo must-not-run"));
+    let mut waiter = Proc::spawn(b.run("b1", &[], "echo must-not-run"));
     waiter.wait_for(Stream::Err, "waiting; held by run a1");
     signal(waiter.pid(), Signal::SIGTERM);
     let done = waiter.finish();
