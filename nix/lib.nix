@@ -4,7 +4,7 @@
   janitorArgs =
     { longHeld, keepRunsDays, metricsFile }:
     [ "janitor" "--long-held" (toString longHeld) ]
-    ++ (if keepRunsDays == null then [ ] else [ "--keep-runs" (toString keepRunsDays) ])
+    ++ (if keepRunsDays == null then [ ] else [ "--keep-runs" "${toString keepRunsDays}d" ])
     ++ (if metricsFile == null then [ ] else [ "--metrics-file" metricsFile ]);
 
   # /etc/ccci-run/config.toml: the one place the host's paths are set. Every ccci-run on the

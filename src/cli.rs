@@ -12,7 +12,7 @@ use clap::{ArgMatches, Args, Parser, Subcommand};
 
 use crate::config::{
     CgroupMode, Choice, DockerMode, Fetch, Given, Global, Identity, Inputs, LockConfig, LogFormat,
-    Origin, RunConfig, SweepOptions,
+    Origin, RunConfig, SweepOptions, Timing,
 };
 use crate::lock::queue::Class;
 use crate::names::{DomainSuffix, LockName, NameError, RunId};
@@ -47,7 +47,9 @@ pub(crate) struct Cli {
 #[command(next_help_heading = "Global options")]
 pub(crate) struct GlobalArgs {
     /// Configuration file (TOML: lock_dir, abra_home, runs_dir, state_dir, domain_suffix,
-    /// docker, log_format, cgroup, etcd_endpoints, lease_ttl) [default: /etc/ccci-run/config.toml when it exists].
+    /// docker, log_format, cgroup, etcd_endpoints, lease_ttl, and the run settings deadline,
+    /// kill_grace, teardown_timeout, lock_wait, long_held, keep_runs, reap_budget,
+    /// promote_after) [default: /etc/ccci-run/config.toml when it exists].
     /// Precedence: flag > environment > file > built-in default.
     #[arg(long, value_name = "FILE", env = "CCCI_CONFIG")]
     pub config: Option<PathBuf>,
@@ -83,11 +85,11 @@ pub(crate) struct GlobalArgs {
         value_delimiter = ','
     )]
     pub etcd_endpoints: Option<Vec<String>>,
-    /// Seconds an etcd lease outlives its holder's last keepalive: how soon a dead holder's lock
-    /// frees, and how long etcd may be unreachable before a holder counts its lock lost
-    /// [default: 10].
-    #[arg(long, value_name = "SECS", env = "CCCI_LEASE_TTL")]
-    pub lease_ttl: Option<u32>,
+    /// How long an etcd lease outlives its holder's last keepalive (whole seconds, 2s-1h): how
+    /// soon a dead holder's lock frees, and how long etcd may be unreachable before a holder
+    /// counts its lock lost [default: 10s].
+    #[arg(long, value_name = "DURATION", env = "CCCI_LEASE_TTL", value_parser = lease_ttl)]
+    pub lease_ttl: Option<Duration>,
     /// Diagnostics format: text, or json (then all of stderr is JSON, one object a line, status
     /// lines included) [default: text].
     #[arg(long, value_name = "F", env = "CCCI_LOG_FORMAT", value_parser = choice::<LogFormat>())]
@@ -135,25 +137,29 @@ pub(crate) enum Command {
 pub(crate) struct LockArgs {
     /// The lock's name: `<lock-dir>/ccci-<NAME>.lock`.
     pub name: String,
-    /// Give up after SECS (exit 75) [default: wait as long as it takes].
-    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    /// Give up after DURATION (exit 75) [default: wait as long as it takes].
+    #[arg(long, value_name = "DURATION", value_parser = any_duration)]
     pub wait: Option<Duration>,
     /// Queue class: fast tickets go before normal ones.
     #[arg(long, value_name = "CLASS", default_value = "normal", value_parser = choice::<Class>())]
     pub class: Class,
-    /// A normal ticket that waited this long joins the fast class, keeping its place.
-    #[arg(long, value_name = "SECS", default_value = "1200", value_parser = parse_seconds)]
-    pub promote_after: Duration,
-    /// Seconds between the forwarded signal and SIGKILL of COMMAND's process group.
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds)]
-    pub kill_grace: Duration,
-    /// Seconds the rest of the teardown may take after the kill grace; then whatever is left
-    /// is killed and ccci-run exits.
-    #[arg(long, value_name = "SECS", default_value = "300", value_parser = parse_budget)]
-    pub teardown_timeout: Duration,
-    /// Tear down when process PID exits; PID must be an ancestor (pass the CI step shell's $$).
-    #[arg(long, value_name = "PID", env = "CCCI_TIE_TO", value_parser = parse_pid)]
-    pub tie_to: Option<i32>,
+    /// A normal ticket that waited this long joins the fast class, keeping its place
+    /// [env: CCCI_PROMOTE_AFTER; file: promote_after; default: 20m].
+    #[arg(long, value_name = "DURATION", value_parser = promote_after)]
+    pub promote_after: Option<Duration>,
+    /// Time between the forwarded signal and SIGKILL of COMMAND's process group
+    /// [env: CCCI_KILL_GRACE; file: kill_grace; default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = kill_grace)]
+    pub kill_grace: Option<Duration>,
+    /// Time the rest of the teardown may take after the kill grace; then whatever is left is
+    /// killed and ccci-run exits [env: CCCI_TEARDOWN_TIMEOUT; file: teardown_timeout;
+    /// default: 5m].
+    #[arg(long, value_name = "DURATION", value_parser = teardown_timeout)]
+    pub teardown_timeout: Option<Duration>,
+    /// Tear down when any of these processes exits; each must be an ancestor (the CI step
+    /// shell's $$, and its parent, the runner).
+    #[arg(long, value_name = "PID,...", env = "CCCI_TIE_TO", value_delimiter = ',', value_parser = parse_pid)]
+    pub tie_to: Vec<i32>,
     /// The command to run while holding the lock.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -169,19 +175,22 @@ pub(crate) struct JanitorArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Flag (never steal) a lock held for longer than SECS.
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS, value_parser = clap::value_parser!(u64).range(..=MAX_SECS))]
-    pub long_held: u64,
+    /// Flag (never steal) a lock held for longer than DURATION
+    /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
+    #[arg(long, value_name = "DURATION", value_parser = long_held)]
+    pub long_held: Option<Duration>,
     /// Also write Prometheus metrics here (node_exporter textfile collector), atomically.
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
     /// How long reaping may take (the Docker side, until the engine lists nothing of each
-    /// stack); past it the stack is `reap-incomplete` and the next sweep finishes the job.
-    #[arg(long, value_name = "SECS", default_value = "120", value_parser = parse_budget)]
-    pub reap_budget: Duration,
-    /// Also remove per-run directories older than DAYS whose run is not live.
-    #[arg(long, value_name = "DAYS", value_parser = clap::value_parser!(u64).range(..=MAX_KEEP_DAYS))]
-    pub keep_runs: Option<u64>,
+    /// stack); past it the stack is `reap-incomplete` and the next sweep finishes the job
+    /// [env: CCCI_REAP_BUDGET; file: reap_budget; default: 2m].
+    #[arg(long, value_name = "DURATION", value_parser = reap_budget)]
+    pub reap_budget: Option<Duration>,
+    /// Also remove per-run directories older than AGE whose run is not live; AGE needs a unit
+    /// (14d, 36h) [env: CCCI_KEEP_RUNS; file: keep_runs; default: keep them].
+    #[arg(long, value_name = "AGE", value_parser = keep_runs)]
+    pub keep_runs: Option<Duration>,
     #[command(flatten)]
     pub global: GlobalArgs,
 }
@@ -200,22 +209,13 @@ pub(crate) struct LocksArgs {
     /// Print the list as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Flag a lock held for longer than SECS.
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LONG_HELD_SECS, value_parser = clap::value_parser!(u64).range(..=MAX_SECS))]
-    pub long_held: u64,
+    /// Flag a lock held for longer than DURATION
+    /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
+    #[arg(long, value_name = "DURATION", value_parser = long_held)]
+    pub long_held: Option<Duration>,
     #[command(flatten)]
     pub global: GlobalArgs,
 }
-
-/// Twice the default hard deadline: no healthy run holds its lock that long.
-pub(crate) const DEFAULT_LONG_HELD_SECS: u64 = crate::config::DEFAULT_LONG_HELD.as_secs();
-
-/// The longest any duration option may be: one year. Larger values are refused when parsed,
-/// so no arithmetic on instants can overflow later.
-pub(crate) const MAX_SECS: u64 = 365 * 86_400;
-
-/// The longest `--keep-runs` may be, in days (a century).
-pub(crate) const MAX_KEEP_DAYS: u64 = 36_500;
 
 #[derive(Debug, Args)]
 pub(crate) struct AppDomainArgs {
@@ -245,25 +245,30 @@ pub(crate) struct RunArgs {
     /// Run id [default: $DRONE_BUILD_NUMBER, else manual-<pid>].
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
-    /// Hard deadline for the whole run, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u32).range(1..=MAX_SECS as i64))]
-    pub deadline: u32,
-    /// Give up waiting for the app lock after SECS (exit 75) [default: until the deadline].
-    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    /// Hard deadline for the whole run [env: CCCI_DEADLINE; file: deadline; default: 1h].
+    #[arg(long, value_name = "DURATION", value_parser = deadline)]
+    pub deadline: Option<Duration>,
+    /// Give up waiting for the app lock after DURATION (exit 75)
+    /// [env: CCCI_LOCK_WAIT; file: lock_wait; default: until the deadline].
+    #[arg(long, value_name = "DURATION", value_parser = lock_wait)]
     pub lock_wait: Option<Duration>,
-    /// Seconds between SIGTERM and SIGKILL of the command's process group (fractions allowed).
-    #[arg(long, value_name = "SECS", env = "CCCI_KILL_GRACE", default_value = "10", value_parser = parse_seconds)]
-    pub kill_grace: Duration,
-    /// Seconds the rest of the teardown (hook, app removal) may take after the kill grace; the
-    /// whole run is bounded by deadline + kill grace + this, whatever happens.
-    #[arg(long, value_name = "SECS", env = "CCCI_TEARDOWN_TIMEOUT", default_value = "300", value_parser = parse_budget)]
-    pub teardown_timeout: Duration,
-    /// Refuse to run unless our parent process is PID (pass the step shell's $$).
-    #[arg(long, value_name = "PID")]
+    /// Time between SIGTERM and SIGKILL of the command's process group
+    /// [env: CCCI_KILL_GRACE; file: kill_grace; default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = kill_grace)]
+    pub kill_grace: Option<Duration>,
+    /// Time the rest of the teardown (hook, app removal) may take after the kill grace; the
+    /// whole run is bounded by deadline + kill grace + this, whatever happens
+    /// [env: CCCI_TEARDOWN_TIMEOUT; file: teardown_timeout; default: 5m].
+    #[arg(long, value_name = "DURATION", value_parser = teardown_timeout)]
+    pub teardown_timeout: Option<Duration>,
+    /// Refuse to run unless our parent process is PID (pass the step shell's $$; 1 when a
+    /// container's init runs the step).
+    #[arg(long, value_name = "PID", value_parser = parse_pid)]
     pub expect_parent: Option<i32>,
-    /// Tear down when process PID exits; PID must be an ancestor (pass the CI step shell's $$).
-    #[arg(long, value_name = "PID", env = "CCCI_TIE_TO", value_parser = parse_pid)]
-    pub tie_to: Option<i32>,
+    /// Tear down when any of these processes exits; each must be an ancestor (the CI step
+    /// shell's $$, and its parent, the runner).
+    #[arg(long, value_name = "PID,...", env = "CCCI_TIE_TO", value_delimiter = ',', value_parser = parse_pid)]
+    pub tie_to: Vec<i32>,
     /// Shell command run (sh -c, with the run's environment) during teardown.
     #[arg(long, value_name = "CMD")]
     pub on_teardown: Option<String>,
@@ -290,47 +295,60 @@ pub(crate) struct RunArgs {
     pub global: GlobalArgs,
 }
 
-/// A number of seconds, fractions allowed, from 0 to [`MAX_SECS`].
-fn parse_seconds(value: &str) -> Result<Duration, String> {
-    let secs: f64 = value
-        .trim()
-        .parse()
-        .map_err(|_| format!("{value:?} is not a number of seconds"))?;
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("{value:?} is not a usable duration"));
-    }
-    if secs > MAX_SECS as f64 {
-        return Err(format!(
-            "{value:?} is too long: at most {MAX_SECS} s (one year)"
-        ));
-    }
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{value:?} is not a usable duration"))
+/// The value parsers of the run settings: one duration syntax, each with its own bounds.
+fn deadline(value: &str) -> Result<Duration, String> {
+    Timing::Deadline.parse_flag(value)
 }
 
-/// Like [`parse_seconds`], but at least one second: a budget of nothing would skip teardown.
-fn parse_budget(value: &str) -> Result<Duration, String> {
-    let secs = parse_seconds(value)?;
-    if secs < Duration::from_secs(1) {
-        return Err(format!(
-            "{value:?} is too short: at least 1 s, or teardown could not even start"
-        ));
-    }
-    Ok(secs)
+fn kill_grace(value: &str) -> Result<Duration, String> {
+    Timing::KillGrace.parse_flag(value)
 }
 
-/// A process id: a positive number, not 1 (init never exits: tying to it guards nothing).
+fn teardown_timeout(value: &str) -> Result<Duration, String> {
+    Timing::TeardownTimeout.parse_flag(value)
+}
+
+fn lock_wait(value: &str) -> Result<Duration, String> {
+    Timing::LockWait.parse_flag(value)
+}
+
+fn long_held(value: &str) -> Result<Duration, String> {
+    Timing::LongHeld.parse_flag(value)
+}
+
+fn keep_runs(value: &str) -> Result<Duration, String> {
+    Timing::KeepRuns.parse_flag(value)
+}
+
+fn reap_budget(value: &str) -> Result<Duration, String> {
+    Timing::ReapBudget.parse_flag(value)
+}
+
+fn promote_after(value: &str) -> Result<Duration, String> {
+    Timing::PromoteAfter.parse_flag(value)
+}
+
+/// Any duration from nothing to a year.
+fn any_duration(value: &str) -> Result<Duration, String> {
+    crate::duration::parse(value, &crate::duration::Spec::at_least(Duration::ZERO))
+}
+
+fn lease_ttl(value: &str) -> Result<Duration, String> {
+    crate::duration::parse(value, &crate::config::LEASE_TTL_SPEC)
+}
+
+/// A process id: a positive number. (Whether 1 makes sense depends on who our parent is: the
+/// guards decide.)
 fn parse_pid(value: &str) -> Result<i32, String> {
-    let pid: i32 = value
-        .trim()
-        .parse()
-        .map_err(|_| format!("{value:?} is not a process id"))?;
-    match pid {
-        ..=0 => Err(format!("{value:?} is not a process id")),
-        1 => Err(
-            "1 is init, which never exits: name the CI step shell's pid ($$) instead".to_owned(),
-        ),
-        pid => Ok(pid),
+    let pid: i32 = value.trim().parse().map_err(|_| {
+        format!("{value:?} is not a process id (a positive number; several: PID,PID)")
+    })?;
+    if pid <= 0 {
+        return Err(format!(
+            "{value:?} is not a process id (a positive number; several: PID,PID)"
+        ));
     }
+    Ok(pid)
 }
 
 /// A value parser for a [`Choice`]: its names as the possible values, its help as theirs.
@@ -347,6 +365,34 @@ fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {
 }
 
 impl Command {
+    /// The run settings given on the command line.
+    pub(crate) fn timing_flags(&self) -> Vec<(Timing, Duration)> {
+        let given: Vec<(Timing, Option<Duration>)> = match self {
+            Self::Run(a) => vec![
+                (Timing::Deadline, a.deadline),
+                (Timing::LockWait, a.lock_wait),
+                (Timing::KillGrace, a.kill_grace),
+                (Timing::TeardownTimeout, a.teardown_timeout),
+            ],
+            Self::Lock(a) => vec![
+                (Timing::PromoteAfter, a.promote_after),
+                (Timing::KillGrace, a.kill_grace),
+                (Timing::TeardownTimeout, a.teardown_timeout),
+            ],
+            Self::Janitor(a) => vec![
+                (Timing::LongHeld, a.long_held),
+                (Timing::ReapBudget, a.reap_budget),
+                (Timing::KeepRuns, a.keep_runs),
+            ],
+            Self::Locks(a) => vec![(Timing::LongHeld, a.long_held)],
+            _ => Vec::new(),
+        };
+        given
+            .into_iter()
+            .filter_map(|(t, v)| v.map(|v| (t, v)))
+            .collect()
+    }
+
     /// The global options given after the command's name, for the commands that take them.
     pub(crate) fn global(&self) -> Option<&GlobalArgs> {
         match self {
@@ -389,6 +435,7 @@ impl Globals<'_> {
                 "CCCI_ETCD_ENDPOINTS",
             ),
             lease_ttl: self.pick(|g| &g.lease_ttl, "lease_ttl", "CCCI_LEASE_TTL"),
+            timings: Vec::new(),
         }
     }
 
@@ -448,15 +495,16 @@ impl RunArgs {
             self.recipe_url.as_deref(),
             &identity.recipe,
         )?;
+        let t = &global.timings;
         Ok(RunConfig {
             identity,
             run_id,
-            deadline: Duration::from_secs(self.deadline.into()),
-            kill_grace: self.kill_grace,
-            teardown_timeout: self.teardown_timeout,
-            lock_wait: self.lock_wait,
+            deadline: t.value(Timing::Deadline),
+            kill_grace: t.value(Timing::KillGrace),
+            teardown_timeout: t.value(Timing::TeardownTimeout),
+            lock_wait: t.get(Timing::LockWait),
             expect_parent: self.expect_parent,
-            tie_to: self.tie_to,
+            tie_to: unique_pids(&self.tie_to)?,
             on_teardown: self.on_teardown.clone(),
             no_teardown: self.no_teardown,
             fetch,
@@ -467,14 +515,15 @@ impl RunArgs {
 
 impl LockArgs {
     pub(crate) fn validate(self, global: &Global) -> Result<LockConfig, NameError> {
+        let t = &global.timings;
         Ok(LockConfig {
             name: LockName::parse(&self.name)?,
             wait: self.wait,
             class: self.class,
-            promote_after: self.promote_after,
-            kill_grace: self.kill_grace,
-            teardown_timeout: self.teardown_timeout,
-            tie_to: self.tie_to,
+            promote_after: t.value(Timing::PromoteAfter),
+            kill_grace: t.value(Timing::KillGrace),
+            teardown_timeout: t.value(Timing::TeardownTimeout),
+            tie_to: unique_pids(&self.tie_to)?,
             cgroup: global.cgroup,
             command: self.command,
         })
@@ -482,14 +531,32 @@ impl LockArgs {
 }
 
 impl JanitorArgs {
-    pub(crate) fn sweep_options(&self) -> SweepOptions {
+    pub(crate) fn sweep_options(&self, global: &Global) -> SweepOptions {
         SweepOptions {
             dry_run: self.dry_run,
             hunt: crate::config::Hunt::Everywhere,
-            long_held: Duration::from_secs(self.long_held),
-            reap_budget: self.reap_budget,
+            long_held: global.timings.value(Timing::LongHeld),
+            reap_budget: global.timings.value(Timing::ReapBudget),
         }
     }
+}
+
+/// The `--tie-to` pids, each once: a pid named twice is a mistake in whoever built the list.
+fn unique_pids(pids: &[i32]) -> Result<Vec<i32>, NameError> {
+    for (at, pid) in pids.iter().enumerate() {
+        if pids[..at].contains(pid) {
+            return Err(NameError {
+                what: "--tie-to / CCCI_TIE_TO",
+                value: pids
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                rule: format!("names pid {pid} twice: list each ancestor once (PID,PID)"),
+            });
+        }
+    }
+    Ok(pids.to_vec())
 }
 
 #[cfg(test)]
@@ -503,29 +570,35 @@ mod tests {
     }
 
     #[test]
-    fn kill_grace_takes_fractions_and_refuses_garbage() {
-        assert_eq!(parse_seconds("0.25").unwrap(), Duration::from_millis(250));
-        assert!(parse_seconds("-1").is_err());
-        assert!(parse_seconds("soon").is_err());
-        assert!(parse_seconds("NaN").is_err());
-        assert!(parse_seconds("inf").is_err());
-    }
-
-    #[test]
-    fn absurd_durations_are_refused_at_parse_time() {
-        let err = parse_seconds("9223372036854775807").unwrap_err();
-        assert!(err.contains("too long"), "{err}");
-        assert!(parse_seconds(&MAX_SECS.to_string()).is_ok());
-        assert!(parse_budget("0").unwrap_err().contains("at least 1 s"));
-        assert_eq!(parse_budget("1").unwrap(), Duration::from_secs(1));
-    }
-
-    #[test]
-    fn pids_are_positive_and_not_init() {
-        assert_eq!(parse_pid("42"), Ok(42));
-        assert!(parse_pid("1").unwrap_err().contains("init"));
-        for bad in ["0", "-5", "x", "", "99999999999"] {
-            assert!(parse_pid(bad).is_err(), "{bad}");
+    fn every_duration_flag_speaks_one_syntax() {
+        assert_eq!(kill_grace("0.25").unwrap(), Duration::from_millis(250));
+        assert_eq!(deadline("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(deadline("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(lease_ttl("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(long_held("2h").unwrap(), Duration::from_secs(7200));
+        assert_eq!(keep_runs("14d").unwrap(), Duration::from_secs(14 * 86_400));
+        assert!(keep_runs("14").unwrap_err().contains("14d"));
+        assert!(deadline("0").unwrap_err().contains("too short"));
+        assert!(teardown_timeout("0.5").unwrap_err().contains("at least 1s"));
+        assert!(
+            deadline("9223372036854775807")
+                .unwrap_err()
+                .contains("too long")
+        );
+        for bad in ["-1", "soon", "NaN", "inf", "", "5x"] {
+            assert!(kill_grace(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn pids_are_positive_and_listed_once() {
+        assert_eq!(parse_pid("42"), Ok(42));
+        assert_eq!(parse_pid("1"), Ok(1));
+        for bad in ["0", "-5", "x", "", "99999999999", "$"] {
+            assert!(parse_pid(bad).unwrap_err().contains("PID,PID"), "{bad}");
+        }
+        assert_eq!(unique_pids(&[7, 9]).unwrap(), vec![7, 9]);
+        let err = unique_pids(&[7, 9, 7]).unwrap_err().to_string();
+        assert!(err.contains("twice") && err.contains("7,9,7"), "{err}");
     }
 }

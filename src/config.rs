@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::duration::Spec;
 use crate::names::{
     AppDomain, DomainSuffix, GitRef, LockName, NameError, PrNumber, Recipe, RunAppPattern, RunId,
 };
@@ -34,7 +35,213 @@ pub(crate) struct FileConfig {
     pub log_format: Option<LogFormat>,
     pub cgroup: Option<CgroupMode>,
     pub etcd_endpoints: Option<Vec<String>>,
-    pub lease_ttl: Option<u32>,
+    pub lease_ttl: Option<FileDuration>,
+    pub deadline: Option<FileDuration>,
+    pub kill_grace: Option<FileDuration>,
+    pub teardown_timeout: Option<FileDuration>,
+    pub lock_wait: Option<FileDuration>,
+    pub long_held: Option<FileDuration>,
+    pub keep_runs: Option<FileDuration>,
+    pub reap_budget: Option<FileDuration>,
+    pub promote_after: Option<FileDuration>,
+}
+
+impl FileConfig {
+    /// The file's value of a run setting, if it has one.
+    fn timing(&self, timing: Timing) -> Option<&FileDuration> {
+        match timing {
+            Timing::Deadline => self.deadline.as_ref(),
+            Timing::KillGrace => self.kill_grace.as_ref(),
+            Timing::TeardownTimeout => self.teardown_timeout.as_ref(),
+            Timing::LockWait => self.lock_wait.as_ref(),
+            Timing::LongHeld => self.long_held.as_ref(),
+            Timing::KeepRuns => self.keep_runs.as_ref(),
+            Timing::ReapBudget => self.reap_budget.as_ref(),
+            Timing::PromoteAfter => self.promote_after.as_ref(),
+        }
+    }
+}
+
+/// A duration in the configuration file: a string in the one duration syntax (`"90s"`,
+/// `"1h30m"`, `"14d"`), or a bare TOML number of seconds.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum FileDuration {
+    Seconds(f64),
+    Text(String),
+}
+
+impl FileDuration {
+    /// Parse as `spec` says; the error names the key and the file.
+    fn parse(&self, key: &'static str, spec: &Spec, path: &Path) -> Result<Duration, NameError> {
+        let text = match self {
+            Self::Seconds(secs) => secs.to_string(),
+            Self::Text(text) => text.clone(),
+        };
+        crate::duration::parse(&text, spec).map_err(|rule| NameError {
+            what: key,
+            value: text,
+            rule: format!("{rule} (in {})", path.display()),
+        })
+    }
+}
+
+/// The run settings a host sets once (configuration file, or the environment of every step)
+/// and a command line may override: the bounds and budgets of runs, locks and sweeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Timing {
+    Deadline,
+    KillGrace,
+    TeardownTimeout,
+    LockWait,
+    LongHeld,
+    KeepRuns,
+    ReapBudget,
+    PromoteAfter,
+}
+
+/// What a run setting is called and what it accepts.
+#[derive(Debug)]
+pub(crate) struct TimingInfo {
+    pub timing: Timing,
+    /// The configuration key.
+    pub key: &'static str,
+    /// The environment variable.
+    pub env: &'static str,
+    pub spec: Spec,
+    /// `None`: unset unless given (no bound on the lock wait but the deadline, no retention).
+    pub default: Option<Duration>,
+    /// What an unset value means, as `ccci-run config` shows it.
+    pub unset: &'static str,
+}
+
+/// Every run setting, in the order `ccci-run config` shows them.
+pub(crate) const TIMINGS: [TimingInfo; 8] = [
+    TimingInfo {
+        timing: Timing::Deadline,
+        key: "deadline",
+        env: "CCCI_DEADLINE",
+        spec: Spec::at_least(Duration::from_secs(1)),
+        default: Some(Duration::from_secs(3600)),
+        unset: "",
+    },
+    TimingInfo {
+        timing: Timing::KillGrace,
+        key: "kill_grace",
+        env: "CCCI_KILL_GRACE",
+        spec: Spec::at_least(Duration::ZERO),
+        default: Some(Duration::from_secs(10)),
+        unset: "",
+    },
+    TimingInfo {
+        timing: Timing::TeardownTimeout,
+        key: "teardown_timeout",
+        env: "CCCI_TEARDOWN_TIMEOUT",
+        // A budget of nothing would skip the teardown.
+        spec: Spec::at_least(Duration::from_secs(1)),
+        default: Some(Duration::from_secs(300)),
+        unset: "",
+    },
+    TimingInfo {
+        timing: Timing::LockWait,
+        key: "lock_wait",
+        env: "CCCI_LOCK_WAIT",
+        spec: Spec::at_least(Duration::ZERO),
+        default: None,
+        unset: "none (until the deadline)",
+    },
+    TimingInfo {
+        timing: Timing::LongHeld,
+        key: "long_held",
+        env: "CCCI_LONG_HELD",
+        spec: Spec::at_least(Duration::ZERO),
+        default: Some(DEFAULT_LONG_HELD),
+        unset: "",
+    },
+    TimingInfo {
+        timing: Timing::KeepRuns,
+        key: "keep_runs",
+        env: "CCCI_KEEP_RUNS",
+        // A bare number used to mean days: it is refused rather than read as seconds.
+        spec: Spec {
+            min: Duration::ZERO,
+            max: Duration::from_secs(36_500 * 86_400),
+            bare: false,
+            whole_seconds: false,
+        },
+        default: None,
+        unset: "none (run directories are kept)",
+    },
+    TimingInfo {
+        timing: Timing::ReapBudget,
+        key: "reap_budget",
+        env: "CCCI_REAP_BUDGET",
+        spec: Spec::at_least(Duration::from_secs(1)),
+        default: Some(crate::janitor::reap::DEFAULT_REAP_BUDGET),
+        unset: "",
+    },
+    TimingInfo {
+        timing: Timing::PromoteAfter,
+        key: "promote_after",
+        env: "CCCI_PROMOTE_AFTER",
+        spec: Spec::at_least(Duration::ZERO),
+        default: Some(Duration::from_secs(1200)),
+        unset: "",
+    },
+];
+
+impl Timing {
+    pub(crate) fn info(self) -> &'static TimingInfo {
+        TIMINGS
+            .iter()
+            .find(|t| t.timing == self)
+            .expect("every run setting is in the table")
+    }
+
+    /// Parse a command-line value of this setting.
+    pub(crate) fn parse_flag(self, text: &str) -> Result<Duration, String> {
+        crate::duration::parse(text, &self.info().spec)
+    }
+}
+
+/// The lease TTL: whole seconds, within [`LEASE_TTL_RANGE`].
+pub(crate) const LEASE_TTL_SPEC: Spec = Spec {
+    min: Duration::from_secs(*LEASE_TTL_RANGE.start() as u64),
+    max: Duration::from_secs(*LEASE_TTL_RANGE.end() as u64),
+    bare: true,
+    whole_seconds: true,
+};
+
+/// The run settings, resolved: flag > environment > file > default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Timings {
+    values: [Option<Duration>; TIMINGS.len()],
+}
+
+impl Timings {
+    /// The value of `timing`; `None` only for the settings that may stay unset.
+    pub(crate) fn get(&self, timing: Timing) -> Option<Duration> {
+        let at = TIMINGS
+            .iter()
+            .position(|t| t.timing == timing)
+            .expect("every run setting is in the table");
+        self.values[at]
+    }
+
+    /// The value of a setting that always has one.
+    pub(crate) fn value(&self, timing: Timing) -> Duration {
+        self.get(timing)
+            .or(timing.info().default)
+            .unwrap_or_default()
+    }
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            values: TIMINGS.map(|t| t.default),
+        }
+    }
 }
 
 /// A setting with a fixed set of values: each with its name (on the command line, in the file,
@@ -133,6 +340,8 @@ pub(crate) struct Global {
     pub cgroup: CgroupMode,
     /// Locks beyond one host: `None` keeps them on this host's flock.
     pub etcd: Option<EtcdSettings>,
+    /// The run settings (bounds and budgets) a command line did not override.
+    pub timings: Timings,
 }
 
 /// Where the fleet's locks are kept when they are kept in etcd.
@@ -206,6 +415,7 @@ impl Global {
             docker: resolved.docker,
             cgroup: resolved.cgroup,
             etcd: resolved.etcd.clone(),
+            timings: resolved.timings.clone(),
         })
     }
 }
@@ -249,7 +459,8 @@ pub(crate) struct RunConfig {
     pub teardown_timeout: Duration,
     pub lock_wait: Option<Duration>,
     pub expect_parent: Option<i32>,
-    pub tie_to: Option<i32>,
+    /// The `--tie-to` ancestors: the run ends when any of them exits.
+    pub tie_to: Vec<i32>,
     pub on_teardown: Option<String>,
     pub no_teardown: bool,
     pub fetch: Fetch,
@@ -319,7 +530,7 @@ pub(crate) struct LockConfig {
     pub promote_after: Duration,
     pub kill_grace: Duration,
     pub teardown_timeout: Duration,
-    pub tie_to: Option<i32>,
+    pub tie_to: Vec<i32>,
     pub cgroup: CgroupMode,
     pub command: Vec<OsString>,
 }
@@ -389,6 +600,7 @@ pub(crate) struct Resolved {
     pub log_format: LogFormat,
     pub cgroup: CgroupMode,
     pub etcd: Option<EtcdSettings>,
+    pub timings: Timings,
     /// Every setting with its origin, in a fixed order.
     pub settings: Vec<Setting>,
 }
@@ -410,7 +622,9 @@ pub(crate) struct Inputs {
     pub log_format: Given<LogFormat>,
     pub cgroup: Given<CgroupMode>,
     pub etcd_endpoints: Given<Vec<String>>,
-    pub lease_ttl: Given<u32>,
+    pub lease_ttl: Given<Duration>,
+    /// Run settings given on the command line.
+    pub timings: Vec<(Timing, Duration)>,
 }
 
 /// The first of: the value given, the file's, the default — with where it came from.
@@ -443,6 +657,12 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
     let (file, path) = load(inputs.config.as_deref())?;
     let from_file = Origin::File(path.clone().unwrap_or_default());
     let i = inputs.clone();
+    let (timings, shown_timings) = resolve_timings(
+        &i.timings,
+        &file,
+        path.as_deref().unwrap_or(Path::new("")),
+        &from_file,
+    )?;
     let absolute = |key: &'static str, (p, origin): (PathBuf, Origin)| {
         std::path::absolute(&p).map(|p| (p, origin)).map_err(|e| {
             invalid(
@@ -489,8 +709,20 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         &from_file,
         Vec::new(),
     );
-    let lease_ttl = pick(i.lease_ttl, file.lease_ttl, &from_file, DEFAULT_LEASE_TTL);
-    let etcd = EtcdSettings::validate(&endpoints.0, lease_ttl.0).map_err(|rule| NameError {
+    let file_path = path.clone().unwrap_or_default();
+    let file_ttl = file
+        .lease_ttl
+        .as_ref()
+        .map(|v| v.parse("lease_ttl", &LEASE_TTL_SPEC, &file_path))
+        .transpose()?;
+    let lease_ttl = pick(
+        i.lease_ttl,
+        file_ttl,
+        &from_file,
+        Duration::from_secs(DEFAULT_LEASE_TTL.into()),
+    );
+    let ttl_secs = u32::try_from(lease_ttl.0.as_secs()).unwrap_or(u32::MAX);
+    let etcd = EtcdSettings::validate(&endpoints.0, ttl_secs).map_err(|rule| NameError {
         what: "etcd settings (--etcd-endpoints, --lease-ttl, CCCI_ETCD_ENDPOINTS, CCCI_LEASE_TTL, etcd_endpoints, lease_ttl)",
         value: endpoints.0.join(","),
         rule,
@@ -506,8 +738,14 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         setting("log_format", log_format.0.name().to_owned(), &log_format.1),
         setting("cgroup", cgroup.0.name().to_owned(), &cgroup.1),
         setting("etcd_endpoints", endpoints.0.join(","), &endpoints.1),
-        setting("lease_ttl", lease_ttl.0.to_string(), &lease_ttl.1),
+        setting(
+            "lease_ttl",
+            crate::duration::show(lease_ttl.0),
+            &lease_ttl.1,
+        ),
     ];
+    let mut settings = settings;
+    settings.extend(shown_timings);
     Ok(Resolved {
         lock_dir: lock_dir.0,
         abra_home: abra_home.0,
@@ -518,8 +756,56 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         log_format: log_format.0,
         cgroup: cgroup.0,
         etcd,
+        timings,
         settings,
     })
+}
+
+/// The run settings: each from the command line, else its environment variable, else the
+/// file, else its default; with what `ccci-run config` shows of each.
+fn resolve_timings(
+    flags: &[(Timing, Duration)],
+    file: &FileConfig,
+    path: &Path,
+    from_file: &Origin,
+) -> Result<(Timings, Vec<Setting>), NameError> {
+    let mut timings = Timings::default();
+    let mut shown = Vec::new();
+    for (at, info) in TIMINGS.iter().enumerate() {
+        let flag = flags
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == info.timing)
+            .map(|(_, v)| (*v, Origin::Flag));
+        // A flag wins: the variable is not even read then, so a bad value set for every step
+        // never turns an explicit flag into a usage error.
+        let env = match std::env::var_os(info.env).filter(|_| flag.is_none()) {
+            Some(value) => {
+                let text = value.to_string_lossy();
+                let parsed =
+                    crate::duration::parse(&text, &info.spec).map_err(|rule| NameError {
+                        what: info.env,
+                        value: text.clone().into_owned(),
+                        rule,
+                    })?;
+                Some((parsed, Origin::Environment(info.env.to_owned())))
+            }
+            None => None,
+        };
+        let from_file_value = file
+            .timing(info.timing)
+            .map(|v| v.parse(info.key, &info.spec, path))
+            .transpose()?;
+        let (value, origin) = match (flag.or(env), from_file_value) {
+            (Some(given), _) => (Some(given.0), given.1),
+            (None, Some(v)) => (Some(v), from_file.clone()),
+            (None, None) => (info.default, Origin::Default),
+        };
+        timings.values[at] = value;
+        let text = value.map_or_else(|| info.unset.to_owned(), crate::duration::show);
+        shown.push(setting(info.key, text, &origin));
+    }
+    Ok((timings, shown))
 }
 
 fn setting(key: &'static str, value: String, origin: &Origin) -> Setting {
@@ -624,7 +910,7 @@ mod tests {
             })
         );
         // A flag wins over the file, as everywhere.
-        inputs.lease_ttl = Some((20, Origin::Flag));
+        inputs.lease_ttl = Some((Duration::from_secs(20), Origin::Flag));
         assert_eq!(
             resolve(&inputs).unwrap().etcd.unwrap().lease_ttl,
             Duration::from_secs(20)
@@ -637,7 +923,7 @@ mod tests {
             ("a:2379", 100_000, "out of range"),
         ] {
             inputs.etcd_endpoints = Some((vec![endpoints.to_owned()], Origin::Flag));
-            inputs.lease_ttl = Some((ttl, Origin::Flag));
+            inputs.lease_ttl = Some((Duration::from_secs(ttl), Origin::Flag));
             let err = resolve(&inputs).unwrap_err().to_string();
             assert!(
                 err.contains(why) && err.contains("--etcd-endpoints"),
@@ -649,5 +935,80 @@ mod tests {
         inputs.lease_ttl = None;
         std::fs::write(&file, "").unwrap();
         assert_eq!(resolve(&inputs).unwrap().etcd, None);
+    }
+
+    #[test]
+    fn run_settings_come_from_flag_then_file_then_default_with_their_origin() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(
+            &file,
+            "deadline = \"90m\"\nkill_grace = 1.5\nkeep_runs = \"14d\"\nlease_ttl = \"15s\"\n\
+             reap_budget = 60\n",
+        )
+        .unwrap();
+        let mut inputs = Inputs {
+            config: Some(file.clone()),
+            ..Inputs::default()
+        };
+        let resolved = resolve(&inputs).unwrap();
+        let t = &resolved.timings;
+        assert_eq!(t.value(Timing::Deadline), Duration::from_secs(5400));
+        assert_eq!(t.value(Timing::KillGrace), Duration::from_millis(1500));
+        assert_eq!(
+            t.get(Timing::KeepRuns),
+            Some(Duration::from_secs(14 * 86_400))
+        );
+        assert_eq!(t.value(Timing::ReapBudget), Duration::from_secs(60));
+        assert_eq!(t.value(Timing::TeardownTimeout), Duration::from_secs(300));
+        assert_eq!(t.get(Timing::LockWait), None);
+        let shown = |resolved: &Resolved, key: &str| {
+            let s = resolved.settings.iter().find(|s| s.key == key).unwrap();
+            (s.value.clone(), s.origin.clone())
+        };
+        assert_eq!(
+            shown(&resolved, "deadline"),
+            ("1h30m".to_owned(), Origin::File(file.clone()))
+        );
+        assert_eq!(
+            shown(&resolved, "lock_wait"),
+            ("none (until the deadline)".to_owned(), Origin::Default)
+        );
+        assert_eq!(shown(&resolved, "lease_ttl").0, "15s");
+        inputs.timings = vec![(Timing::Deadline, Duration::from_secs(60))];
+        let resolved = resolve(&inputs).unwrap();
+        assert_eq!(
+            resolved.timings.value(Timing::Deadline),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            shown(&resolved, "deadline"),
+            ("1m".to_owned(), Origin::Flag)
+        );
+    }
+
+    #[rstest::rstest]
+    #[case("deadline = \"5x\"\n", "deadline")]
+    #[case("deadline = 0\n", "too short")]
+    #[case("kill_grace = -1\n", "kill_grace")]
+    #[case("keep_runs = 14\n", "14d")]
+    #[case("teardown_timeout = \"\"\n", "empty")]
+    #[case("long_held = \"400d\"\n", "too long")]
+    #[case("lease_ttl = 2.5\n", "whole number")]
+    #[case("promote_after = true\n", "promote_after")]
+    fn a_bad_run_setting_in_the_file_names_key_file_and_forms(
+        #[case] text: &str,
+        #[case] needle: &str,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(&file, text).unwrap();
+        let inputs = Inputs {
+            config: Some(file.clone()),
+            ..Inputs::default()
+        };
+        let err = resolve(&inputs).unwrap_err().to_string();
+        assert!(err.contains(needle), "{text:?}: {err}");
+        assert!(err.contains(&file.display().to_string()), "{err}");
     }
 }

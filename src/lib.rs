@@ -8,6 +8,7 @@ pub(crate) mod app;
 pub(crate) mod cli;
 pub(crate) mod config;
 pub(crate) mod docker;
+pub(crate) mod duration;
 pub(crate) mod exit;
 mod fuzz;
 pub(crate) mod janitor;
@@ -141,7 +142,9 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
             .global()
             .zip(matches.subcommand().map(|(_, m)| m)),
     };
-    let resolved = config::resolve(&globals.inputs())?;
+    let mut inputs = globals.inputs();
+    inputs.timings = cli.command.timing_flags();
+    let resolved = config::resolve(&inputs)?;
     let (quiet, verbose) = globals.verbosity();
     init_logging(quiet, verbose, resolved.log_format);
     for s in &resolved.settings {
@@ -223,7 +226,7 @@ fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
         resolved
             .settings
             .iter()
-            .map(|s| format!("{:<14} {:<40} {}\n", s.key, s.value, s.origin))
+            .map(|s| format!("{:<16} {:<40} {}\n", s.key, s.value, s.origin))
             .collect()
     };
     emit(text.as_bytes()).map(|()| 0)
@@ -231,14 +234,13 @@ fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
 
 /// `ccci-run janitor`: one sweep, the retention pass, the metrics, the report.
 fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
-    let opts = args.sweep_options();
+    let opts = args.sweep_options(global);
     let link = docker::DockerLink::new(global.docker);
     let mut report = janitor::sweep(global, &opts, &link);
     for warning in &report.warnings {
         report::line(&format!("ccci-run: warning: {warning}"));
     }
-    if let Some(days) = args.keep_runs {
-        let keep = std::time::Duration::from_secs(days * 86_400);
+    if let Some(keep) = global.timings.get(config::Timing::KeepRuns) {
         janitor::retention::sweep(&global.runs_dir, keep, args.dry_run, &mut report);
     }
     // What the sweep did is recorded before anything is printed: a closed or full stdout must
@@ -267,7 +269,7 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
 
 /// `ccci-run locks`: every lock file, held or not.
 fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
-    let long_held = std::time::Duration::from_secs(args.long_held);
+    let long_held = global.timings.value(config::Timing::LongHeld);
     let backend = lock::backend(global).map_err(Error::Locks)?;
     if let Some(missing) = backend.missing_store() {
         report::line(&format!("ccci-run: warning: {missing}"));

@@ -41,3 +41,22 @@ fn plain(text: &str) {
     let _ = writeln!(err, "{text}");
     let _ = err.flush();
 }
+
+/// Send one line to the system journal (identifier `ccci-run`), for what must reach the
+/// operator even when stderr no longer does: the outcome of a run whose build log was closed
+/// by the runner's cancel. Where no journal socket exists this does nothing, quietly.
+pub(crate) fn journal(text: &str) {
+    use tracing_subscriber::layer::SubscriberExt;
+    let Ok(layer) = tracing_journald::layer() else {
+        tracing::debug!("no system journal to send the outcome to");
+        return;
+    };
+    let layer = layer.with_syslog_identifier("ccci-run".to_owned());
+    let subscriber = tracing_subscriber::registry().with(layer);
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::info!(target: JOURNAL_TARGET, "{text}");
+    });
+}
+
+/// The `tracing` target of journal lines.
+const JOURNAL_TARGET: &str = "ccci_run::journal";

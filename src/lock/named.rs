@@ -55,7 +55,7 @@ pub(crate) fn run(
     let span = tracing::error_span!("lock", name = %opts.name);
     let _in_lock = span.enter();
     let guards = GuardOptions {
-        tie_to: opts.tie_to,
+        tie_to: opts.tie_to.clone(),
         ..GuardOptions::default()
     };
     let mut funnel = guards::install_guards(start_ppid, &guards)

@@ -87,7 +87,7 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
         start_ppid,
         &GuardOptions {
             expect_parent: cfg.expect_parent,
-            tie_to: cfg.tie_to,
+            tie_to: cfg.tie_to.clone(),
             deadline: Some(cfg.deadline),
         },
     )?;
@@ -124,7 +124,7 @@ fn first_record(cfg: &RunConfig, holder: &Holder) -> RunRecord {
         stack: identity.domain.stack_name(),
         pid: holder.pid,
         host: holder.host.clone(),
-        tied_to: cfg.tie_to,
+        tied_to: cfg.tie_to.clone(),
         command: cfg
             .command
             .iter()
@@ -521,6 +521,9 @@ impl Run<'_> {
         let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
             watchdog.set_exit_code(reason.exit_code());
             record.shutdown_reason = Some(reason.name());
+            if let crate::supervise::shutdown::ShutdownReason::TiedPidDied(pid) = reason {
+                record.tied_pid_died = Some(pid);
+            }
             record.enter(Phase::Teardown);
             save_or_warn(record, record_path);
         });
@@ -543,6 +546,26 @@ impl Run<'_> {
             "== run {}: finished, exit {code}; record {} ==",
             self.cfg.run_id,
             self.record_path.display()
+        ));
+        // The build log may be gone by now (a cancelled build's pipe is closed at the kill):
+        // the outcome also goes to the system journal, where there is one.
+        let reason = self
+            .record
+            .shutdown_reason
+            .as_deref()
+            .unwrap_or("command-ended");
+        let left = if self.record.teardown_errors.is_empty() {
+            "nothing left".to_owned()
+        } else {
+            format!(
+                "teardown incomplete ({}; see {})",
+                self.record.teardown_errors.join("; "),
+                self.record_path.display()
+            )
+        };
+        report::journal(&format!(
+            "run {}: torn down after {reason}, exit {code}, {left}",
+            self.cfg.run_id
         ));
         code
     }

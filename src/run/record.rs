@@ -45,8 +45,12 @@ pub(crate) struct RunRecord {
     /// The commit checked out in the run's recipe tree.
     pub commit: Option<String>,
     pub command: Vec<String>,
-    /// The `--tie-to` pid, if any.
-    pub tied_to: Option<i32>,
+    /// The `--tie-to` pids (a record of an older version holds one pid, or null).
+    #[serde(default, deserialize_with = "pids")]
+    pub tied_to: Vec<i32>,
+    /// Which `--tie-to` pid exited, when that ended the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_pid_died: Option<i32>,
     /// The run's cgroup (absolute path in the cgroup file system), when it had one.
     pub cgroup: Option<String>,
     pub phases: Vec<Phase>,
@@ -68,6 +72,22 @@ pub(crate) struct RunRecord {
     pub reaped: Option<String>,
     /// Why the run failed before its command could run, if it did.
     pub error: Option<String>,
+}
+
+/// `tied_to` as any version wrote it: a list, one pid, or null.
+fn pids<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<i32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Pids {
+        List(Vec<i32>),
+        One(i32),
+        None(()),
+    }
+    Ok(match Pids::deserialize(deserializer)? {
+        Pids::List(pids) => pids,
+        Pids::One(pid) => vec![pid],
+        Pids::None(()) => Vec::new(),
+    })
 }
 
 impl RunRecord {

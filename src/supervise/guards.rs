@@ -11,12 +11,12 @@ use crate::supervise::linux;
 use crate::supervise::signals::SignalFunnel;
 
 /// What the lifetime guards check at start.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct GuardOptions {
     /// `--expect-parent`: the parent must be this pid.
     pub expect_parent: Option<i32>,
-    /// `--tie-to`: tear down when this ancestor exits.
-    pub tie_to: Option<i32>,
+    /// `--tie-to`: tear down when any of these ancestors exits.
+    pub tie_to: Vec<i32>,
     /// The hard deadline, armed as the process's alarm.
     pub deadline: Option<Duration>,
 }
@@ -54,9 +54,15 @@ pub(crate) fn install_guards(
             "parent process is gone (parent pid was {start_ppid} at start, is {now} now)"
         )));
     }
-    if now.as_raw() == 1 {
+    // A parent of pid 1 from the start is either an orphan (we were re-parented before we
+    // could look) or a container's init running the step: only the caller can tell, by saying
+    // that pid 1 is the parent it means (`--expect-parent 1`, or `--tie-to 1`).
+    let init_meant = opts.expect_parent == Some(1) || opts.tie_to.contains(&1);
+    if now.as_raw() == 1 && !init_meant {
         return Err(GuardError::Orphaned(
-            "parent process is gone (re-parented to pid 1)".to_owned(),
+            "parent process is gone (re-parented to pid 1); when pid 1 is the container's init \
+             that runs the step, say so with --expect-parent 1"
+                .to_owned(),
         ));
     }
     if let Some(expected) = opts.expect_parent.filter(|p| *p != now.as_raw()) {
@@ -64,9 +70,16 @@ pub(crate) fn install_guards(
             "parent pid is {now}, not the expected {expected} (--expect-parent)"
         )));
     }
-    if let Some(raw) = opts.tie_to {
+    for &raw in &opts.tie_to {
         let pid = Pid::from_raw(raw);
         let refuse = |why: String| GuardError::TieTo { pid: raw, why };
+        if raw == 1 && now.as_raw() != 1 {
+            return Err(refuse(
+                "1 is init, which never exits: name the CI step shell's pid ($$) and its \
+                 parent's ($PPID) instead"
+                    .to_owned(),
+            ));
+        }
         // The pidfd first: while it shows the process alive, the pid cannot name another one,
         // so the ancestry check below is about the very process we will watch.
         let fd = linux::pidfd_open(pid).map_err(|e| match e.raw_os_error() {
@@ -78,17 +91,18 @@ pub(crate) fn install_guards(
                 "not an ancestor of this process (pass the CI step shell's $$)".to_owned(),
             ));
         }
-        funnel.tie_to(fd);
-        if funnel.tied_pid_exited() {
-            return Err(refuse(
-                "the process exited while ccci-run started".to_owned(),
-            ));
-        }
+        funnel.tie_to(raw, fd);
+    }
+    if let Some(raw) = funnel.tied_pid_exited() {
+        return Err(GuardError::TieTo {
+            pid: raw,
+            why: "the process exited while ccci-run started".to_owned(),
+        });
     }
     linux::become_subreaper().map_err(GuardError::Subreaper)?;
     if let Some(deadline) = opts.deadline {
         funnel.expect_deadline_at(std::time::Instant::now() + deadline);
-        linux::arm_alarm(deadline.as_secs().try_into().unwrap_or(u32::MAX));
+        linux::arm_alarm(deadline);
     }
     Ok(funnel)
 }

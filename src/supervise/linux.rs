@@ -70,9 +70,31 @@ pub(crate) fn kick_thread(thread: libc::pthread_t) {
     }
 }
 
-/// Arm (or re-arm) the process's single `SIGALRM` timer.
-pub(crate) fn arm_alarm(secs: u32) {
-    nix::unistd::alarm::set(secs);
+/// Arm (or re-arm) the process's single `SIGALRM` timer (the one alarm(2) sets) to fire once,
+/// `after` from now, to the microsecond: a deadline of 1.5 s fires at 1.5 s, not at 1 s.
+pub(crate) fn arm_alarm(after: std::time::Duration) {
+    // Never zero: a zero it_value would disarm the timer instead of firing it at once.
+    let after = after.max(std::time::Duration::from_micros(1));
+    let timer = libc::itimerval {
+        it_interval: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+        it_value: libc::timeval {
+            tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_usec: libc::suseconds_t::from(after.subsec_micros()),
+        },
+    };
+    // SAFETY: setitimer(2) reads the struct we pass and writes nothing (no old value asked).
+    let rc = unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+    if rc != 0 {
+        // Only EINVAL is possible, and the values are in range; the watchdog's hard end still
+        // bounds the run.
+        tracing::warn!(
+            "failed to arm the deadline timer: {}",
+            io::Error::last_os_error()
+        );
+    }
 }
 
 /// Set-up done in the forked child before `exec`: the command must die with us, start with a

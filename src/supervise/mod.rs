@@ -324,8 +324,10 @@ pub(crate) fn report_ignored(event: Event) {
         }
         Event::Deadline => report::line("== hard deadline passed during teardown — ignored =="),
         Event::ParentDied => report::line("== parent process died during teardown — ignored =="),
-        Event::TiedPidDied => {
-            report::line("== tied process exited (--tie-to) during teardown — ignored ==");
+        Event::TiedPidDied(pid) => {
+            report::line(&format!(
+                "== tied process {pid} exited (--tie-to) during teardown — ignored =="
+            ));
         }
         Event::LockLost => report::line("== the lock was lost during teardown — ignored =="),
         _ => {}

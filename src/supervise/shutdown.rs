@@ -25,8 +25,8 @@ pub(crate) enum ShutdownReason {
     Deadline,
     /// Our parent died (the parent-death signal arrived and we were re-parented).
     ParentDied,
-    /// The `--tie-to` process exited.
-    TiedPidDied,
+    /// A `--tie-to` process exited: this one.
+    TiedPidDied(i32),
     /// A held lock was lost behind our back.
     LockLost,
 }
@@ -40,7 +40,7 @@ impl ShutdownReason {
             Self::Deadline => exit::DEADLINE,
             // Both are the step going away: the same code as the SIGTERM that used to bring
             // the news.
-            Self::ParentDied | Self::TiedPidDied => exit::for_signal(Signal::SIGTERM),
+            Self::ParentDied | Self::TiedPidDied(_) => exit::for_signal(Signal::SIGTERM),
             Self::LockLost => exit::LOCK_LOST,
         }
     }
@@ -52,7 +52,7 @@ impl ShutdownReason {
             Self::Signal(signal) => signal.as_str().to_owned(),
             Self::Deadline => "deadline".to_owned(),
             Self::ParentDied => "parent-died".to_owned(),
-            Self::TiedPidDied => "tied-pid-died".to_owned(),
+            Self::TiedPidDied(_) => "tied-pid-died".to_owned(),
             Self::LockLost => "lock-lost".to_owned(),
         }
     }
@@ -67,9 +67,9 @@ impl ShutdownReason {
                 humantime::format_duration(deadline)
             )),
             Self::ParentDied => Some("== parent process died — tearing down ==".to_owned()),
-            Self::TiedPidDied => {
-                Some("== tied process exited (--tie-to) — tearing down ==".to_owned())
-            }
+            Self::TiedPidDied(pid) => Some(format!(
+                "== tied process {pid} exited (--tie-to) — tearing down =="
+            )),
             Self::LockLost => Some("== the lock was lost while held — tearing down ==".to_owned()),
         }
     }
@@ -90,8 +90,8 @@ pub(crate) enum Event {
     Deadline,
     /// The parent died.
     ParentDied,
-    /// The `--tie-to` process exited.
-    TiedPidDied,
+    /// A `--tie-to` process exited: this one.
+    TiedPidDied(i32),
     /// A held lock was lost (its lease expired or was revoked).
     LockLost,
     /// The command (the group leader) was reaped.
@@ -177,7 +177,9 @@ impl Escalation {
             (State::Running, Event::Signal(signal)) => self.begin(ShutdownReason::Signal(signal)),
             (State::Running, Event::Deadline) => self.begin(ShutdownReason::Deadline),
             (State::Running, Event::ParentDied) => self.begin(ShutdownReason::ParentDied),
-            (State::Running, Event::TiedPidDied) => self.begin(ShutdownReason::TiedPidDied),
+            (State::Running, Event::TiedPidDied(pid)) => {
+                self.begin(ShutdownReason::TiedPidDied(pid))
+            }
             (State::Running, Event::LockLost) => self.begin(ShutdownReason::LockLost),
             (State::Running, Event::CommandEnded(status)) => {
                 self.begin(ShutdownReason::CommandEnded(status))
@@ -192,7 +194,7 @@ impl Escalation {
                 Event::Signal(_)
                 | Event::Deadline
                 | Event::ParentDied
-                | Event::TiedPidDied
+                | Event::TiedPidDied(_)
                 | Event::LockLost,
             ) => Action::Ignore(event),
             // Ending during teardown is what we asked for; the reason stays the first one.
@@ -283,8 +285,8 @@ mod tests {
     )]
     #[case::run_tied(
         State::Running,
-        Event::TiedPidDied,
-        Action::BeginTeardown(ShutdownReason::TiedPidDied),
+        Event::TiedPidDied(4242),
+        Action::BeginTeardown(ShutdownReason::TiedPidDied(4242)),
         State::Terminating
     )]
     #[case::run_lock_lost(
@@ -325,8 +327,8 @@ mod tests {
     )]
     #[case::kill_tied(
         State::Killing,
-        Event::TiedPidDied,
-        Action::Ignore(Event::TiedPidDied),
+        Event::TiedPidDied(4242),
+        Action::Ignore(Event::TiedPidDied(4242)),
         State::Killing
     )]
     #[case::kill_budget(State::Killing, Event::BudgetElapsed, Action::GiveUp, State::Stopped)]
@@ -416,7 +418,7 @@ mod tests {
     #[case(ShutdownReason::Signal(Signal::SIGHUP), 129)]
     #[case(ShutdownReason::Deadline, 142)]
     #[case(ShutdownReason::ParentDied, 143)]
-    #[case(ShutdownReason::TiedPidDied, 143)]
+    #[case(ShutdownReason::TiedPidDied(4242), 143)]
     #[case(ShutdownReason::LockLost, 76)]
     #[case(ShutdownReason::CommandEnded(ChildStatus::Signaled(9)), 137)]
     #[case(ShutdownReason::CommandEnded(ChildStatus::NotStarted(127)), 127)]

@@ -71,8 +71,8 @@ static KICKED: AtomicBool = AtomicBool::new(false);
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Arrived {
     signals: Vec<Signal>,
-    /// The `--tie-to` process exited (reported once).
-    pub tied_pid_died: bool,
+    /// A `--tie-to` process exited: the first one seen (each is reported once).
+    pub tied_pid_died: Option<i32>,
     /// The parent died: the parent-death SIGTERM arrived and we were re-parented.
     pub parent_died: bool,
     /// A held lock was lost (reported once).
@@ -85,7 +85,10 @@ impl Arrived {
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.signals.is_empty() && !self.tied_pid_died && !self.parent_died && !self.lock_lost
+        self.signals.is_empty()
+            && self.tied_pid_died.is_none()
+            && !self.parent_died
+            && !self.lock_lost
     }
 
     pub(crate) fn contains(&self, signal: Signal) -> bool {
@@ -125,7 +128,8 @@ pub(crate) struct SignalFunnel {
     /// Our parent when we started: a SIGTERM that arrives once it changed is the parent-death
     /// signal, not somebody's request.
     start_ppid: Pid,
-    tie: Option<Watched>,
+    /// The `--tie-to` ancestors, each with its pid.
+    tie: Vec<(i32, Watched)>,
     /// Held locks that can be lost behind our back.
     losses: Vec<Watched>,
     /// When the hard deadline's alarm is due; a SIGALRM before it is somebody else's.
@@ -186,7 +190,7 @@ impl SignalFunnel {
         Ok(Self {
             wake,
             start_ppid,
-            tie: None,
+            tie: Vec::new(),
             losses: Vec::new(),
             deadline: None,
         })
@@ -198,10 +202,10 @@ impl SignalFunnel {
         self.deadline = Some(at);
     }
 
-    /// Watch the process behind `fd` (a pidfd on an ancestor, `--tie-to`): its exit is reported
-    /// as [`Arrived::tied_pid_died`].
-    pub(crate) fn tie_to(&mut self, fd: OwnedFd) {
-        self.tie = Some(Watched::new(fd));
+    /// Watch process `pid` through `fd` (a pidfd on an ancestor, `--tie-to`): its exit is
+    /// reported as [`Arrived::tied_pid_died`].
+    pub(crate) fn tie_to(&mut self, pid: i32, fd: OwnedFd) {
+        self.tie.push((pid, Watched::new(fd)));
     }
 
     /// Watch a held lock: `fd` turns readable when it is lost; that is reported as
@@ -210,11 +214,12 @@ impl SignalFunnel {
         self.losses.push(Watched::new(fd));
     }
 
-    /// True when the tied process has exited, without consuming anything pending.
-    pub(crate) fn tied_pid_exited(&self) -> bool {
+    /// The first tied process that has exited, without consuming anything pending.
+    pub(crate) fn tied_pid_exited(&self) -> Option<i32> {
         self.tie
-            .as_ref()
-            .is_some_and(|t| readable_now(t.fd.as_fd()))
+            .iter()
+            .find(|(_, t)| readable_now(t.fd.as_fd()))
+            .map(|(pid, _)| *pid)
     }
 
     /// Signals (and deaths) that have arrived since the last call, without waiting.
@@ -255,7 +260,14 @@ impl SignalFunnel {
             arrived.signals.retain(|s| *s != Signal::SIGTERM);
             arrived.parent_died = true;
         }
-        arrived.tied_pid_died = self.tie.as_ref().is_some_and(Watched::fired);
+        // Every tie is looked at (and marked); the first that fired is the one named.
+        let fired: Vec<i32> = self
+            .tie
+            .iter()
+            .filter(|(_, w)| w.fired())
+            .map(|(pid, _)| *pid)
+            .collect();
+        arrived.tied_pid_died = fired.first().copied();
         // Every watch is looked at (and marked), not just the first that fired.
         arrived.lock_lost = self.losses.iter().filter(|w| w.fired()).count() > 0;
         if !arrived.is_empty() {
@@ -288,7 +300,7 @@ impl SignalFunnel {
         };
         let mut fds = vec![PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
         fds.extend(others.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)));
-        for watched in self.tie.iter().chain(&self.losses) {
+        for watched in self.tie.iter().map(|(_, w)| w).chain(&self.losses) {
             if !watched.reported.get() {
                 fds.push(PollFd::new(watched.fd.as_fd(), PollFlags::POLLIN));
             }
@@ -354,7 +366,7 @@ impl SignalFunnel {
 /// Turn caught signals into supervision events (SIGCHLD only wakes the loop up).
 pub(crate) fn shutdown_events(arrived: &Arrived) -> impl Iterator<Item = Event> + '_ {
     let deaths = [
-        arrived.tied_pid_died.then_some(Event::TiedPidDied),
+        arrived.tied_pid_died.map(Event::TiedPidDied),
         arrived.parent_died.then_some(Event::ParentDied),
         arrived.lock_lost.then_some(Event::LockLost),
     ];
@@ -408,7 +420,7 @@ mod tests {
         let funnel = SignalFunnel {
             wake,
             start_ppid: nix::unistd::getppid(),
-            tie: None,
+            tie: Vec::new(),
             losses: Vec::new(),
             deadline: None,
         };

@@ -145,14 +145,20 @@ fn unusable_runs_dir_is_125_naming_it() {
 }
 
 /// Durations no arithmetic on instants could survive are refused when parsed (exit 2, nothing
-/// written): `--kill-grace=9223372036854775807` used to panic in the middle of a teardown.
+/// written): `--kill-grace=9223372036854775807` used to panic in the middle of a teardown. Every
+/// duration option speaks one syntax, and a refusal names its accepted forms.
 #[rstest::rstest]
-#[case::kill_grace_overflow("--kill-grace=9223372036854775807", "too long: at most 31536000 s")]
-#[case::kill_grace_nan("--kill-grace=NaN", "is not a usable duration")]
-#[case::teardown_timeout_zero("--teardown-timeout=0", "too short: at least 1 s")]
-#[case::teardown_timeout_huge("--teardown-timeout=1e30", "too long")]
+#[case::kill_grace_overflow("--kill-grace=9223372036854775807", "too long: at most 365d")]
+#[case::kill_grace_nan("--kill-grace=NaN", "or a number with units (90s, 5m, 1h30m, 14d)")]
+#[case::teardown_timeout_zero("--teardown-timeout=0", "too short: at least 1s")]
+#[case::teardown_timeout_huge("--teardown-timeout=1e30", "is not a duration")]
 #[case::lock_wait_huge("--lock-wait=99999999999", "too long")]
 #[case::deadline_huge("--deadline=99999999999", "--deadline")]
+#[case::deadline_unit("--deadline=5x", "is not a duration: write seconds (90, 1.5)")]
+#[case::deadline_negative("--deadline=-5m", "is not a duration")]
+#[case::deadline_empty("--deadline=", "an empty value is not a duration")]
+#[case::deadline_zero("--deadline=0s", "too short: at least 1s")]
+#[case::kill_grace_words("--kill-grace=soon", "is not a duration")]
 fn absurd_durations_are_refused_at_parse_time(#[case] flag: &str, #[case] message: &str) {
     let sandbox = Sandbox::new();
     let done = run(sandbox.run_sh("absurd", &[flag], "echo command-ran"));
@@ -162,15 +168,76 @@ fn absurd_durations_are_refused_at_parse_time(#[case] flag: &str, #[case] messag
     assert!(!sandbox.runs().exists(), "nothing may be written");
 }
 
-/// `--keep-runs` in days is bounded too: days × 86400 must not overflow.
+/// The forms operators write elsewhere (`timeout 5m`, `TimeoutStopSec=90s`) are accepted by
+/// every duration option, fractions of seconds too; the run's record shows what was meant.
 #[test]
-fn absurd_retention_is_refused_at_parse_time() {
+fn durations_with_units_and_fractions_are_accepted_everywhere() {
+    let sandbox = Sandbox::new();
+    let done = run(sandbox.run_sh(
+        "units",
+        &[
+            "--deadline",
+            "5m",
+            "--kill-grace",
+            "1.5",
+            "--teardown-timeout",
+            "90s",
+            "--lock-wait",
+            "1h30m",
+        ],
+        "echo command-ran",
+    ));
+    done.assert_code(0);
+    let mut cmd = sandbox.ccci();
+    cmd.args([
+        "janitor",
+        "--long-held",
+        "2h",
+        "--reap-budget",
+        "2m",
+        "--keep-runs",
+        "14d",
+    ]);
+    run(cmd).assert_code(0);
+    let mut cmd = sandbox.ccci();
+    cmd.args(["locks", "--long-held", "90m"]);
+    run(cmd).assert_code(0);
+}
+
+/// `--keep-runs` is bounded too, and a bare number (which used to mean days) is refused rather
+/// than read as seconds: `--keep-runs 14` never deletes every run directory older than 14 s.
+#[rstest::rstest]
+#[case::overflow("18446744073709551615", "has no unit")]
+#[case::bare("14", "14d")]
+#[case::past_a_century("36501d", "too long")]
+fn absurd_retention_is_refused_at_parse_time(#[case] value: &str, #[case] message: &str) {
     let sandbox = Sandbox::new();
     let mut cmd = sandbox.ccci();
-    cmd.args(["janitor", "--keep-runs", "18446744073709551615"]);
+    cmd.args(["janitor", "--keep-runs", value]);
     let done = run(cmd);
     done.assert_code(2);
     done.assert_stderr_has("--keep-runs");
+    done.assert_stderr_has(message);
+}
+
+/// A run setting from the environment or the file is checked like the flag, and the error
+/// names where the bad value came from.
+#[rstest::rstest]
+#[case::env_unit("CCCI_DEADLINE", "5x", "CCCI_DEADLINE")]
+#[case::env_empty("CCCI_KILL_GRACE", "", "CCCI_KILL_GRACE")]
+#[case::env_keep_bare("CCCI_KEEP_RUNS", "14", "14d")]
+fn a_bad_run_setting_in_the_environment_is_refused_naming_it(
+    #[case] var: &str,
+    #[case] value: &str,
+    #[case] message: &str,
+) {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.run_sh("envbad", &[], "echo command-ran");
+    cmd.env(var, value);
+    let done = run(cmd);
+    done.assert_code(2);
+    done.assert_stderr_has(message);
+    assert!(done.out.is_empty());
 }
 
 /// `ccci-run ARGS` with this sandbox's directories and stdout on `stdout`.

@@ -210,7 +210,7 @@ fn retention_racing_starting_runs_never_refuses_or_wipes_them() {
     let janitors: Vec<_> = (0..2)
         .map(|_| {
             let mut cmd = sandbox.ccci();
-            cmd.args(["janitor", "--keep-runs", "0"])
+            cmd.args(["janitor", "--keep-runs", "0d"])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null());
             let stop = stop.clone();

@@ -140,7 +140,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
             "--long-held",
             "7200",
             "--keep-runs",
-            "14",
+            "14d",
             "--metrics-file",
             "/m.prom"
         ])
@@ -156,7 +156,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
         "--long-held",
         "60",
         "--keep-runs",
-        "14",
+        "14d",
         "--help",
     ]);
     assert!(cmd.status().unwrap().success());
@@ -360,7 +360,7 @@ fn retention_removes_old_finished_runs_and_keeps_live_and_recent_ones() {
     std::os::unix::fs::symlink(sandbox.path(), sandbox.runs().join("link")).unwrap();
     std::fs::write(sandbox.runs().join("stray-file"), "").unwrap();
 
-    let (report, done) = sandbox.janitor(&["--keep-runs", "14", "--dry-run"]);
+    let (report, done) = sandbox.janitor(&["--keep-runs", "14d", "--dry-run"]);
     done.assert_code(0);
     assert_eq!(
         report["runs_removed"],
@@ -371,7 +371,7 @@ fn retention_removes_old_finished_runs_and_keeps_live_and_recent_ones() {
         "a dry run removed a run dir"
     );
 
-    let (report, done) = sandbox.janitor(&["--keep-runs", "14"]);
+    let (report, done) = sandbox.janitor(&["--keep-runs", "14d"]);
     done.assert_code(0);
     assert_eq!(
         report["runs_removed"],

@@ -1,0 +1,203 @@
+//! Durations: one syntax for every flag, environment variable and configuration key that takes
+//! one. A bare number is seconds, fractions allowed (`90`, `1.5`); otherwise a number with
+//! units as humantime reads them (`90s`, `500ms`, `5m`, `1h30m`, `14d`). Each setting has its
+//! own bounds ([`Spec`]); a value outside them is refused, never clamped.
+//!
+//! Invariant: a duration that comes out of [`parse`] is inside its spec's bounds, so no later
+//! arithmetic on instants can overflow, and every refusal names the accepted forms.
+
+use std::time::Duration;
+
+/// The forms every error names.
+pub(crate) const FORMS: &str = "seconds (90, 1.5) or a number with units (90s, 5m, 1h30m, 14d)";
+
+/// One year: the longest any duration may be.
+pub(crate) const YEAR: Duration = Duration::from_secs(365 * 86_400);
+
+/// What a setting accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Spec {
+    pub min: Duration,
+    pub max: Duration,
+    /// Whether a bare number (seconds) is accepted; `false` where a bare number once meant
+    /// something else (days), so an old value is refused instead of silently read as seconds.
+    pub bare: bool,
+    /// Whether the value must be whole seconds (an etcd lease counts seconds).
+    pub whole_seconds: bool,
+}
+
+impl Spec {
+    /// From `min` to a year, bare seconds accepted, fractions too.
+    pub(crate) const fn at_least(min: Duration) -> Self {
+        Self {
+            min,
+            max: YEAR,
+            bare: true,
+            whole_seconds: false,
+        }
+    }
+}
+
+/// Parse `text` as a duration of `spec`. The message says what is wrong and which forms are
+/// accepted; the caller adds which option, variable or key it came from.
+pub(crate) fn parse(text: &str, spec: &Spec) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(format!("an empty value is not a duration: write {FORMS}"));
+    }
+    let value = if trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        if !spec.bare {
+            return Err(format!(
+                "{trimmed:?} has no unit: write it with one (for example {trimmed}d for days, \
+                 {trimmed}h for hours)"
+            ));
+        }
+        bare_seconds(trimmed, spec)?
+    } else {
+        match humantime::parse_duration(trimmed) {
+            Ok(value) => value,
+            Err(humantime::DurationError::NumberOverflow) => return Err(too_long(trimmed, spec)),
+            Err(_) => return Err(format!("{trimmed:?} is not a duration: write {FORMS}")),
+        }
+    };
+    check(trimmed, value, spec)
+}
+
+/// A plain number of seconds; fractions allowed.
+fn bare_seconds(text: &str, spec: &Spec) -> Result<Duration, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration: write {FORMS}"))?;
+    if secs > spec.max.as_secs_f64() {
+        return Err(too_long(text, spec));
+    }
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("{text:?} is not a duration: write {FORMS}"))
+}
+
+fn check(text: &str, value: Duration, spec: &Spec) -> Result<Duration, String> {
+    if value > spec.max {
+        return Err(too_long(text, spec));
+    }
+    if value < spec.min {
+        return Err(format!(
+            "{text:?} is too short: at least {}",
+            show(spec.min)
+        ));
+    }
+    if spec.whole_seconds && value.subsec_nanos() != 0 {
+        return Err(format!("{text:?} is not a whole number of seconds"));
+    }
+    Ok(value)
+}
+
+fn too_long(text: &str, spec: &Spec) -> String {
+    format!("{text:?} is too long: at most {}", show(spec.max))
+}
+
+/// A duration as it is shown back (`ccci-run config`, errors): days, hours, minutes, seconds
+/// and milliseconds (`365d`, `1h30m`, `1s500ms`), the units [`parse`] reads again. (humantime's
+/// own form counts months and years of 30.44 and 365.25 days: `365d` would not read as such.)
+pub(crate) fn show(value: Duration) -> String {
+    if value.is_zero() {
+        return "0s".to_owned();
+    }
+    let secs = value.as_secs();
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs % 86_400 / 3600, "h"),
+        (secs % 3600 / 60, "m"),
+        (secs % 60, "s"),
+        (u64::from(value.subsec_millis()), "ms"),
+        (u64::from(value.subsec_nanos() % 1_000_000), "ns"),
+    ];
+    parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ANY: Spec = Spec::at_least(Duration::ZERO);
+
+    #[rstest::rstest]
+    #[case("90", 90_000)]
+    #[case("1.5", 1_500)]
+    #[case(" 0.25 ", 250)]
+    #[case("0", 0)]
+    #[case("90s", 90_000)]
+    #[case("500ms", 500)]
+    #[case("5m", 300_000)]
+    #[case("1h30m", 5_400_000)]
+    #[case("1h 30m", 5_400_000)]
+    #[case("14d", 14 * 86_400_000)]
+    #[case("365d", 365 * 86_400_000)]
+    fn accepted_forms(#[case] text: &str, #[case] millis: u64) {
+        assert_eq!(parse(text, &ANY), Ok(Duration::from_millis(millis)));
+    }
+
+    #[rstest::rstest]
+    #[case("", "empty")]
+    #[case("   ", "empty")]
+    #[case("5x", "not a duration")]
+    #[case("-1", "not a duration")]
+    #[case("-5s", "not a duration")]
+    #[case("soon", "not a duration")]
+    #[case("NaN", "not a duration")]
+    #[case("inf", "not a duration")]
+    #[case("1.2.3", "not a duration")]
+    #[case("1e3", "not a duration")]
+    #[case("366d", "too long")]
+    #[case("9223372036854775807", "too long")]
+    #[case("99999999999999999999999d", "too long")]
+    #[case("18446744073709551616s", "too long")]
+    fn refused_forms_name_the_accepted_ones(#[case] text: &str, #[case] why: &str) {
+        let err = parse(text, &ANY).unwrap_err();
+        assert!(err.contains(why), "{text:?}: {err}");
+        if why == "not a duration" || why == "empty" {
+            assert!(err.contains(FORMS), "{err}");
+        }
+    }
+
+    #[test]
+    fn bounds_units_and_whole_seconds() {
+        let budget = Spec::at_least(Duration::from_secs(1));
+        assert!(parse("0.5", &budget).unwrap_err().contains("at least 1s"));
+        assert_eq!(parse("1", &budget), Ok(Duration::from_secs(1)));
+        let days = Spec {
+            bare: false,
+            max: Duration::from_secs(36_500 * 86_400),
+            ..ANY
+        };
+        assert!(parse("14", &days).unwrap_err().contains("14d"));
+        assert_eq!(parse("14d", &days), Ok(Duration::from_secs(14 * 86_400)));
+        let ttl = Spec {
+            min: Duration::from_secs(2),
+            max: Duration::from_secs(3600),
+            bare: true,
+            whole_seconds: true,
+        };
+        assert!(parse("2.5", &ttl).unwrap_err().contains("whole number"));
+        assert_eq!(parse("10s", &ttl), Ok(Duration::from_secs(10)));
+        assert!(parse("1h1s", &ttl).unwrap_err().contains("at most 1h"));
+        assert!(parse("366d", &ANY).unwrap_err().contains("at most 365d"));
+    }
+
+    #[test]
+    fn shown_values_read_back() {
+        for value in [
+            Duration::ZERO,
+            Duration::from_millis(1500),
+            Duration::from_secs(5400),
+            Duration::from_secs(14 * 86_400),
+            Duration::from_nanos(1_000_000_007),
+            YEAR,
+        ] {
+            assert_eq!(parse(&show(value), &ANY), Ok(value), "{}", show(value));
+        }
+    }
+}
