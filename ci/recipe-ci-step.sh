@@ -4,18 +4,28 @@
 #   sh ci/recipe-ci-step.sh [COMMAND [ARGS...]]   (default: sh ci/recipe-tests.sh)
 #
 # Drone's exec runner writes a step's commands into a script for `/bin/sh -e` and, when a build
-# is cancelled, SIGKILLs that shell only. .drone.yml execs this script from that shell and sets
-# CCCI_TIE_TO to its pid: ccci-run watches that process (a pidfd) and tears the run down the
-# moment it dies, however many layers stand between them. Run by hand, the run is tied to this
-# shell. Other cancellation paths send TERM to the shell: the trap passes it to ccci-run's
-# process group. --expect-parent $$ closes the start race (a shell that died before ccci-run
-# armed its guards).
+# is cancelled, SIGKILLs that shell only; when the runner itself dies, nobody kills the shell.
+# .drone.yml execs this script from that shell, so this shell is the step shell and its parent
+# is the runner. The run is tied to both (CCCI_TIE_TO, a comma-separated list of ancestors):
+# ccci-run watches each through a pidfd and tears the run down the moment either dies, however
+# many layers stand between them. Run by hand, the run is tied to this shell and the one that
+# started it. Other cancellation paths send TERM to the shell: the trap passes it to ccci-run's
+# process group. --expect-parent closes the start race (a shell that died before ccci-run armed
+# its guards).
+#
+# Whatever ccci-run needs beyond the PR (its directories, Docker, etcd, its bounds) comes from
+# its configuration file: the runner passes only PATH, USER, HOME and DRONE_*/CI_* to a step.
 set -eu
 
 : "${CCCI_BIN:=ccci-run}"
 : "${RECIPE:=${DRONE_REPO_NAME:?set RECIPE or DRONE_REPO_NAME}}"
 [ "$#" -gt 0 ] || set -- sh ci/recipe-tests.sh
-: "${CCCI_TIE_TO:=$$}"
+# The runner's pid is left out when this shell's parent is pid 1: then the runner is gone
+# already or a container's init runs the step, and pid 1 itself never exits.
+if [ -z "${CCCI_TIE_TO:-}" ]; then
+  CCCI_TIE_TO=$$
+  [ "$PPID" -le 1 ] || CCCI_TIE_TO="$CCCI_TIE_TO,$PPID"
+fi
 export CCCI_TIE_TO
 
 # Which PR: a pull_request build names it in DRONE_PULL_REQUEST; a custom build (how a

@@ -47,7 +47,8 @@ pub(crate) struct Cli {
 #[command(next_help_heading = "Global options")]
 pub(crate) struct GlobalArgs {
     /// Configuration file (TOML: lock_dir, abra_home, runs_dir, state_dir, domain_suffix,
-    /// docker, log_format, cgroup, etcd_endpoints, lease_ttl, and the run settings deadline,
+    /// docker, log_format, cgroup, etcd_endpoints, lease_ttl, recipe_url_template, and the run
+    /// settings deadline,
     /// kill_grace, teardown_timeout, lock_wait, long_held, keep_runs, reap_budget,
     /// promote_after) [default: /etc/ccci-run/config.toml when it exists].
     /// Precedence: flag > environment > file > built-in default.
@@ -284,8 +285,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub skip_fetch: bool,
     /// Where to clone the recipe from (https, a path or file://)
-    /// [default: $CCCI_RECIPE_URL_TEMPLATE with {recipe} filled in, else
-    /// https://git.coopcloud.tech/coop-cloud/{recipe}.git].
+    /// [default: $CCCI_RECIPE_URL_TEMPLATE, else the file's recipe_url_template, with {recipe}
+    /// filled in; else https://git.coopcloud.tech/coop-cloud/{recipe}.git].
     #[arg(long, value_name = "URL")]
     pub recipe_url: Option<String>,
     /// The command to supervise.
@@ -493,6 +494,7 @@ impl RunArgs {
             self.no_fetch,
             self.skip_fetch,
             self.recipe_url.as_deref(),
+            global.recipe_url_template.as_deref(),
             &identity.recipe,
         )?;
         let t = &global.timings;

@@ -36,6 +36,8 @@ pub(crate) struct FileConfig {
     pub cgroup: Option<CgroupMode>,
     pub etcd_endpoints: Option<Vec<String>>,
     pub lease_ttl: Option<FileDuration>,
+    /// Where runs clone recipes from, `{recipe}` filled in (the host's forge).
+    pub recipe_url_template: Option<String>,
     pub deadline: Option<FileDuration>,
     pub kill_grace: Option<FileDuration>,
     pub teardown_timeout: Option<FileDuration>,
@@ -342,6 +344,8 @@ pub(crate) struct Global {
     pub etcd: Option<EtcdSettings>,
     /// The run settings (bounds and budgets) a command line did not override.
     pub timings: Timings,
+    /// Where runs clone recipes from (`{recipe}` filled in), unless `--recipe-url` says.
+    pub recipe_url_template: Option<String>,
 }
 
 /// Where the fleet's locks are kept when they are kept in etcd.
@@ -416,6 +420,7 @@ impl Global {
             cgroup: resolved.cgroup,
             etcd: resolved.etcd.clone(),
             timings: resolved.timings.clone(),
+            recipe_url_template: resolved.recipe_url_template.clone(),
         })
     }
 }
@@ -480,13 +485,15 @@ pub(crate) enum Fetch {
 
 impl Fetch {
     /// `--no-fetch` wins; then `--skip-fetch` or `CCCI_SKIP_FETCH`; else a clone from
-    /// `--recipe-url`, `CCCI_RECIPE_URL_TEMPLATE` or the default. The flag wins over the
+    /// `--recipe-url`, the URL template (`CCCI_RECIPE_URL_TEMPLATE` or the file's
+    /// `recipe_url_template`) or the default. The flag wins over the
     /// environment: `CCCI_SKIP_FETCH` set for every step never turns a `--no-fetch` into a usage
     /// error.
     pub(crate) fn choose(
         no_fetch: bool,
         skip_fetch: bool,
         recipe_url: Option<&str>,
+        template: Option<&str>,
         recipe: &Recipe,
     ) -> Result<Self, NameError> {
         let skip_from_env = std::env::var("CCCI_SKIP_FETCH")
@@ -499,9 +506,8 @@ impl Fetch {
         } else if skip_fetch || skip_from_env {
             Fetch::CopyStaged
         } else {
-            let template = std::env::var("CCCI_RECIPE_URL_TEMPLATE").ok();
             Fetch::Clone {
-                url: crate::run::fetch::recipe_url(recipe_url, template.as_deref(), recipe),
+                url: crate::run::fetch::recipe_url(recipe_url, template, recipe),
             }
         })
     }
@@ -601,6 +607,7 @@ pub(crate) struct Resolved {
     pub cgroup: CgroupMode,
     pub etcd: Option<EtcdSettings>,
     pub timings: Timings,
+    pub recipe_url_template: Option<String>,
     /// Every setting with its origin, in a fixed order.
     pub settings: Vec<Setting>,
 }
@@ -744,7 +751,26 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
             &lease_ttl.1,
         ),
     ];
+    let recipe_url_template = match std::env::var("CCCI_RECIPE_URL_TEMPLATE") {
+        Ok(template) => Some((
+            template,
+            Origin::Environment("CCCI_RECIPE_URL_TEMPLATE".to_owned()),
+        )),
+        Err(_) => file
+            .recipe_url_template
+            .clone()
+            .map(|t| (t, from_file.clone())),
+    };
     let mut settings = settings;
+    settings.push(match &recipe_url_template {
+        // Shown as the recipe URL is everywhere: credentials redacted.
+        Some((t, origin)) => setting("recipe_url_template", crate::run::fetch::redact(t), origin),
+        None => setting(
+            "recipe_url_template",
+            crate::run::fetch::DEFAULT_URL_TEMPLATE.to_owned(),
+            &Origin::Default,
+        ),
+    });
     settings.extend(shown_timings);
     Ok(Resolved {
         lock_dir: lock_dir.0,
@@ -757,6 +783,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         cgroup: cgroup.0,
         etcd,
         timings,
+        recipe_url_template: recipe_url_template.map(|(t, _)| t),
         settings,
     })
 }

@@ -8,6 +8,7 @@ mod bad_input;
 mod chaos;
 mod cli;
 mod docker;
+mod drone;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod etcd_cluster;

@@ -68,8 +68,12 @@ fn drone_yml_runs_the_step_script() {
     let yml = std::fs::read_to_string(repo().join(".drone.yml")).unwrap();
     assert!(yml.contains("type: exec"));
     assert!(
-        yml.contains("- CCCI_TIE_TO=$$ exec sh ci/recipe-ci-step.sh"),
-        "the step shell must become the step script and tie the run to itself\n{yml}"
+        yml.contains("- exec sh ci/recipe-ci-step.sh"),
+        "the step shell must become the step script\n{yml}"
+    );
+    assert!(
+        !yml.contains("$$") && !yml.contains("${"),
+        "the runner's substitution rewrites `$$` and `${{…}}` anywhere in the file\n{yml}"
     );
     assert!(
         !yml.contains("concurrency:"),
@@ -190,7 +194,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
         value("etcd_endpoints"),
         Some("http://10.0.0.1:2379,http://10.0.0.2:2379".into())
     );
-    assert_eq!(value("lease_ttl"), Some("15".into()));
+    assert_eq!(value("lease_ttl"), Some("15s".into()));
     assert_eq!(value("lock_dir"), Some("/l".into()));
 }
 

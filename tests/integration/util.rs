@@ -486,6 +486,24 @@ impl Proc {
     }
 }
 
+/// Read stdout until a line `<prefix><pid>` has come for every prefix, in whatever order the
+/// processes printed them; returns the pids in the order of `prefixes`.
+pub fn pids_by_prefix(proc: &mut Proc, prefixes: &[&str]) -> Vec<i32> {
+    let mut found: Vec<Option<i32>> = vec![None; prefixes.len()];
+    while found.iter().any(Option::is_none) {
+        let line = proc.wait_for(Stream::Out, "");
+        for (slot, prefix) in found.iter_mut().zip(prefixes) {
+            if let Some(pid) = line
+                .strip_prefix(prefix)
+                .and_then(|p| p.trim().parse().ok())
+            {
+                *slot = Some(pid);
+            }
+        }
+    }
+    found.into_iter().map(Option::unwrap).collect()
+}
+
 /// Run to completion and collect.
 pub fn run(cmd: Command) -> Finished {
     Proc::spawn(cmd).finish()

@@ -1,0 +1,956 @@
+//! The shipped pipeline under a stand-in for Drone's exec runner that does what the real one
+//! does (`docs/operations.md`, "Under Drone's exec runner"):
+//!
+//! - the whole `.drone.yml` goes through the runner's variable substitution before it is read
+//!   ([`substitute`], checked row by row against `tests/data/drone-envsubst.tsv`, which was
+//!   measured on the substitution library the runner uses);
+//! - the step's commands are written into a script (`set -e`, an `echo + "…"` line and the
+//!   command, each) and started as `/bin/sh -e FILE` by a runner process
+//!   (`drone_runner.py`) from a fresh workspace that it removes right after the step ends or
+//!   is cancelled;
+//! - the step's environment is the runner's making: PATH and USER from the host, HOME, the
+//!   `DRONE_*`/`CI_*` variables and the step's `environment:`, nothing else; so ccci-run finds
+//!   its directories in its configuration file, as on a host;
+//! - the build log is a pipe whose reader goes away at the cancel;
+//! - a cancel is SIGKILL to the step shell alone; the runner's own death kills nobody.
+
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::docker::{Cleanup, assert_gone_now, compose_file};
+use crate::util::{
+    BIN, Proc, Sandbox, Stream, pids_by_prefix, process_alive, sh_quote, signal, wait_exited,
+};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What the runner's substitution makes of `text`, with `vars` as the build's variables: `$$`
+/// becomes `$`, `\\` and `\/` lose their backslash, and every `${…}` form is evaluated (an
+/// unset name is empty); a plain `$NAME`, `$(…)` or a lone `$` is left alone. Quotes protect
+/// nothing. An `Err` is what the runner reports as a bad substitution (the build fails).
+fn substitute(text: &str, vars: &BTreeMap<&str, &str>) -> Result<String, String> {
+    let mut scan = Scan {
+        chars: text.chars().collect(),
+        at: 0,
+        vars,
+    };
+    let mut out = String::new();
+    while let Some(c) = scan.peek(0) {
+        match (c, scan.peek(1)) {
+            ('$', Some('{')) => {
+                scan.at += 2;
+                out.push_str(&scan.expression()?);
+            }
+            ('$', Some('$')) | ('\\', Some('\\' | '/')) => {
+                out.push(scan.peek(1).unwrap());
+                scan.at += 2;
+            }
+            _ => {
+                out.push(c);
+                scan.at += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+struct Scan<'a> {
+    chars: Vec<char>,
+    at: usize,
+    vars: &'a BTreeMap<&'a str, &'a str>,
+}
+
+const BAD: &str = "bad substitution";
+
+impl Scan<'_> {
+    fn peek(&self, ahead: usize) -> Option<char> {
+        self.chars.get(self.at + ahead).copied()
+    }
+
+    /// Take characters while `accept(char, index in the token)` holds.
+    fn take(&mut self, accept: impl Fn(char, usize) -> bool) -> String {
+        let mut token = String::new();
+        while let Some(c) = self.peek(0) {
+            if !accept(c, token.chars().count()) {
+                break;
+            }
+            token.push(c);
+            self.at += 1;
+        }
+        token
+    }
+
+    fn close(&mut self) -> Result<(), String> {
+        if self.peek(0) == Some('}') {
+            self.at += 1;
+            Ok(())
+        } else {
+            Err(BAD.to_owned())
+        }
+    }
+
+    /// A function argument: text up to a character `accept` refuses, with `${…}` inside it
+    /// evaluated; with `escapes`, `\/` and `\\` lose their backslash.
+    fn argument(&mut self, accept: impl Fn(char) -> bool, escapes: bool) -> Result<String, String> {
+        let mut out = String::new();
+        loop {
+            match (self.peek(0), self.peek(1)) {
+                (Some('$'), Some('{')) => {
+                    self.at += 2;
+                    out.push_str(&self.expression()?);
+                }
+                (Some('\\'), Some(c @ ('\\' | '/'))) if escapes => {
+                    out.push(c);
+                    self.at += 2;
+                }
+                (Some(c), _) if accept(c) => {
+                    out.push(c);
+                    self.at += 1;
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// After `${`: the expression, evaluated, with its closing brace consumed.
+    fn expression(&mut self) -> Result<String, String> {
+        let name_char = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
+        if self.peek(0) == Some('#') {
+            self.at += 1;
+            let name = self.take(|c, _| name_char(c));
+            if name.is_empty() {
+                return Err(BAD.to_owned());
+            }
+            self.close()?;
+            return Ok(self.value(&name).len().to_string());
+        }
+        let name = self.take(|c, _| name_char(c));
+        if name.is_empty() {
+            return Err(BAD.to_owned());
+        }
+        let value = self.value(&name).to_owned();
+        match self.peek(0) {
+            Some(':') if matches!(self.peek(1), Some('=' | '-' | '?' | '+')) => {
+                self.at += 2;
+                self.default(value)
+            }
+            Some('=') => {
+                self.at += 1;
+                self.default(value)
+            }
+            Some(':') => {
+                self.at += 1;
+                let offset = self.argument(|c| c != ':' && c != '}', false)?;
+                let length = if self.peek(0) == Some(':') {
+                    self.at += 1;
+                    Some(self.argument(|c| c != '}', false)?)
+                } else {
+                    None
+                };
+                self.close()?;
+                Ok(substring(&value, &offset, length.as_deref()))
+            }
+            Some(',' | '^') => {
+                let op = self.take(|c, i| (c == ',' || c == '^') && i < 2);
+                self.close()?;
+                let mut chars = value.chars();
+                Ok(match op.as_str() {
+                    ",," => value.to_lowercase(),
+                    "^^" => value.to_uppercase(),
+                    "," => chars.next().map_or(String::new(), |c| {
+                        c.to_lowercase().chain(chars).collect::<String>()
+                    }),
+                    _ => chars.next().map_or(String::new(), |c| {
+                        c.to_uppercase().chain(chars).collect::<String>()
+                    }),
+                })
+            }
+            Some('/') => {
+                self.at += 1;
+                let kind = match self.peek(0) {
+                    Some(c @ ('/' | '#' | '%')) => {
+                        self.at += 1;
+                        c
+                    }
+                    _ => ' ',
+                };
+                let pattern = self.argument(|c| c != '/', true)?;
+                if self.peek(0) != Some('/') {
+                    return Err(BAD.to_owned());
+                }
+                self.at += 1;
+                let with = if self.peek(0) == Some('}') {
+                    None
+                } else {
+                    Some(self.argument(|c| c != '}', true)?)
+                };
+                self.close()?;
+                Ok(replace(&value, kind, &pattern, with.as_deref()))
+            }
+            Some(op @ ('#' | '%')) => {
+                let longest = self.peek(1) == Some(op);
+                self.at += if longest { 2 } else { 1 };
+                let pattern = self.argument(|c| c != '}', false)?;
+                self.close()?;
+                trim(&value, op == '#', longest, &pattern)
+            }
+            _ => {
+                self.close()?;
+                Ok(value)
+            }
+        }
+    }
+
+    /// `${NAME:-word}` and its kin (`:=`, `=`, `:?`, `:+`): the runner's library gives every
+    /// one of them the same meaning, the value or else the word (substituted).
+    fn default(&mut self, value: String) -> Result<String, String> {
+        let mut word = String::new();
+        while self.peek(0) != Some('}') {
+            if self.peek(0).is_none() {
+                return Err(BAD.to_owned());
+            }
+            word.push_str(&self.argument(|c| c != '}', false)?);
+        }
+        self.close()?;
+        Ok(if value.is_empty() { word } else { value })
+    }
+
+    fn value(&self, name: &str) -> &str {
+        self.vars.get(name).copied().unwrap_or("")
+    }
+}
+
+/// `${NAME:offset:length}` on bytes, as the runner's library does (a value that does not parse
+/// leaves the string whole).
+fn substring(value: &str, offset: &str, length: Option<&str>) -> String {
+    let Ok(offset) = offset.parse::<i64>() else {
+        return value.to_owned();
+    };
+    let len = value.len() as i64;
+    let start = if offset < 0 {
+        (len + offset).max(0)
+    } else {
+        offset
+    };
+    let bytes = value.as_bytes();
+    let slice = |from: i64, to: i64| {
+        String::from_utf8_lossy(&bytes[from as usize..to as usize]).into_owned()
+    };
+    match length {
+        None if start < len => slice(start, len),
+        None => String::new(),
+        Some(length) => match length.parse::<i64>() {
+            Err(_) => value.to_owned(),
+            Ok(n) if start + n >= len => slice(start.min(len), len),
+            Ok(n) => slice(start, start + n),
+        },
+    }
+}
+
+/// `${NAME/a/b}` (first), `${NAME//a/b}` (all), `${NAME/#a/b}` (prefix), `${NAME/%a/b}` (suffix).
+fn replace(value: &str, kind: char, pattern: &str, with: Option<&str>) -> String {
+    match kind {
+        '/' => value.replace(pattern, with.unwrap_or("")),
+        '#' => match (value.strip_prefix(pattern), with) {
+            (Some(rest), Some(with)) => format!("{with}{rest}"),
+            _ => value.to_owned(),
+        },
+        '%' => match (value.strip_suffix(pattern), with) {
+            (Some(rest), Some(with)) => format!("{rest}{with}"),
+            _ => value.to_owned(),
+        },
+        _ => value.replacen(pattern, with.unwrap_or(""), 1),
+    }
+}
+
+/// `${NAME#glob}`, `##`, `%`, `%%`: the shortest or longest matching prefix or suffix removed.
+fn trim(value: &str, prefix: bool, longest: bool, pattern: &str) -> Result<String, String> {
+    if pattern.contains('[') {
+        return Err(format!(
+            "pattern {pattern:?}: bracket classes are not reproduced by this stand-in"
+        ));
+    }
+    let ends: Vec<usize> = (0..=value.len())
+        .filter(|i| value.is_char_boundary(*i))
+        .collect();
+    let matching = ends.iter().copied().filter(|&i| {
+        let (part, rest) = if prefix {
+            (&value[..i], &value[i..])
+        } else {
+            (&value[value.len() - i..], &value[..value.len() - i])
+        };
+        let _ = rest;
+        i > 0 && glob(pattern, part)
+    });
+    let cut = if longest {
+        matching.max()
+    } else {
+        matching.min()
+    };
+    Ok(match cut {
+        None => value.to_owned(),
+        Some(i) if prefix => value[i..].to_owned(),
+        Some(i) => value[..value.len() - i].to_owned(),
+    })
+}
+
+/// A path-style glob: `*` and `?` match anything but `/`, `\x` matches `x`.
+fn glob(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    fn go(p: &[char], t: &[char]) -> bool {
+        match p.first() {
+            None => t.is_empty(),
+            Some('*') => (0..=t.len())
+                .take_while(|&i| i == 0 || t[i - 1] != '/')
+                .any(|i| go(&p[1..], &t[i..])),
+            Some('?') => t.first().is_some_and(|c| *c != '/') && go(&p[1..], &t[1..]),
+            Some('\\') if p.len() > 1 => t.first() == Some(&p[1]) && go(&p[2..], &t[1..]),
+            Some(c) => t.first() == Some(c) && go(&p[1..], &t[1..]),
+        }
+    }
+    go(&p, &t)
+}
+
+/// The variables the TSV's rows were measured with.
+fn tsv_vars() -> BTreeMap<&'static str, &'static str> {
+    BTreeMap::from([
+        ("DRONE_BUILD_NUMBER", "7"),
+        ("DRONE_COMMIT_SHA", "abc123"),
+        ("HOME", "/root"),
+    ])
+}
+
+/// Every row measured on the runner's substitution library comes out of the stand-in's the same.
+#[test]
+fn the_stand_in_substitutes_every_measured_row_as_the_runner_does() {
+    let table = std::fs::read_to_string(repo().join("tests/data/drone-envsubst.tsv")).unwrap();
+    let mut rows = 0;
+    for line in table.lines().filter(|l| !l.starts_with('#')).skip(1) {
+        let mut columns = line.split('\t');
+        let input = columns.next().unwrap();
+        let output = columns
+            .next()
+            .unwrap_or_else(|| panic!("no output column: {line:?}"));
+        let error = columns.next().unwrap_or("");
+        match substitute(input, &tsv_vars()) {
+            Ok(got) => {
+                assert!(
+                    error.is_empty(),
+                    "{input:?}: the runner fails ({error}), we gave {got:?}"
+                );
+                assert_eq!(got, output, "{input:?}");
+            }
+            Err(err) => assert!(
+                !error.is_empty(),
+                "{input:?}: we failed ({err}), the runner gave {output:?}"
+            ),
+        }
+        rows += 1;
+    }
+    assert!(rows >= 28, "only {rows} rows read");
+    // Forms the table does not list, as the library's own sources give them.
+    let vars = tsv_vars();
+    for (input, output) in [
+        ("${DRONE_COMMIT_SHA:2}", "c123"),
+        ("${DRONE_COMMIT_SHA:-3}", "abc123"),
+        ("${DRONE_COMMIT_SHA//b/B}", "aBc123"),
+        ("${HOME#/}", "root"),
+        ("${HOME%t}", "/roo"),
+        ("${DRONE_COMMIT_SHA,,}", "abc123"),
+        ("${DRONE_COMMIT_SHA^}", "Abc123"),
+        ("${UNSET:-${HOME}}", "/root"),
+        ("a\\\\b", "a\\b"),
+    ] {
+        assert_eq!(substitute(input, &vars).as_deref(), Ok(output), "{input:?}");
+    }
+    for bad in ["${", "${}", "${HOME", "${HOME+x}", "${#}"] {
+        assert!(substitute(bad, &vars).is_err(), "{bad:?}");
+    }
+}
+
+/// The `commands` of the pipeline's step, as `text` (a `.drone.yml`) lists them.
+fn step_commands(text: &str) -> Vec<String> {
+    let mut commands = Vec::new();
+    let mut inside: Option<usize> = None;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let trimmed = line.trim();
+        match inside {
+            None if trimmed == "commands:" => inside = Some(indent),
+            Some(base) if !trimmed.is_empty() && !trimmed.starts_with('#') => {
+                if indent <= base {
+                    break;
+                }
+                if let Some(command) = trimmed.strip_prefix("- ") {
+                    commands.push(command.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(!commands.is_empty(), "no step commands in .drone.yml");
+    commands
+}
+
+/// A build's variables, as the runner sets them for a pull request (and uses them to
+/// substitute the file).
+fn build_vars(build: &str, workspace: &Path) -> BTreeMap<String, String> {
+    let workspace = workspace.display().to_string();
+    [
+        ("CI", "true"),
+        ("DRONE", "true"),
+        ("DRONE_BUILD_EVENT", "pull_request"),
+        ("DRONE_BUILD_NUMBER", build),
+        ("DRONE_PULL_REQUEST", build),
+        ("DRONE_REPO", "coop-cloud/custom-html"),
+        ("DRONE_REPO_NAME", "custom-html"),
+        ("DRONE_REPO_OWNER", "coop-cloud"),
+        (
+            "DRONE_COMMIT_SHA",
+            "0123456789abcdef0123456789abcdef01234567",
+        ),
+        ("DRONE_SOURCE_BRANCH", "pr-branch"),
+        ("DRONE_TARGET_BRANCH", "main"),
+        ("DRONE_STAGE_NAME", "recipe-ci"),
+        ("DRONE_STEP_NAME", "recipe-ci"),
+        ("DRONE_WORKSPACE", workspace.as_str()),
+        ("CI_BUILD_NUMBER", build),
+        ("CI_WORKSPACE", workspace.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+/// `.drone.yml` as the runner reads it, substituted with a build's variables.
+fn substituted_pipeline(vars: &BTreeMap<String, String>) -> String {
+    let text = std::fs::read_to_string(repo().join(".drone.yml")).unwrap();
+    let vars: BTreeMap<&str, &str> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    substitute(&text, &vars)
+        .unwrap_or_else(|e| panic!(".drone.yml fails the runner's substitution: {e}"))
+}
+
+/// The runner's substitution leaves every command of the shipped step as written: what the
+/// shell runs is what the file says. (`$$` in a step, for one, would reach the shell as `$`.)
+#[test]
+fn the_pipeline_s_commands_survive_the_runner_s_substitution() {
+    let vars = build_vars("7", Path::new("/tmp/drone-x/drone/src"));
+    let written = step_commands(&std::fs::read_to_string(repo().join(".drone.yml")).unwrap());
+    let read = step_commands(&substituted_pipeline(&vars));
+    assert_eq!(
+        read, written,
+        "the runner's substitution changes a step command of .drone.yml (never write $$ or ${{ in one)"
+    );
+    // And the check has teeth: the command this pipeline once had is caught.
+    let once = "CCCI_TIE_TO=$$ exec sh ci/recipe-ci-step.sh";
+    let vars = tsv_vars();
+    assert_ne!(substitute(once, &vars).unwrap(), once);
+}
+
+/// The script drone-runner-exec writes for a POSIX step: `set -e`, then for each command an
+/// `echo + "<command>"` trace line (Go's %q quoting, `$` escaped) and the command itself.
+fn runner_script(commands: &[String]) -> String {
+    let mut script = String::from("\nset -e\n");
+    for command in commands {
+        let quoted = format!("{command:?}").replace('$', "\\$");
+        script.push_str(&format!("\necho + {quoted}\n{command}\n"));
+    }
+    script
+}
+
+/// How the stand-in `abra`'s deploy behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deploy {
+    /// Deploys, leaves a daemon behind and then "deploys" for a long time: a build to cancel.
+    Hangs,
+    /// Deploys and returns; undeploy removes the app: a build that succeeds.
+    Returns,
+}
+
+/// One Drone build on a host: the host's ccci-run installation (a configuration file with this
+/// sandbox's directories, `ccci-run` and a stand-in `abra` on the runner's PATH), a recipe
+/// repository with the pull request's head, and the runner process.
+struct Build {
+    /// The runner, its output being the build log.
+    step: Proc,
+    info: BuildInfo,
+}
+
+/// What a test knows of a build besides its log.
+#[derive(Debug, Clone)]
+struct BuildInfo {
+    build: String,
+    /// The runner stand-in's pid (the step shell's parent).
+    runner: i32,
+    /// The step shell's pid.
+    shell: i32,
+    workspace: PathBuf,
+    docker: bool,
+}
+
+/// The host's installation for `sandbox`: a configuration file, and a PATH directory with
+/// `ccci-run` (the built binary reading that file, as an installed one reads
+/// /etc/ccci-run/config.toml) and the `abra` stand-in.
+fn host(sandbox: &Sandbox, deploy: Deploy, docker: bool, extra_config: &str) -> PathBuf {
+    let origin = recipe_origin(sandbox);
+    let config = sandbox.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "lock_dir = {:?}\nruns_dir = {:?}\nabra_home = {:?}\nstate_dir = {:?}\n\
+             domain_suffix = {:?}\ndocker = {:?}\nrecipe_url_template = {:?}\n{extra_config}",
+            sandbox.locks(),
+            sandbox.runs(),
+            sandbox.abra_home(),
+            sandbox.state(),
+            sandbox.suffix(),
+            if docker { "auto" } else { "off" },
+            format!("file://{}/{{recipe}}.git", origin.display()),
+        ),
+    )
+    .unwrap();
+    let bin = sandbox.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    // The engine a host's ccci-run and abra talk to: the default socket on a host, the suite's
+    // engine here.
+    let engine = match std::env::var("DOCKER_HOST") {
+        Ok(host) if docker => format!("DOCKER_HOST={}; export DOCKER_HOST\n", sh_quote(&host)),
+        _ => String::new(),
+    };
+    write_executable(
+        &bin.join("ccci-run"),
+        &format!(
+            "#!/bin/sh\n{engine}exec {} --config {} \"$@\"\n",
+            sh_quote(BIN),
+            sh_quote(&config)
+        ),
+    );
+    let deploy_stack = if docker {
+        format!(
+            "docker stack deploy --resolve-image never -c {} \"$CCCI_STACK_NAME\" >&2\n",
+            sh_quote(compose_file(sandbox.path()))
+        )
+    } else {
+        String::new()
+    };
+    let deploy_rest = match deploy {
+        Deploy::Hangs => {
+            "  setsid sh -c 'echo \"daemon $$\"; exec sleep 100000' </dev/null &\n  \
+             echo \"deploying $$\"\n  exec sleep 100000 ;;\n"
+        }
+        Deploy::Returns => "  echo \"deployed $$\" ;;\n",
+    };
+    let undeploy = if docker {
+        "  docker stack rm \"$CCCI_STACK_NAME\" >&2 ;;\n"
+    } else {
+        "  : ;;\n"
+    };
+    write_executable(
+        &bin.join("abra"),
+        &format!(
+            "#!/bin/sh\nset -eu\n{engine}case \"$1 $2\" in\n\
+             \"app new\")\n  shift 3; server=default; domain=\n  \
+             while [ $# -gt 0 ]; do\n    case \"$1\" in --server) server=$2; shift ;; \
+             --domain) domain=$2; shift ;; esac\n    shift\n  done\n  \
+             mkdir -p \"$ABRA_DIR/servers/$server\"\n  \
+             echo \"TYPE=$CCCI_RECIPE\" > \"$ABRA_DIR/servers/$server/$domain.env\" ;;\n\
+             \"app deploy\")\n  {deploy_stack}{deploy_rest}\
+             \"app undeploy\")\n{undeploy}*) ;;\nesac\n"
+        ),
+    );
+    bin
+}
+
+fn write_executable(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    let mut perms = std::fs::metadata(path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(path, perms).unwrap();
+}
+
+/// The recipe's repository, with pull requests 1 to 99 pointing at one commit.
+fn recipe_origin(sandbox: &Sandbox) -> PathBuf {
+    let root = sandbox.path().join("forge");
+    let repo_dir = root.join("custom-html.git");
+    if repo_dir.exists() {
+        return root;
+    }
+    std::fs::create_dir_all(&repo_dir).unwrap();
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&repo_dir)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "ci")
+            .env("GIT_AUTHOR_EMAIL", "ci@example.org")
+            .env("GIT_COMMITTER_NAME", "ci")
+            .env("GIT_COMMITTER_EMAIL", "ci@example.org")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    git(&["init", "-q", "-b", "main"]);
+    std::fs::write(repo_dir.join("compose.yml"), "version: '3.8'\n").unwrap();
+    git(&["add", "compose.yml"]);
+    git(&["commit", "-q", "-m", "recipe"]);
+    for pr in 1..100 {
+        git(&["update-ref", &format!("refs/pull/{pr}/head"), "HEAD"]);
+    }
+    root
+}
+
+/// The build's workspace: a fresh checkout of this repository's pipeline files at
+/// `<root>/drone-<random>/drone/src`, as the runner's clone step makes it.
+fn workspace(sandbox: &Sandbox, build: &str) -> PathBuf {
+    let dir = sandbox
+        .path()
+        .join(format!("drone-{build}x{}", std::process::id()))
+        .join("drone/src");
+    std::fs::create_dir_all(dir.join("ci")).unwrap();
+    for file in [".drone.yml", "ci/recipe-ci-step.sh", "ci/recipe-tests.sh"] {
+        std::fs::copy(repo().join(file), dir.join(file)).unwrap();
+    }
+    dir
+}
+
+/// Start build `build` of the pipeline: substituted, written, started by the runner stand-in
+/// with the runner's environment. `wrap` may put the runner in a cgroup or a namespace.
+fn start_build(
+    sandbox: &Sandbox,
+    build: &str,
+    bin: &Path,
+    docker: bool,
+    wrap: impl FnOnce(&mut Command),
+) -> Build {
+    let workspace = workspace(sandbox, build);
+    let vars = build_vars(build, &workspace);
+    let script = workspace.parent().unwrap().join(format!("step-{build}.sh"));
+    std::fs::write(
+        &script,
+        runner_script(&step_commands(&substituted_pipeline(&vars))),
+    )
+    .unwrap();
+    // The step's environment: PATH and USER from the host, then the build's variables and the
+    // step's `environment:` (HOME: /root).
+    let mut env = vars;
+    let host_path = std::env::var("PATH").unwrap_or_default();
+    env.insert("PATH".into(), format!("{}:{host_path}", bin.display()));
+    env.insert("USER".into(), "root".into());
+    env.insert("HOME".into(), "/root".into());
+    let mut cmd = Command::new("python3");
+    cmd.arg(repo().join("tests/integration/drone_runner.py"))
+        .arg(&workspace)
+        .arg(&script)
+        .arg(serde_json::to_string(&env).unwrap());
+    wrap(&mut cmd);
+    let mut step = Proc::spawn(cmd);
+    let line = step.wait_for(Stream::Err, "runner ");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (runner, shell) = (words[1].parse().unwrap(), words[3].parse().unwrap());
+    Build {
+        step,
+        info: BuildInfo {
+            build: build.to_owned(),
+            runner,
+            shell,
+            workspace,
+            docker,
+        },
+    }
+}
+
+/// A Docker sandbox when an engine answers, else a plain one (outside CI).
+fn sandbox_maybe_docker() -> (Sandbox, bool) {
+    match Sandbox::with_docker() {
+        Some(sandbox) => (sandbox, true),
+        None => (Sandbox::new(), false),
+    }
+}
+
+/// The pids of a cancellable build once its command deploys: the supervisor, the deploying
+/// `abra` and its daemon.
+fn running_build(sandbox: &Sandbox, build: &mut Build) -> (Value, Vec<i32>) {
+    let pids = pids_by_prefix(&mut build.step, &["deploying ", "daemon "]);
+    let record = sandbox.record(&build.info.build);
+    let supervisor = record["pid"].as_i64().unwrap() as i32;
+    (record, vec![supervisor, pids[0], pids[1]])
+}
+
+/// After a build was stopped: every process of the run gone, the workspace gone, the app
+/// removed, the lock free, the cgroup and state files gone, the record finished.
+#[track_caller]
+fn assert_nothing_of_the_run_left(sandbox: &Sandbox, build: &BuildInfo, pids: &[i32]) -> Value {
+    for pid in pids {
+        assert!(wait_exited(*pid), "process {pid} of the run outlived it");
+    }
+    let record = sandbox.record(&build.build);
+    let phases = record["phases"].as_array().unwrap();
+    assert_eq!(
+        phases.last().unwrap()["name"],
+        "finished",
+        "record not finished: {record:#}"
+    );
+    let domain = record["domain"].as_str().unwrap().to_owned();
+    let env = sandbox
+        .abra_home()
+        .join(format!("servers/default/{domain}.env"));
+    assert!(!env.exists(), "the app's .env was left: {}", env.display());
+    let abra_dir = record["abra_dir"].as_str().unwrap();
+    assert!(
+        !Path::new(abra_dir)
+            .join(format!("servers/default/{domain}.env"))
+            .exists(),
+        "the run's own .env was left"
+    );
+    let lock = sandbox.lock_file(&domain);
+    if lock.exists() {
+        let free = Command::new("flock")
+            .arg("-n")
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .unwrap();
+        assert!(free.success(), "the app lock is still held");
+    }
+    if build.docker {
+        assert_gone_now(record["stack"].as_str().unwrap());
+    }
+    if let Some(cgroup) = record["cgroup"].as_str() {
+        assert!(!Path::new(cgroup).exists(), "cgroup {cgroup} was left");
+    }
+    assert!(
+        sandbox.state_files().is_empty(),
+        "{:?}",
+        sandbox.state_files()
+    );
+    assert!(
+        !build.workspace.exists(),
+        "the runner removes the workspace"
+    );
+    record
+}
+
+/// A stand-in for the system journal's socket, seen at /run/systemd/journal/socket only by
+/// the processes of a private mount namespace (a runner wrapped by [`Journal::wrap`]).
+struct Journal {
+    dir: PathBuf,
+    socket: UnixDatagram,
+}
+
+impl Journal {
+    fn new(sandbox: &Sandbox) -> Self {
+        let dir = sandbox.path().join("journal");
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = UnixDatagram::bind(dir.join("socket")).unwrap();
+        Self { dir, socket }
+    }
+
+    /// Run `cmd` in a mount namespace of its own where this socket is the journal's.
+    fn wrap(&self, cmd: &mut Command) {
+        let program = cmd.get_program().to_owned();
+        let args: Vec<_> = cmd.get_args().map(ToOwned::to_owned).collect();
+        let mut wrapped = Command::new("unshare");
+        wrapped
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(
+                "mkdir -p /run/systemd && mount -t tmpfs tmpfs /run/systemd && \
+                 mkdir /run/systemd/journal && mount --bind \"$0\" /run/systemd/journal && \
+                 exec \"$@\"",
+            )
+            .arg(&self.dir)
+            .arg(program)
+            .args(args);
+        *cmd = wrapped;
+    }
+
+    /// The next journal entry whose MESSAGE contains `needle`, within `limit`: its fields.
+    fn wait_for(&self, needle: &str, limit: Duration) -> BTreeMap<String, String> {
+        let end = Instant::now() + limit;
+        let mut buf = vec![0u8; 65536];
+        let mut seen = Vec::new();
+        while Instant::now() < end {
+            self.socket
+                .set_read_timeout(Some(
+                    end.saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1)),
+                ))
+                .unwrap();
+            let Ok(n) = self.socket.recv(&mut buf) else {
+                continue;
+            };
+            let entry = journal_fields(&buf[..n]);
+            if entry.get("MESSAGE").is_some_and(|m| m.contains(needle)) {
+                return entry;
+            }
+            seen.push(entry);
+        }
+        panic!("no journal entry with {needle:?}; got {seen:#?}");
+    }
+}
+
+/// The fields of one entry in the journal's native protocol: `KEY=value` lines, or `KEY`, a
+/// newline, the value's length (64-bit little-endian), the value and a newline.
+fn journal_fields(mut bytes: &[u8]) -> BTreeMap<String, String> {
+    let mut fields = BTreeMap::new();
+    while let Some(end) = bytes.iter().position(|b| *b == b'\n' || *b == b'=') {
+        let key = String::from_utf8_lossy(&bytes[..end]).into_owned();
+        let (value, rest) = if bytes[end] == b'=' {
+            let line = bytes[end + 1..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .unwrap_or(bytes.len() - end - 1);
+            (
+                &bytes[end + 1..end + 1 + line],
+                &bytes[(end + 2 + line).min(bytes.len())..],
+            )
+        } else {
+            let len = u64::from_le_bytes(bytes[end + 1..end + 9].try_into().unwrap()) as usize;
+            (
+                &bytes[end + 9..end + 9 + len],
+                &bytes[(end + 10 + len).min(bytes.len())..],
+            )
+        };
+        fields.insert(key, String::from_utf8_lossy(value).into_owned());
+        bytes = rest;
+    }
+    fields
+}
+
+/// Drone's cancel, as the runner does it: SIGINT to the runner, which SIGKILLs its step shell
+/// (nothing else), closes the log and removes the workspace. The run is tied to that shell: its
+/// teardown runs at once, with nobody reading its output; the deploying stand-in, its daemon
+/// and the app are gone, the lock free, the record says which pid died, and the outcome reaches
+/// the system journal.
+#[test]
+fn a_cancelled_build_tears_its_run_down_with_its_log_gone() {
+    let (sandbox, docker) = sandbox_maybe_docker();
+    let bin = host(&sandbox, Deploy::Hangs, docker, "");
+    let journal = Journal::new(&sandbox);
+    let mut build = start_build(&sandbox, "93", &bin, docker, |cmd| journal.wrap(cmd));
+    let (record, pids) = running_build(&sandbox, &mut build);
+    let _cleanup = Cleanup(record["stack"].as_str().unwrap().to_owned());
+    assert_eq!(
+        record["tied_to"],
+        serde_json::json!([build.info.shell, build.info.runner]),
+        "the run must be tied to the step shell and to the runner"
+    );
+    signal(build.info.runner, Signal::SIGINT);
+    let log = build.step.wait_for(Stream::Err, "runner: cancelled");
+    assert!(log.contains("signal 2"), "{log}");
+    assert!(wait_exited(build.info.shell));
+    let record = assert_nothing_of_the_run_left(&sandbox, &build.info, &pids);
+    assert_eq!(record["shutdown_reason"], "tied-pid-died");
+    assert_eq!(record["tied_pid_died"], build.info.shell);
+    assert_eq!(record["exit_code"], 143);
+    let entry = journal.wait_for(
+        "run 93: torn down after tied-pid-died, exit 143, nothing left",
+        crate::util::PATIENCE,
+    );
+    assert_eq!(entry["SYSLOG_IDENTIFIER"], "ccci-run", "{entry:?}");
+    assert_eq!(entry["PRIORITY"], "5", "{entry:?}");
+    drop(build.step.finish());
+}
+
+/// The runner itself dies (SIGKILL, as the OOM killer does): nobody kills the step shell, it is
+/// re-parented and would run on to the deadline. The run is tied to the runner too, so it tears
+/// down at once; the shell then ends with it.
+#[test]
+fn the_runner_s_own_death_tears_the_run_down() {
+    let (sandbox, docker) = sandbox_maybe_docker();
+    let bin = host(&sandbox, Deploy::Hangs, docker, "");
+    let mut build = start_build(&sandbox, "95", &bin, docker, |_| {});
+    let (record, pids) = running_build(&sandbox, &mut build);
+    let _cleanup = Cleanup(record["stack"].as_str().unwrap().to_owned());
+    let killed = Instant::now();
+    signal(build.info.runner, Signal::SIGKILL);
+    let done = build.step.finish();
+    assert!(!done.status.success());
+    assert!(
+        wait_exited(build.info.shell),
+        "the step shell outlived its run"
+    );
+    let mut all = pids.clone();
+    all.push(build.info.shell);
+    // The runner removes no workspace when it dies: the run's own test of "nothing left".
+    std::fs::remove_dir_all(&build.info.workspace).unwrap();
+    let record = assert_nothing_of_the_run_left(&sandbox, &build.info, &all);
+    eprintln!(
+        "runner SIGKILL to nothing of the run left: {:?}",
+        killed.elapsed()
+    );
+    assert_eq!(record["shutdown_reason"], "tied-pid-died");
+    assert_eq!(record["tied_pid_died"], build.info.runner, "{record:#}");
+    assert_eq!(record["exit_code"], 143);
+}
+
+/// systemd stopping the runner's unit: SIGTERM to every process of its cgroup (the runner, the
+/// step shell, ccci-run, the command), SIGKILL after a window. The run tears down inside the
+/// window on its own; the KILL finds nothing left.
+#[test]
+fn systemd_stop_of_the_runner_unit_tears_the_run_down_within_the_window() {
+    let unit = crate::util::TestCgroup::create("runner-unit")
+        .expect("a cgroup v2 hierarchy this suite may write (it runs as root)");
+    let (sandbox, docker) = sandbox_maybe_docker();
+    let bin = host(&sandbox, Deploy::Hangs, docker, "");
+    let mut build = start_build(&sandbox, "94", &bin, docker, |cmd| unit.place(cmd));
+    let (record, pids) = running_build(&sandbox, &mut build);
+    let _cleanup = Cleanup(record["stack"].as_str().unwrap().to_owned());
+    // KillMode=control-group: every process of the unit, sub-cgroups included, gets SIGTERM.
+    unit.signal_all(Signal::SIGTERM);
+    let emptied_by_itself = unit.wait_empty(crate::util::PATIENCE);
+    if !emptied_by_itself {
+        unit.kill();
+    }
+    let done = build.step.finish();
+    assert!(
+        emptied_by_itself,
+        "the run was still tearing down when the stop window closed\n{}",
+        done.transcript()
+    );
+    let record = assert_nothing_of_the_run_left(&sandbox, &build.info, &pids);
+    // Which came first, its own SIGTERM or the shell's SIGKILL by the runner, is a race
+    // between two ways of being told the same thing.
+    let reason = record["shutdown_reason"].as_str().unwrap();
+    assert!(matches!(reason, "SIGTERM" | "tied-pid-died"), "{record:#}");
+    assert_eq!(record["exit_code"], 143);
+}
+
+/// A build that runs to its end: the command succeeds, the run exits 0, the build log has the
+/// run's lines, the runner reports success, and nothing of the run is left.
+#[test]
+fn a_successful_build_exits_0_and_leaves_nothing() {
+    let (sandbox, docker) = sandbox_maybe_docker();
+    let bin = host(&sandbox, Deploy::Returns, docker, "");
+    let mut build = start_build(&sandbox, "96", &bin, docker, |_| {});
+    let deployed = build.step.wait_for(Stream::Out, "deployed ");
+    let Build { step, info } = build;
+    let done = step.finish();
+    done.assert_stderr_has("runner: step exited 0");
+    assert!(
+        done.out
+            .iter()
+            .any(|l| l.contains("== run 96: finished, exit 0")),
+        "the build log has the run's own lines\n{}",
+        done.transcript()
+    );
+    let record = assert_nothing_of_the_run_left(&sandbox, &info, &[info.shell]);
+    assert_eq!(record["exit_code"], 0, "{record:#} {deployed}");
+    assert_eq!(record["shutdown_reason"], "command-ended");
+    assert!(
+        record["commit"].as_str().is_some_and(|c| c.len() == 40),
+        "the recipe was cloned: {record:#}"
+    );
+    if docker {
+        let _cleanup = Cleanup(record["stack"].as_str().unwrap().to_owned());
+    }
+    assert!(!process_alive(info.runner));
+}
