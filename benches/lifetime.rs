@@ -1,17 +1,24 @@
 //! How fast a run is really over when its world ends, measured until nothing of it is left.
 //!
-//! 1. **Runner cancel.** The pipeline's step as drone-runner-exec starts it (`/bin/sh -e` on
-//!    `CCCI_TIE_TO=$$ exec sh ci/recipe-ci-step.sh`), its command deploying "for a long time"
-//!    with a daemon beside it; SIGKILL to the step shell alone, then the clock runs until the
-//!    step's output pipe is closed by every process that held it (the supervisor, the command,
-//!    the daemon) and the run record says `finished`. `--kill-grace 1` (CCCI_KILL_GRACE).
-//!    Baseline in the same run: the same step cancelled by a TERM to ccci-run directly.
-//! 2. **Supervisor SIGKILL.** A run whose command daemonised N processes loses its supervisor
+//! 1. **Runner cancel.** The pipeline's step as drone-runner-exec starts it: the runner
+//!    stand-in (`tests/integration/drone_runner.py`) runs `/bin/sh -e` on the script of
+//!    `.drone.yml`'s commands (`exec sh ci/recipe-ci-step.sh`), its command deploying "for a
+//!    long time" with a daemon beside it. SIGINT to the runner, which SIGKILLs the step shell
+//!    alone; the clock runs until the supervisor is gone (it is the last of the run to go: it
+//!    kills its command, the daemon and its cgroup first) and the run record says `finished`.
+//! 2. **Runner SIGKILL.** The same, but the runner itself dies (SIGKILL): the step shell lives
+//!    on, re-parented; the run is tied to the runner too.
+//!
+//!    Both with `--kill-grace 1` (CCCI_KILL_GRACE). Baseline in the same run: the same step
+//!    cancelled by a TERM to ccci-run directly.
+//! 3. **Supervisor SIGKILL.** A run whose command daemonised N processes loses its supervisor
 //!    to SIGKILL; the clock runs over the next `ccci-run janitor` until every leftover is gone.
 //!    Baseline in the same run: the same janitor sweep with nothing to kill.
 //!
 //! `cargo bench --bench lifetime [-- ITERATIONS]` (default 10). Docker is off: this measures
-//! the process side of the bound; `docker_reap` measures removal.
+//! the process side of the bound; `docker_reap` measures removal. The host's settings reach
+//! ccci-run through its environment here, which a real runner would not pass: the timing is
+//! the same either way, and `tests/integration/drone.rs` proves the real path.
 
 use std::io::Read;
 use std::path::Path;
@@ -69,59 +76,129 @@ fn read_until(out: &mut impl Read, prefix: &str) -> String {
     }
 }
 
-const COMMAND: &str = "setsid sh -c 'exec sleep 100000' </dev/null & \
+const COMMAND: &str = "setsid sh -c 'exec sleep 100000' </dev/null & echo daemon $!; \
                        echo ready $$; exec sleep 100000";
 
-/// One cancelled step; returns the time from the cancel to "nothing of the run left".
-fn cancelled_step(dir: &Path, build: u32, via_runner_kill: bool) -> Duration {
+/// How a step is ended.
+#[derive(Clone, Copy)]
+enum End {
+    /// SIGINT to the runner: its cancel, SIGKILL to the step shell.
+    RunnerCancel,
+    /// SIGKILL to the runner itself.
+    RunnerDeath,
+    /// SIGTERM to ccci-run itself.
+    Term,
+}
+
+/// Wait until `pid` has exited (a pidfd: the kernel says so, no polling); false after `limit`.
+fn wait_gone(pid: i32, limit: Duration) -> bool {
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return true;
+    }
+    // SAFETY: the descriptor was just returned to us and is owned here alone.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    let mut fds = [nix::poll::PollFd::new(
+        std::os::fd::AsFd::as_fd(&fd),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let ms = u16::try_from(limit.as_millis()).unwrap_or(u16::MAX);
+    matches!(nix::poll::poll(&mut fds, ms), Ok(n) if n > 0)
+}
+
+fn alive(pid: i32) -> bool {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    state
+        .rsplit_once(')')
+        .and_then(|(_, t)| t.split_whitespace().next())
+        .is_some_and(|s| s != "Z" && s != "X")
+}
+
+/// One step under the runner stand-in, ended as `end` says; returns the time from the signal
+/// to "nothing of the run left".
+fn ended_step(dir: &Path, build: u32, end: End) -> Duration {
+    let workspace = dir.join(format!("ws-{build}/drone/src"));
+    std::fs::create_dir_all(workspace.join("ci")).unwrap();
+    for file in ["ci/recipe-ci-step.sh", "ci/recipe-tests.sh"] {
+        std::fs::copy(repo().join(file), workspace.join(file)).unwrap();
+    }
     let script = dir.join(format!("step-{build}"));
     std::fs::write(
         &script,
-        "\nset -e\n\necho + \"CCCI_TIE_TO=\\$\\$ exec sh ci/recipe-ci-step.sh sh -c \\\"\\$STEP_COMMAND\\\"\"\n\
-         CCCI_TIE_TO=$$ exec sh ci/recipe-ci-step.sh sh -c \"$STEP_COMMAND\"\n",
+        "\nset -e\n\necho + \"exec sh ci/recipe-ci-step.sh sh -c \\\"\\$STEP_COMMAND\\\"\"\n\
+         exec sh ci/recipe-ci-step.sh sh -c \"$STEP_COMMAND\"\n",
     )
     .unwrap();
-    let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-e").arg(&script).current_dir(repo());
-    host_env(&mut cmd, dir);
-    cmd.env("CCCI_BIN", BIN)
-        .env("DRONE_REPO_NAME", "custom-html")
-        .env("DRONE_PULL_REQUEST", build.to_string())
-        .env("DRONE_BUILD_NUMBER", build.to_string())
-        .env("CCCI_KILL_GRACE", "1")
-        .env("STEP_COMMAND", COMMAND)
-        .env("CCCI_RECIPE_URL_TEMPLATE", "/nonexistent/{recipe}")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    let mut env = serde_json::Map::new();
+    let mut put = |k: &str, v: String| {
+        env.insert(k.to_owned(), serde_json::Value::String(v));
+    };
+    put("PATH", std::env::var("PATH").unwrap_or_default());
+    put("USER", "root".into());
+    put("HOME", "/root".into());
+    put("CCCI_BIN", BIN.into());
+    put("DRONE_REPO_NAME", "custom-html".into());
+    put("DRONE_PULL_REQUEST", build.to_string());
+    put("DRONE_BUILD_NUMBER", build.to_string());
+    put("CCCI_KILL_GRACE", "1".into());
+    put("STEP_COMMAND", COMMAND.into());
+    put("CCCI_SKIP_FETCH", "1".into());
+    for (key, value) in [
+        ("CCCI_RUNS_DIR", "runs"),
+        ("CCCI_ABRA_HOME", "abra"),
+        ("CCCI_APP_LOCK_DIR", "locks"),
+        ("CCCI_STATE_DIR", "state"),
+    ] {
+        put(key, dir.join(value).display().to_string());
+    }
+    put("CCCI_DOCKER", "off".into());
     // No fetch: the staged recipe is copied.
     std::fs::create_dir_all(dir.join("abra/recipes/custom-html/.git")).unwrap();
-    cmd.env("CCCI_SKIP_FETCH", "1");
-    let mut step = cmd.spawn().unwrap();
-    let mut out = step.stdout.take().unwrap();
-    read_until(&mut out, "ready ");
+    let mut runner = Command::new("python3")
+        .arg(repo().join("tests/integration/drone_runner.py"))
+        .arg(&workspace)
+        .arg(&script)
+        .arg(serde_json::Value::Object(env).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = runner.stdout.take().unwrap();
+    let daemon: i32 = read_until(&mut out, "daemon ").trim().parse().unwrap();
+    let command: i32 = read_until(&mut out, "ready ").trim().parse().unwrap();
     let record = dir.join(format!("runs/{build}/run.json"));
     let supervisor: i32 = {
         let text = std::fs::read_to_string(&record).unwrap();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         value["pid"].as_i64().unwrap() as i32
     };
+    let kill = |pid: i32, signal| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+    };
+    use nix::sys::signal::Signal;
     let started = Instant::now();
-    if via_runner_kill {
-        step.kill().unwrap();
-    } else {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(supervisor),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
+    match end {
+        End::RunnerCancel => kill(runner.id() as i32, Signal::SIGINT),
+        End::RunnerDeath => kill(runner.id() as i32, Signal::SIGKILL),
+        End::Term => kill(supervisor, Signal::SIGTERM),
     }
-    // EOF: every process that held the step's pipe is gone.
-    let mut rest = Vec::new();
-    out.read_to_end(&mut rest).unwrap();
-    let text = std::fs::read_to_string(&record).unwrap();
+    assert!(
+        wait_gone(supervisor, Duration::from_secs(60)),
+        "the supervisor outlived its step by a minute"
+    );
     let elapsed = started.elapsed();
+    let text = std::fs::read_to_string(&record).unwrap();
     assert!(text.contains("\"finished\""), "record not finished: {text}");
-    step.wait().unwrap();
+    for pid in [daemon, command] {
+        assert!(
+            !alive(pid),
+            "process {pid} of the run outlived its supervisor"
+        );
+    }
+    drop(out);
+    runner.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir.join(format!("ws-{build}")));
     elapsed
 }
 
@@ -158,12 +235,7 @@ fn sweep_after_supervisor_kill(dir: &Path, id: u32, daemons: usize) -> Duration 
     let elapsed = started.elapsed();
     assert!(status.success());
     for pid in pids {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let alive = state
-            .rsplit_once(')')
-            .and_then(|(_, t)| t.split_whitespace().next())
-            .is_some_and(|s| s != "Z" && s != "X");
-        assert!(!alive, "leftover {pid} survived the sweep");
+        assert!(!alive(pid), "leftover {pid} survived the sweep");
     }
     elapsed
 }
@@ -203,14 +275,22 @@ fn main() {
     std::fs::create_dir_all(dir.path().join("state")).unwrap();
 
     let mut cancel = Vec::new();
+    let mut death = Vec::new();
     let mut term = Vec::new();
     for i in 0..iterations {
-        cancel.push(cancelled_step(dir.path(), 1000 + 2 * i, true));
-        term.push(cancelled_step(dir.path(), 1001 + 2 * i, false));
+        cancel.push(ended_step(dir.path(), 1000 + 3 * i, End::RunnerCancel));
+        death.push(ended_step(dir.path(), 1001 + 3 * i, End::RunnerDeath));
+        term.push(ended_step(dir.path(), 1002 + 3 * i, End::Term));
     }
     report(
         "runner cancel (SIGKILL to the step shell) → nothing of the run left, --kill-grace 1:",
         &cancel,
+        "TERM to ccci-run itself",
+        &term,
+    );
+    report(
+        "runner SIGKILL (the runner itself dies) → nothing of the run left, --kill-grace 1 (goal < 2 s):",
+        &death,
         "TERM to ccci-run itself",
         &term,
     );

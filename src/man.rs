@@ -78,7 +78,16 @@ fn extra(command: &str) -> Extra {
                 ),
                 (
                     "CCCI_RECIPE_URL_TEMPLATE",
-                    "Where to clone from, with {recipe} filled in, when --recipe-url is not given.",
+                    "Where to clone from, with {recipe} filled in, when --recipe-url is not given \
+                     (else the file's recipe_url_template).",
+                ),
+                (
+                    "CCCI_TIE_TO",
+                    "Ancestors to tie the run to, comma-separated (as --tie-to).",
+                ),
+                (
+                    "CCCI_DEADLINE, CCCI_LOCK_WAIT, CCCI_KILL_GRACE, CCCI_TEARDOWN_TIMEOUT",
+                    "The run settings, as their flags; each also a key of the configuration file.",
                 ),
                 ("DOCKER_HOST", "The Docker engine to use."),
                 (
@@ -111,8 +120,10 @@ fn extra(command: &str) -> Extra {
             ],
             examples: &[
                 (
-                    "In a Drone exec step, tied to the step shell so a cancel reaches the run:",
-                    "CCCI_TIE_TO=$$ ccci-run run --recipe keycloak --pr 42 -- ./run-recipe-tests.sh",
+                    "In a script a Drone exec step runs, tied to the step shell and the runner so \
+                     that a cancel or the runner's death reaches the run (never in .drone.yml \
+                     itself: the runner's substitution turns $$ into $):",
+                    "CCCI_TIE_TO=$$,$PPID ccci-run run --recipe keycloak --pr 42 -- ./run-recipe-tests.sh",
                 ),
                 (
                     "A run on a scratch host, without Docker or network:",
@@ -122,7 +133,13 @@ fn extra(command: &str) -> Extra {
             ],
         },
         "janitor" => Extra {
-            environment: &[("DOCKER_HOST", "The Docker engine to use.")],
+            environment: &[
+                ("DOCKER_HOST", "The Docker engine to use."),
+                (
+                    "CCCI_LONG_HELD, CCCI_REAP_BUDGET, CCCI_KEEP_RUNS",
+                    "The sweep's settings, as their flags; each also a key of the configuration file.",
+                ),
+            ],
             files: &[
                 CONFIG_FILE,
                 (
