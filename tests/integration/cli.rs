@@ -360,3 +360,65 @@ fn help_separates_global_options_and_lists_only_what_a_command_uses() {
     );
     drop(sandbox);
 }
+
+/// The example configuration file reads as meant, with every commented setting taken in too:
+/// each run setting from the file, shown with its origin, and a flag or variable still wins.
+#[test]
+fn the_example_configuration_file_sets_every_run_setting() {
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/config.toml"),
+    )
+    .unwrap();
+    let uncommented: String = example
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest) if rest.contains(" = ") && !rest.starts_with(' ') => rest.to_owned(),
+            _ => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, uncommented).unwrap();
+    let mut cmd = Command::new(crate::util::BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CCCI_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.arg("--config")
+        .arg(&file)
+        .args(["config", "--json"])
+        .env("CCCI_KILL_GRACE", "3");
+    let done = run(cmd);
+    done.assert_code(0);
+    let settings: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let get = |key: &str| {
+        settings
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["key"] == key)
+            .unwrap_or_else(|| panic!("no {key} in {settings:#}"))
+            .clone()
+    };
+    for (key, value) in [
+        ("deadline", "1h"),
+        ("teardown_timeout", "5m"),
+        ("lock_wait", "30m"),
+        ("long_held", "2h"),
+        ("keep_runs", "14d"),
+        ("reap_budget", "2m"),
+        ("promote_after", "20m"),
+    ] {
+        let setting = get(key);
+        assert_eq!(setting["value"], value, "{setting}");
+        assert_eq!(setting["origin"]["kind"], "file", "{setting}");
+    }
+    assert_eq!(get("kill_grace")["value"], "3s");
+    assert_eq!(get("kill_grace")["origin"]["from"], "CCCI_KILL_GRACE");
+    assert_eq!(
+        get("recipe_url_template")["value"],
+        "https://git.coopcloud.tech/coop-cloud/{recipe}.git"
+    );
+}
