@@ -8,10 +8,11 @@
 //!   command, each) and started as `/bin/sh -e FILE` by a runner process
 //!   (`drone_runner.py`) from a fresh workspace that it removes right after the step ends or
 //!   is cancelled;
-//! - the step's environment is the runner's making: PATH and USER from the host, HOME, the
-//!   `DRONE_*`/`CI_*` variables and the step's `environment:`, nothing else; so ccci-run finds
-//!   its directories in its configuration file, as on a host;
-//! - the build log is a pipe whose reader goes away at the cancel;
+//! - the step's environment is the runner's making: PATH, USER and the proxy variables from the
+//!   host, HOME, the `DRONE_*`/`CI_*` variables and the step's `environment:`, nothing else; so
+//!   ccci-run finds its directories in its configuration file, as on a host;
+//! - the build log is a pipe whose reader goes away at the cancel (the real runner reads on
+//!   for the 70–280 ms it takes to remove the workspace; none is the harder case);
 //! - a cancel is SIGKILL to the step shell alone; the runner's own death kills nobody.
 
 use std::collections::BTreeMap;
@@ -645,6 +646,18 @@ fn start_build(
     let host_path = std::env::var("PATH").unwrap_or_default();
     env.insert("PATH".into(), format!("{}:{host_path}", bin.display()));
     env.insert("USER".into(), "root".into());
+    for proxy in [
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+    ] {
+        if let Ok(value) = std::env::var(proxy) {
+            env.insert(proxy.into(), value);
+        }
+    }
     env.insert("HOME".into(), "/root".into());
     let mut cmd = Command::new("python3");
     cmd.arg(repo().join("tests/integration/drone_runner.py"))
