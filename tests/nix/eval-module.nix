@@ -36,6 +36,7 @@ let
       janitorService = unit "ccci-run-janitor.service";
       janitorTimer = unit "ccci-run-janitor.timer";
       inherit runner;
+      services = lib.attrNames config.systemd.services;
       runnerUnit = unit "${runner}.service";
       runnerEnvironment = if service == null then null else service.environment;
       runnerServiceConfig = if service == null then null else service.serviceConfig;
