@@ -257,7 +257,7 @@ rec {
     { option = "teardownTimeout"; key = "teardown_timeout"; rule = durationRule { min = "1s"; max = "365d"; }; }
     { option = "lockWait"; key = "lock_wait"; rule = durationRule { min = "0s"; max = "365d"; }; }
     { option = "longHeld"; key = "long_held"; rule = durationRule { min = "0s"; max = "365d"; }; }
-    { option = "keepRuns"; key = "keep_runs"; rule = durationRule { min = "1s"; max = "36500d"; unitRequired = true; }; }
+    { option = "keepRuns"; key = "keep_runs"; rule = durationRule { min = "0s"; max = "36500d"; unitRequired = true; }; }
     { option = "reapBudget"; key = "reap_budget"; rule = durationRule { min = "1s"; max = "365d"; }; }
     { option = "promoteAfter"; key = "promote_after"; rule = durationRule { min = "0s"; max = "365d"; }; }
   ];

@@ -855,7 +855,7 @@ fn nixos_module_refuses_bad_values_at_evaluation() {
             "janitor.keepRuns",
             "a bare number is refused",
         ),
-        (r#"keepRuns = "36501d";"#, "keepRuns", "from 1s to 36500d"),
+        (r#"keepRuns = "36501d";"#, "keepRuns", "from 0s to 36500d"),
         (r#"deadline = "0";"#, "deadline", "from 1s to 365d"),
         (r#"deadline = "1y";"#, "deadline", "from 1s to 365d"),
         (r#"killGrace = "-1";"#, "killGrace", "from 0s to 365d"),
