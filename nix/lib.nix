@@ -1,45 +1,367 @@
-# Pure helpers of the NixOS module, kept free of nixpkgs so that CI can evaluate them on their own.
-{
-  # The janitor's command line for the given settings.
+# Pure helpers of the NixOS module: the host's defaults, the rule each option is checked by, the
+# configuration file, the janitor's command line and sandbox. Free of nixpkgs, so that CI
+# evaluates them on their own and compares them with systemd/, and the module builds its option
+# types from the same rules.
+let
+  inherit (builtins)
+    all
+    any
+    concatStringsSep
+    elemAt
+    filter
+    foldl'
+    fromJSON
+    genList
+    isList
+    isString
+    length
+    match
+    split
+    stringLength
+    substring
+    toJSON
+    ;
+
+  # Larger than any bound below and far from overflowing a 64-bit integer when added to.
+  tooLarge = 4611686018427387904;
+
+  secondNs = 1000000000;
+
+  # A string of decimal digits as an integer; leading zeros allowed, `tooLarge` past 18 digits.
+  digits =
+    s:
+    let
+      trimmed = match "0*([0-9]+)" s;
+      d = if trimmed == null then s else elemAt trimmed 0;
+    in
+    if stringLength d > 18 then tooLarge else fromJSON d;
+
+  # `n * unit`, or `tooLarge` when that would leave the range a bound can name.
+  times = n: unit: if n > tooLarge / unit then tooLarge else n * unit;
+
+  # Fraction digits as nanoseconds of one `unit`: "5" of a second is 500000000.
+  fraction =
+    ds: unit:
+    let
+      nine = substring 0 9 (ds + "000000000");
+    in
+    times (digits nine) unit / secondNs;
+
+  sum = foldl' (a: b: if a >= tooLarge - b then tooLarge else a + b) 0;
+
+  # The units ccci-run's duration parser (humantime) knows, in nanoseconds.
+  humantimeUnits = rec {
+    ns = 1;
+    nsec = ns;
+    nanos = ns;
+    us = 1000;
+    usec = us;
+    ms = 1000000;
+    msec = ms;
+    millis = ms;
+    s = secondNs;
+    sec = s;
+    secs = s;
+    second = s;
+    seconds = s;
+    m = 60 * s;
+    min = m;
+    mins = m;
+    minute = m;
+    minutes = m;
+    h = 3600 * s;
+    hr = h;
+    hrs = h;
+    hour = h;
+    hours = h;
+    d = 86400 * s;
+    day = d;
+    days = d;
+    w = 7 * d;
+    wk = w;
+    wks = w;
+    week = w;
+    weeks = w;
+    M = 2630016 * s;
+    month = M;
+    months = M;
+    y = 31557600 * s;
+    yr = y;
+    yrs = y;
+    year = y;
+    years = y;
+  };
+
+  # The units of systemd.time(7) time spans, in nanoseconds.
+  systemdUnits = rec {
+    us = 1000;
+    usec = us;
+    ms = 1000000;
+    msec = ms;
+    s = secondNs;
+    sec = s;
+    second = s;
+    seconds = s;
+    m = 60 * s;
+    min = m;
+    minute = m;
+    minutes = m;
+    h = 3600 * s;
+    hr = h;
+    hour = h;
+    hours = h;
+    d = 86400 * s;
+    day = d;
+    days = d;
+    w = 7 * d;
+    week = w;
+    weeks = w;
+    M = 2630016 * s;
+    month = M;
+    months = M;
+    y = 31557600 * s;
+    year = y;
+    years = y;
+  };
+
+  # `{ nanos; units; }` for a bare number of seconds ("90", "1.5") or a sequence of numbers with
+  # units ("90s", "1h30m", "1h 30m"), else null. `fractions`: whether a number with a unit may
+  # have a fractional part (systemd's spans may; the run settings take whole numbers there).
+  parseSpan =
+    units: fractions: text:
+    let
+      bare = match "([0-9]+)(\\.([0-9]+))?" text;
+      parts = split "([0-9]+)(\\.([0-9]+))? *([A-Za-z]+)" text;
+      gaps = genList (i: elemAt parts (2 * i)) ((length parts + 1) / 2);
+      pieces = filter isList parts;
+      known = p: units ? ${elemAt p 3} && (fractions || elemAt p 2 == null);
+      value =
+        p:
+        let
+          unit = units.${elemAt p 3};
+        in
+        sum [
+          (times (digits (elemAt p 0)) unit)
+          (if elemAt p 2 == null then 0 else fraction (elemAt p 2) unit)
+        ];
+    in
+    if !(isString text) then
+      null
+    else if bare != null then
+      {
+        nanos = sum [
+          (times (digits (elemAt bare 0)) secondNs)
+          (if elemAt bare 2 == null then 0 else fraction (elemAt bare 2) secondNs)
+        ];
+        units = false;
+      }
+    else if pieces != [ ] && all (g: match " *" g != null) gaps && all known pieces then
+      {
+        nanos = sum (map value pieces);
+        units = true;
+      }
+    else
+      null;
+
+  nanosOf = text: (parseSpan humantimeUnits false text).nanos;
+in
+rec {
+  # The host's settings when the module's options are left alone; systemd/ carries the same.
+  defaults = {
+    lockDir = "/run/lock";
+    runsDir = "/var/lib/cc-ci-runs";
+    stateDir = "/var/lib/ccci-run/state";
+    abraHome = "/root/.abra";
+    docker = "auto";
+    metricsFile = "/var/lib/prometheus/node-exporter/ccci-run.prom";
+    interval = "10min";
+    longHeld = "2h";
+    keepRuns = "14d";
+    leaseTtl = "10s";
+    runnerCapacity = 2;
+    # The binary's own kill grace and teardown timeout, in seconds: what a stop of the runner
+    # must leave a run.
+    killGrace = 10;
+    teardownTimeout = 300;
+  };
+
+  # An absolute, normalised path of plain characters: what the units (ReadWritePaths=,
+  # tmpfiles lines) and the configuration file can carry without quoting, never "/" itself.
+  isAbsolutePath =
+    p:
+    isString p
+    && match "(/[A-Za-z0-9._@+,=:~-]+)+" p != null
+    && match "(.*/)?[.][.]?(/.*)?" p == null;
+  absolutePathRule = "an absolute path (not \"/\") of letters, digits and ._@+,=:~- without . or .. components, a trailing / or //";
+
+  # The metrics file: node_exporter's textfile collector reads only *.prom files.
+  isMetricsFile = p: isAbsolutePath p && match ".*/[^/]+[.]prom" p != null && dirOf p != "/";
+  metricsFileRule = "an absolute path ending in .prom, in a directory other than / (${absolutePathRule})";
+
+  # An etcd endpoint as the binary takes it: HOST:PORT or http://HOST:PORT (no TLS in this
+  # build), a port in 1-65535.
+  isEndpoint =
+    e:
+    let
+      m = if isString e then match "(http://)?(\\[[0-9A-Fa-f:.]+]|[A-Za-z0-9.-]+):([0-9]{1,5})/?" e else null;
+      port = if m == null then 0 else digits (elemAt m 2);
+    in
+    m != null && port >= 1 && port <= 65535;
+  endpointRule = "an etcd endpoint HOST:PORT or http://HOST:PORT with a port in 1-65535 (https:// is not supported)";
+
+  # The runner's service as systemd.services names it: no ".service" suffix, no template.
+  isServiceName = n: isString n && match "[A-Za-z0-9:_.-]+" n != null && match ".*[.]service" n == null;
+  serviceNameRule = "the name of a systemd service as in systemd.services.<name> (letters, digits, :_.- and no .service suffix)";
+
+  # A systemd time span (systemd.time(7)) longer than zero: the janitor timer's interval.
+  timespanNanos = text: (parseSpan systemdUnits true text).nanos or null;
+  isInterval = text: (timespanNanos text) != null && timespanNanos text > 0;
+  intervalRule = "a systemd time span longer than zero, such as \"10min\", \"1h 30min\" or \"600\"";
+
+  # A ccci-run duration: a bare number of seconds ("90", "1.5") or numbers with humantime
+  # units ("90s", "5m", "1h30m", "14d"), from `min` to `max` (themselves durations).
+  # `unitRequired`: a bare number is refused. `wholeSeconds`: no fraction of a second.
+  durationRule =
+    {
+      min,
+      max,
+      unitRequired ? false,
+      wholeSeconds ? false,
+    }:
+    {
+      check =
+        text:
+        let
+          span = parseSpan humantimeUnits false text;
+        in
+        span != null
+        && (span.units || !unitRequired)
+        && span.nanos >= nanosOf min
+        && span.nanos <= nanosOf max
+        && (!wholeSeconds || span.nanos / secondNs * secondNs == span.nanos);
+      description =
+        "a duration from ${min} to ${max}"
+        + (if wholeSeconds then " in whole seconds" else "")
+        + (
+          if unitRequired then
+            " with a unit (\"12h\", \"14d\", \"2w\"; a bare number is refused: it used to mean days)"
+          else
+            " (seconds such as \"90\" or \"1.5\", or units such as \"90s\", \"5m\", \"1h30m\", \"14d\")"
+        );
+    };
+
+  # The run settings of the configuration file: option name, key and the rule of its value.
+  runSettings = [
+    { option = "deadline"; key = "deadline"; rule = durationRule { min = "1s"; max = "365d"; }; }
+    { option = "killGrace"; key = "kill_grace"; rule = durationRule { min = "0s"; max = "365d"; }; }
+    { option = "teardownTimeout"; key = "teardown_timeout"; rule = durationRule { min = "1s"; max = "365d"; }; }
+    { option = "lockWait"; key = "lock_wait"; rule = durationRule { min = "0s"; max = "365d"; }; }
+    { option = "longHeld"; key = "long_held"; rule = durationRule { min = "0s"; max = "365d"; }; }
+    { option = "keepRuns"; key = "keep_runs"; rule = durationRule { min = "0s"; max = "36500d"; unitRequired = true; }; }
+    { option = "reapBudget"; key = "reap_budget"; rule = durationRule { min = "1s"; max = "365d"; }; }
+    { option = "promoteAfter"; key = "promote_after"; rule = durationRule { min = "0s"; max = "365d"; }; }
+  ];
+  leaseTtlRule = durationRule { min = "2s"; max = "3600s"; wholeSeconds = true; };
+
+  # Seconds (rounded up) of a ccci-run duration the rules above accepted.
+  durationSeconds = text: (nanosOf text + secondNs - 1) / secondNs;
+
+  # What a stop of the runner must wait for before systemd's SIGKILL: a run's kill grace and
+  # teardown timeout, and a margin for the janitor-like tidying at its end; in systemd's words.
+  stopTimeout =
+    { killGrace, teardownTimeout }:
+    let
+      secs = killGrace + teardownTimeout + 50;
+    in
+    if secs / 60 * 60 == secs then "${toString (secs / 60)}min" else "${toString secs}s";
+
+  # The janitor's command line for the given settings (null leaves a flag out).
   janitorArgs =
-    { longHeld, keepRunsDays, metricsFile }:
-    [ "janitor" "--long-held" (toString longHeld) ]
-    ++ (if keepRunsDays == null then [ ] else [ "--keep-runs" "${toString keepRunsDays}d" ])
+    {
+      longHeld,
+      keepRuns,
+      metricsFile,
+    }:
+    [ "janitor" ]
+    ++ (if longHeld == null then [ ] else [ "--long-held" longHeld ])
+    ++ (if keepRuns == null then [ ] else [ "--keep-runs" keepRuns ])
     ++ (if metricsFile == null then [ ] else [ "--metrics-file" metricsFile ]);
 
-  # /etc/ccci-run/config.toml: the one place the host's paths are set. Every ccci-run on the
-  # host reads it (the Drone step, the janitor's timer, an operator's shell), so they cannot drift.
+  # /etc/ccci-run/config.toml: the one place the host's settings are kept. Every ccci-run on the
+  # host reads it (the Drone step, the janitor's timer, an operator's shell), so they cannot
+  # drift. `settings`: file key -> duration (null leaves the key out: the binary's default).
   configToml =
-    { lockDir, runsDir, abraHome, stateDir, docker, etcdEndpoints ? [ ], leaseTtl ? 10 }:
-    ''
-      # Written by the NixOS module services.ccci-run; `ccci-run config` shows what is in force.
-      lock_dir = "${lockDir}"
-      runs_dir = "${runsDir}"
-      abra_home = "${abraHome}"
-      state_dir = "${stateDir}"
-      docker = "${docker}"
-    '' + (if etcdEndpoints == [ ] then "" else ''
-      etcd_endpoints = [ ${builtins.concatStringsSep ", " (map (e: "\"${e}\"") etcdEndpoints)} ]
-      lease_ttl = ${toString leaseTtl}
-    '');
+    {
+      lockDir,
+      runsDir,
+      abraHome,
+      stateDir,
+      docker,
+      etcdEndpoints ? [ ],
+      leaseTtl ? defaults.leaseTtl,
+      settings ? { },
+    }:
+    let
+      line = key: value: "${key} = ${toJSON value}\n";
+      set = map (s: s.key) (filter (s: (settings.${s.key} or null) != null) runSettings);
+    in
+    "# Written by the NixOS module services.ccci-run; `ccci-run config` shows what is in force.\n"
+    + line "lock_dir" lockDir
+    + line "runs_dir" runsDir
+    + line "abra_home" abraHome
+    + line "state_dir" stateDir
+    + line "docker" docker
+    + concatStringsSep "" (map (key: line key settings.${key}) set)
+    + (
+      if etcdEndpoints == [ ] then
+        ""
+      else
+        "etcd_endpoints = [ ${concatStringsSep ", " (map toJSON etcdEndpoints)} ]\n"
+        + line "lease_ttl" leaseTtl
+    );
+
+  # The directories the janitor writes: lock files, run directories, state files, the metrics.
+  janitorWritablePaths =
+    {
+      lockDir,
+      runsDir,
+      stateDir,
+      metricsFile,
+    }:
+    [
+      lockDir
+      runsDir
+      stateDir
+    ]
+    ++ (if metricsFile == null then [ ] else [ (dirOf metricsFile) ]);
 
   # The janitor unit's sandbox: what it must reach (the directories it writes, the cgroup file
   # system, /proc, Docker's Unix socket, signals to dead runs' processes) and nothing else.
   # systemd/ccci-run-janitor.service carries the same settings for hosts without Nix.
   # `network`: the locks are kept in etcd, reached over TCP.
   janitorHardening =
-    { writablePaths, abraHome, network ? false }:
+    {
+      writablePaths,
+      abraHome,
+      network ? false,
+    }:
     {
       TimeoutStartSec = "15min";
       ProtectSystem = "strict";
-      ReadWritePaths = map (p: "-${p}") writablePaths ++ [ "/sys/fs/cgroup" "-${abraHome}" ];
+      ReadWritePaths = map (p: "-${p}") writablePaths ++ [
+        "/sys/fs/cgroup"
+        "-${abraHome}"
+      ];
       ProtectHome = "read-only";
       PrivateTmp = true;
       PrivateMounts = true;
       PrivateDevices = true;
       DevicePolicy = "closed";
       NoNewPrivileges = true;
-      CapabilityBoundingSet = [ "CAP_KILL" "CAP_DAC_OVERRIDE" ];
+      CapabilityBoundingSet = [
+        "CAP_KILL"
+        "CAP_DAC_OVERRIDE"
+      ];
       ProtectKernelTunables = true;
       ProtectKernelModules = true;
       ProtectKernelLogs = true;
@@ -58,5 +380,16 @@
       SystemCallErrorNumber = "EPERM";
       RestrictAddressFamilies = [ "AF_UNIX" ] ++ (if network then [ "AF_INET" "AF_INET6" ] else [ ]);
       UMask = "0077";
-    } // (if network then { } else { IPAddressDeny = "any"; });
+    }
+    // (if network then { } else { IPAddressDeny = "any"; });
+
+  # Whether a Delegate= value hands the cgroup subtree over ("yes", true, a controller list).
+  delegates =
+    v: !(any (no: v == no) [ false "no" "false" "off" "0" "" ]);
+
+  # The man pages the units point at (ccci-run's package installs them).
+  documentation = [
+    "man:ccci-run-janitor(1)"
+    "man:ccci-run(1)"
+  ];
 }

@@ -1,57 +1,232 @@
-# NixOS module: the janitor as a oneshot service on a timer, the shared directories, run-dir
-# retention, metrics for node_exporter's textfile collector, and the one concurrency knob —
-# the Drone exec runner's capacity.
+# NixOS module: the janitor as a oneshot service on a timer, the shared directories and
+# /etc/ccci-run/config.toml, run-dir retention, metrics for node_exporter's textfile collector,
+# and what the Drone exec runner's own unit needs (cgroup delegation, a stop timeout that covers
+# a run's teardown, ccci-run on its PATH, and the one concurrency knob: its capacity).
+#
+# The runner's unit is the host's: every value the module gives it is an option default
+# (mkOptionDefault), so whatever the host sets there wins, at any priority, and merges without a
+# conflict. Where a host value would break ccci-run (no delegation, two capacities) an assertion
+# says so and what to change; where it only weakens a guarantee (a short stop timeout) a warning.
 {
   config,
   lib,
+  options,
   pkgs,
+  utils,
   ...
 }:
 
 let
   cfg = config.services.ccci-run;
   helpers = import ./lib.nix;
-  inherit (lib) mkDefault mkEnableOption mkIf mkOption types;
+  inherit (helpers) defaults;
+  inherit (lib)
+    literalExpression
+    mkIf
+    mkOption
+    mkOptionDefault
+    types
+    ;
   runner = cfg.droneRunnerService;
+  runnerService = config.systemd.services.${runner};
+
+  # An option type from one of lib.nix's rules: the rule's words are what an error names.
+  ruleType =
+    name: check: description:
+    lib.mkOptionType {
+      inherit name description;
+      descriptionClass = "noun";
+      check = v: builtins.isString v && check v;
+      merge = lib.mergeEqualOption;
+    };
+  pathType = ruleType "ccci-run-path" helpers.isAbsolutePath helpers.absolutePathRule;
+  durationType =
+    name: rule: ruleType "ccci-run-${name}" rule.check rule.description;
+  # A whole number of seconds is still taken where one was before.
+  secondsOr = t: types.coercedTo types.ints.unsigned toString t;
+
+  settingOf = name: lib.findFirst (s: s.option == name) null helpers.runSettings;
+  settingType = name: durationType name (settingOf name).rule;
+
+  # What each run setting does; its key in config.toml and its rule come from lib.nix.
+  settingDocs = {
+    deadline = "The hard deadline of a whole run (`ccci-run run --deadline`; the binary's default is 1h).";
+    killGrace = "How long a run's or a `lock` command's process group has between SIGTERM and SIGKILL (default 10s).";
+    teardownTimeout = "How long the rest of a teardown (the hook, the app's removal) may take after the kill grace (default 5m).";
+    lockWait = "How long a run waits for its app lock before it gives up with exit 75 (default: until its deadline).";
+    longHeld = "After how long a held lock is flagged `long-held` by `ccci-run locks` and the janitor; never stolen (default 2h).";
+    keepRuns = "How old a per-run directory whose run is not live must be before the janitor removes it; with a unit (\"14d\"). Unset: the janitor keeps every one unless told otherwise.";
+    reapBudget = "How long the janitor's reap of one app may take on the Docker side before it is `reap-incomplete` (default 2m).";
+    promoteAfter = "After how long a normal ticket of a named lock joins the fast class, keeping its place (default 20m).";
+  };
+  settingOption =
+    name:
+    mkOption {
+      type = types.nullOr (settingType name);
+      default = null;
+      example = {
+        deadline = "90m";
+        killGrace = "15s";
+        teardownTimeout = "10m";
+        lockWait = "30m";
+        longHeld = "3h";
+        keepRuns = "30d";
+        reapBudget = "5m";
+        promoteAfter = "10m";
+      }.${name};
+      description = ''
+        ${settingDocs.${name}} Written to /etc/ccci-run/config.toml as `${(settingOf name).key}`,
+        which every ccci-run on the host reads (a flag or `CCCI_*` variable still overrides it
+        for one invocation); null leaves the key out. Must be ${(settingOf name).rule.description}.
+      '';
+    };
+
+  # The run settings that are set, by their key in the file.
+  settings = lib.listToAttrs (
+    map (s: lib.nameValuePair s.key cfg.${s.option}) (lib.filter (s: cfg.${s.option} != null) helpers.runSettings)
+  );
+
+  # What a stop of the runner must leave its runs: their kill grace and teardown timeout.
+  stopTimeout = helpers.stopTimeout {
+    killGrace = if cfg.killGrace == null then defaults.killGrace else helpers.durationSeconds cfg.killGrace;
+    teardownTimeout =
+      if cfg.teardownTimeout == null then defaults.teardownTimeout else helpers.durationSeconds cfg.teardownTimeout;
+  };
+
+  metricsDir = if cfg.janitor.metricsFile == null then null else dirOf cfg.janitor.metricsFile;
+
+  # node_exporter's textfile directories as the host's own definitions name them. The module's
+  # definition is left out by its file name, so reading them cannot loop back into it.
+  textfileModule = "${toString ./module.nix} (node_exporter's textfile directory)";
+  hostTextfileDirs =
+    let
+      # services.prometheus.exporters is one option (a submodule): its definitions are sets
+      # with `node` in them.
+      defs = options.services.prometheus.exporters.definitionsWithLocations or [ ];
+      # What a definition gives at `path` below it, through mkIf, mkMerge, mkOverride and
+      # mkOrder at any level.
+      valuesAt =
+        path: v:
+        if builtins.isAttrs v && v ? _type then
+          if v._type == "if" then
+            (if v.condition then valuesAt path v.content else [ ])
+          else if v._type == "merge" then
+            lib.concatMap (valuesAt path) v.contents
+          else if v ? content then
+            valuesAt path v.content
+          else
+            [ v ]
+        else if path == [ ] then
+          [ v ]
+        else if builtins.isAttrs v && v ? ${lib.head path} then
+          valuesAt (lib.tail path) v.${lib.head path}
+        else
+          [ ];
+      flags = lib.concatMap (d: lib.concatLists (valuesAt [ "node" "extraFlags" ] d.value)) (
+        lib.filter (d: d.file != textfileModule) defs
+      );
+    in
+    lib.concatMap (
+      f:
+      let
+        m = builtins.match "--collector[.]textfile[.]directory[= ](.*)" f;
+      in
+      if m == null then [ ] else [ (lib.head m) ]
+    ) flags;
+
+  # The runner's own configuration file, as far as this host declares it in Nix.
+  runnerConfigFile = config.environment.etc."drone-runner-exec/config" or null;
+  runnerConfigText = if runnerConfigFile == null then null else runnerConfigFile.text;
+  fileCapacity =
+    if runnerConfigText == null then
+      null
+    else
+      let
+        m = builtins.match "(.*\n)?[[:space:]]*(export[[:space:]]+)?DRONE_RUNNER_CAPACITY[[:space:]]*=[[:space:]]*['\"]?([^'\"\n]*).*" runnerConfigText;
+      in
+      if m == null then null else lib.elemAt m 2;
+  # Whether the host set services.ccci-run.runnerCapacity itself, and the capacity its runner
+  # unit has from anywhere but this module.
+  capacityGiven = options.services.ccci-run.runnerCapacity.highestPrio < (mkOptionDefault null).priority;
+  capacityInUnit = if runner == null then null else runnerService.environment.DRONE_RUNNER_CAPACITY or null;
+  runnerUser = if runner == null then "root" else runnerService.serviceConfig.User or "root";
+  runnerGroup =
+    if runner == null then "root" else runnerService.serviceConfig.Group or (if runnerUser == "root" then "root" else runnerUser);
+  hostStop = if runner == null then null else runnerService.serviceConfig.TimeoutStopSec or null;
+  hostStopNanos = if builtins.isString hostStop then helpers.timespanNanos hostStop else null;
+  neededStopNanos = helpers.timespanNanos stopTimeout;
 in
 {
+  imports = [
+    (lib.mkChangedOptionModule
+      [ "services" "ccci-run" "janitor" "keepRunsDays" ]
+      [ "services" "ccci-run" "janitor" "keepRuns" ]
+      (
+        config:
+        let
+          days = config.services.ccci-run.janitor.keepRunsDays;
+        in
+        if days == null then null else "${toString days}d"
+      )
+    )
+    # The flag for node_exporter, in a module of its own: see hostTextfileDirs.
+    {
+      _file = textfileModule;
+      config = mkIf (cfg.enable && metricsDir != null) {
+        # The flag when the host names no textfile directory of its own, else an empty word,
+        # which the exporter's ExecStart joins as a space: the list's length must not depend
+        # on the host's flags, or reading them would loop.
+        services.prometheus.exporters.node.extraFlags = [
+          (if hostTextfileDirs == [ ] then "--collector.textfile.directory=${metricsDir}" else "")
+        ];
+      };
+    }
+  ];
+
   options.services.ccci-run = {
-    enable = mkEnableOption "ccci-run, the recipe-CI run supervisor, and its janitor";
+    enable = lib.mkEnableOption "ccci-run, the recipe-CI run supervisor, and its janitor";
 
     package = mkOption {
       type = types.package;
       default = pkgs.callPackage ./package.nix { };
-      defaultText = lib.literalExpression "pkgs.callPackage ./package.nix { }";
+      defaultText = literalExpression "pkgs.callPackage ./package.nix { }";
       description = "The ccci-run package.";
     };
 
     lockDir = mkOption {
-      type = types.str;
-      default = "/run/lock";
-      description = "Where app-domain and named lock files live (tmpfs: a reboot empties it).";
+      type = pathType;
+      default = defaults.lockDir;
+      description = ''
+        Where app-domain and named lock files live; a tmpfs, so a reboot empties it. It must be
+        writable by the runner's user: NixOS's /run/lock is root's (0755).
+      '';
     };
 
     runsDir = mkOption {
-      type = types.str;
-      default = "/var/lib/cc-ci-runs";
-      description = "Per-run directories and run records.";
+      type = pathType;
+      default = defaults.runsDir;
+      description = "Per-run directories and run records (created for the runner's user).";
     };
 
     stateDir = mkOption {
-      type = types.str;
-      default = "/var/lib/ccci-run/state";
+      type = pathType;
+      default = defaults.stateDir;
       description = "Run-scoped state files (a directory of its own, so the janitor can have a private /tmp).";
     };
 
     abraHome = mkOption {
-      type = types.str;
-      default = "/root/.abra";
+      type = pathType;
+      default = defaults.abraHome;
       description = "The canonical abra directory (servers/, catalogue/, recipes/).";
     };
 
     docker = mkOption {
-      type = types.enum [ "auto" "required" "off" ];
-      default = "auto";
+      type = types.enum [
+        "auto"
+        "required"
+        "off"
+      ];
+      default = defaults.docker;
       description = ''
         Whether to touch Docker: auto (the built-in default everywhere) uses it when the engine
         answers and says so when it does not; required makes an unreachable engine an error.
@@ -59,9 +234,13 @@ in
     };
 
     etcdEndpoints = mkOption {
-      type = types.listOf types.str;
+      type = types.listOf (ruleType "ccci-run-etcd-endpoint" helpers.isEndpoint helpers.endpointRule);
       default = [ ];
-      example = [ "http://10.0.0.1:2379" "http://10.0.0.2:2379" "http://10.0.0.3:2379" ];
+      example = [
+        "http://10.0.0.1:2379"
+        "http://10.0.0.2:2379"
+        "http://10.0.0.3:2379"
+      ];
       description = ''
         etcd endpoints shared by every runner host of one swarm: the app-domain and named locks
         become keys bound to leases, so runs of one domain on different hosts serialise and the
@@ -70,133 +249,245 @@ in
     };
 
     leaseTtl = mkOption {
-      type = types.ints.between 2 3600;
-      default = 10;
+      type = secondsOr (durationType "lease-ttl" helpers.leaseTtlRule);
+      default = defaults.leaseTtl;
+      example = "15s";
       description = ''
-        Seconds an etcd lease outlives its holder's last keepalive: how soon a dead host's
+        How long an etcd lease outlives its holder's last keepalive: how soon a dead host's
         domains free up, and how long etcd may be unreachable before a run counts its lock lost
-        (exit 76).
+        (exit 76). Must be ${helpers.leaseTtlRule.description}; a bare integer is taken as
+        seconds. Written as `lease_ttl` when etcdEndpoints is set.
       '';
     };
 
+    deadline = settingOption "deadline";
+    killGrace = settingOption "killGrace";
+    teardownTimeout = settingOption "teardownTimeout";
+    lockWait = settingOption "lockWait";
+    longHeld = settingOption "longHeld";
+    keepRuns = settingOption "keepRuns";
+    reapBudget = settingOption "reapBudget";
+    promoteAfter = settingOption "promoteAfter";
+
     janitor = {
       interval = mkOption {
-        type = types.str;
-        default = "10min";
-        description = "How often the janitor sweeps (every run start sweeps too).";
+        type = ruleType "ccci-run-interval" helpers.isInterval helpers.intervalRule;
+        default = defaults.interval;
+        description = "How often the janitor's timer sweeps (every run start sweeps too).";
       };
       longHeld = mkOption {
-        type = types.ints.positive;
-        default = 7200;
-        description = "Seconds after which a held lock is flagged (never stolen).";
+        type = secondsOr (settingType "longHeld");
+        default = if cfg.longHeld == null then defaults.longHeld else cfg.longHeld;
+        defaultText = literalExpression ''if longHeld == null then "${defaults.longHeld}" else longHeld'';
+        description = ''
+          The timer's `--long-held`: after how long a held lock is flagged (never stolen). Must
+          be ${(settingOf "longHeld").rule.description}; a bare integer is seconds.
+        '';
       };
-      keepRunsDays = mkOption {
-        type = types.nullOr types.ints.positive;
-        default = 14;
-        description = "Remove per-run directories older than this many days whose run is not live.";
+      keepRuns = mkOption {
+        type = types.nullOr (settingType "keepRuns");
+        default = if cfg.keepRuns == null then defaults.keepRuns else cfg.keepRuns;
+        defaultText = literalExpression ''if keepRuns == null then "${defaults.keepRuns}" else keepRuns'';
+        description = ''
+          The timer's `--keep-runs`: remove per-run directories older than this whose run is not
+          live. Must be ${(settingOf "keepRuns").rule.description}. null passes no flag (the
+          file's keep_runs applies, if set). Replaces janitor.keepRunsDays (N days is "Nd").
+        '';
       };
       metricsFile = mkOption {
-        type = types.nullOr types.str;
-        default = "/var/lib/prometheus/node-exporter/ccci-run.prom";
+        type = types.nullOr (ruleType "ccci-run-metrics-file" helpers.isMetricsFile helpers.metricsFileRule);
+        default = defaults.metricsFile;
         description = ''
-          Prometheus text file for node_exporter's textfile collector (enabled on that directory
-          when set), or null.
+          Prometheus text file for node_exporter's textfile collector, or null. Written mode 0644
+          whatever the umask, so node_exporter's own user reads it. The module points
+          node_exporter's --collector.textfile.directory at its directory unless the host names
+          one of its own (then put the file in one of those).
         '';
       };
     };
 
     runnerCapacity = mkOption {
-      type = types.ints.positive;
-      default = 2;
+      type = types.nullOr types.ints.positive;
+      default = defaults.runnerCapacity;
       description = ''
         How many builds the Drone exec runner runs at once (DRONE_RUNNER_CAPACITY): the one
-        concurrency knob.
+        concurrency knob. The module puts it in the runner's environment as a default, so a
+        value the host sets there wins. The runner reads /etc/drone-runner-exec/config with
+        godotenv, which never overrides a variable already set: a capacity kept in that file
+        needs this set to null (the module refuses both at once when the file is declared in
+        Nix with its text).
       '';
     };
 
     droneRunnerService = mkOption {
-      type = types.nullOr types.str;
+      type = types.nullOr (ruleType "ccci-run-service-name" helpers.isServiceName helpers.serviceNameRule);
       default = "drone-runner-exec";
       description = ''
-        The systemd service of the Drone exec runner, which gets the capacity and the shared
-        ccci-run environment; null leaves the runner alone.
+        The systemd service of the Drone exec runner, which gets cgroup delegation, a stop
+        timeout that covers a run's teardown, ccci-run and setsid on its PATH and the capacity;
+        null leaves the runner alone.
       '';
     };
   };
 
-  config = mkIf cfg.enable (lib.mkMerge [ {
-    environment.systemPackages = [ cfg.package ];
-
-    # One source of configuration for every ccci-run on the host.
-    environment.etc."ccci-run/config.toml".text = helpers.configToml {
-      inherit (cfg) lockDir runsDir abraHome stateDir docker etcdEndpoints leaseTtl;
-    };
-
-    systemd.tmpfiles.rules = [
-      "d ${cfg.runsDir} 0755 root root -"
-      "d ${cfg.stateDir} 0700 root root -"
-    ] ++ lib.optional (cfg.janitor.metricsFile != null)
-      "d ${builtins.dirOf cfg.janitor.metricsFile} 0755 root root -";
-
-    services.prometheus.exporters.node = mkIf (cfg.janitor.metricsFile != null) {
-      enabledCollectors = [ "textfile" ];
-      extraFlags = [ "--collector.textfile.directory=${builtins.dirOf cfg.janitor.metricsFile}" ];
-    };
-
-    systemd.services.ccci-run-janitor = {
-      description = "ccci-run janitor: reap apps of dead recipe-CI runs";
-      after = [ "docker.service" ];
-      wants = [ "docker.service" ];
-      restartTriggers = [ config.environment.etc."ccci-run/config.toml".source ];
-      serviceConfig = helpers.janitorHardening {
-        inherit (cfg) abraHome;
-        network = cfg.etcdEndpoints != [ ];
-        writablePaths = [ cfg.lockDir cfg.runsDir cfg.stateDir ]
-          ++ lib.optional (cfg.janitor.metricsFile != null) (builtins.dirOf cfg.janitor.metricsFile);
-      } // {
-        Type = "oneshot";
-        Nice = 10;
-        ExecStart = lib.escapeShellArgs (
-          [ (lib.getExe cfg.package) ]
-          ++ helpers.janitorArgs {
-            inherit (cfg.janitor) longHeld keepRunsDays metricsFile;
-          }
-        );
-      };
-    };
-
-    systemd.timers.ccci-run-janitor = {
-      wantedBy = [ "timers.target" ];
-      timerConfig = {
-        OnBootSec = "2min";
-        OnUnitActiveSec = cfg.janitor.interval;
-        AccuracySec = "30s";
-      };
-    };
-
-  }
-  (mkIf (runner != null) {
-    assertions = [
+  config = mkIf cfg.enable (
+    lib.mkMerge [
       {
-        assertion =
-          let svc = config.systemd.services.${runner};
-          in (svc.serviceConfig.ExecStart or null) != null || svc.script != "";
-        message = ''
-          services.ccci-run.droneRunnerService is "${runner}", but no such service runs anything
-          on this host: name the Drone exec runner's unit, or set it to null.
-        '';
+        environment.systemPackages = [ cfg.package ];
+
+        # One source of configuration for every ccci-run on the host.
+        environment.etc."ccci-run/config.toml".text = helpers.configToml {
+          inherit (cfg)
+            lockDir
+            runsDir
+            abraHome
+            stateDir
+            docker
+            etcdEndpoints
+            leaseTtl
+            ;
+          inherit settings;
+        };
+
+        # The runs dir and state dir are the runner's user's: every run writes there. A lock dir
+        # of the host's choosing is too; /run/lock is the system's own.
+        systemd.tmpfiles.rules = [
+          "d ${cfg.runsDir} 0755 ${runnerUser} ${runnerGroup} -"
+          "d ${cfg.stateDir} 0700 ${runnerUser} ${runnerGroup} -"
+        ]
+        ++ lib.optional (cfg.lockDir != defaults.lockDir) "d ${cfg.lockDir} 0755 ${runnerUser} ${runnerGroup} -"
+        ++ lib.optional (metricsDir != null) "d ${metricsDir} 0755 root root -";
+
+        warnings =
+          lib.optional (metricsDir != null && hostTextfileDirs != [ ] && !(lib.elem metricsDir hostTextfileDirs)) ''
+            services.ccci-run.janitor.metricsFile is in ${metricsDir}, but node_exporter's
+            textfile collector reads ${lib.concatStringsSep ", " hostTextfileDirs} (the host's
+            --collector.textfile.directory): put the metrics file in one of those, or its
+            alerts never see the janitor.
+          ''
+          ++ lib.optional
+            (metricsDir != null && lib.elem "textfile" config.services.prometheus.exporters.node.disabledCollectors)
+            ''
+              services.ccci-run.janitor.metricsFile is set, but node_exporter's textfile collector is
+              disabled (services.prometheus.exporters.node.disabledCollectors): nothing reads it.
+            '';
+
+        systemd.services.ccci-run-janitor = {
+          description = "ccci-run janitor: reap apps of dead recipe-CI runs";
+          documentation = helpers.documentation;
+          after = [ "docker.service" ];
+          wants = [ "docker.service" ];
+          serviceConfig =
+            helpers.janitorHardening {
+              inherit (cfg) abraHome;
+              network = cfg.etcdEndpoints != [ ];
+              writablePaths = helpers.janitorWritablePaths {
+                inherit (cfg) lockDir runsDir stateDir;
+                inherit (cfg.janitor) metricsFile;
+              };
+            }
+            // {
+              Type = "oneshot";
+              Nice = 10;
+              ExecStart = utils.escapeSystemdExecArgs (
+                [ (lib.getExe cfg.package) ]
+                ++ helpers.janitorArgs {
+                  inherit (cfg.janitor) longHeld keepRuns metricsFile;
+                }
+              );
+            };
+        };
+
+        systemd.timers.ccci-run-janitor = {
+          description = "Run the ccci-run janitor periodically";
+          documentation = helpers.documentation;
+          wantedBy = [ "timers.target" ];
+          timerConfig = {
+            OnBootSec = "2min";
+            OnUnitActiveSec = cfg.janitor.interval;
+            AccuracySec = "30s";
+          };
+        };
       }
-    ];
-    # The runner's cgroup subtree is delegated, so each run (and each `ccci-run lock` command)
-    # gets a cgroup of its own below it and its teardown ends every process with cgroup.kill.
-    # A stop gives runs the time their teardown may take before systemd's SIGKILL.
-    systemd.services.${runner}.serviceConfig = {
-      Delegate = "yes";
-      TimeoutStopSec = "6min";
-    };
-    # A default: a host that sets the capacity itself wins, rather than failing to evaluate.
-    systemd.services.${runner}.environment = {
-      DRONE_RUNNER_CAPACITY = mkDefault (toString cfg.runnerCapacity);
-    };
-  }) ]);
+      (mkIf (runner != null) {
+        assertions = [
+          {
+            assertion = (runnerService.serviceConfig.ExecStart or null) != null || runnerService.script != "";
+            message = ''
+              services.ccci-run.droneRunnerService is "${runner}", but systemd.services.${runner}
+              starts nothing on this host (no serviceConfig.ExecStart, no script). Define the
+              Drone exec runner's service there (for example ExecStart =
+              "''${pkgs.drone-runner-exec}/bin/drone-runner-exec"), set droneRunnerService to the
+              name of the host's runner service, or to null to leave the runner alone.
+            '';
+          }
+          {
+            assertion = helpers.delegates (runnerService.serviceConfig.Delegate or true);
+            message = ''
+              systemd.services.${runner}.serviceConfig.Delegate is ${builtins.toJSON runnerService.serviceConfig.Delegate},
+              but ccci-run needs the runner's cgroup subtree delegated: each run gets a cgroup of
+              its own below it, and its teardown ends every process the run started with
+              cgroup.kill. Remove the host's Delegate setting, or set
+              services.ccci-run.droneRunnerService = null to leave the runner alone.
+            '';
+          }
+          {
+            assertion = fileCapacity == null || (!capacityGiven && capacityInUnit == null);
+            message = ''
+              The capacity is set twice: DRONE_RUNNER_CAPACITY=${toString fileCapacity} in
+              /etc/drone-runner-exec/config, and ${
+                if capacityInUnit != null then
+                  "DRONE_RUNNER_CAPACITY=${toString capacityInUnit} in systemd.services.${runner}.environment"
+                else
+                  "services.ccci-run.runnerCapacity = ${toString cfg.runnerCapacity}"
+              }. The runner reads that file with godotenv, which never overrides a variable
+              already set, so the file's value would be silently ignored. Keep one: remove the
+              line from the file, or remove the other setting (the module then leaves the
+              capacity to the file).
+            '';
+          }
+        ];
+
+        warnings =
+          lib.optional (hostStopNanos != null && hostStopNanos < neededStopNanos) ''
+            systemd.services.${runner}.serviceConfig.TimeoutStopSec is ${hostStop}, shorter than
+            the ${stopTimeout} a run's teardown may take (its kill grace and teardown timeout):
+            a stop of the runner can SIGKILL runs mid-teardown, leaving their apps to the
+            janitor's next sweep.
+          ''
+          ++ lib.optional (runnerUser != "root" && cfg.lockDir == defaults.lockDir) ''
+            systemd.services.${runner} runs as ${runnerUser}, which cannot create lock files
+            in ${defaults.lockDir} (root's, 0755): set services.ccci-run.lockDir to a directory
+            of its own, such as /run/ccci-run (created for that user).
+          ''
+          ++ lib.optional (runnerUser != "root" && lib.hasPrefix "/root/" cfg.abraHome) ''
+            systemd.services.${runner} runs as ${runnerUser}, which cannot read the abra home
+            ${cfg.abraHome}: set services.ccci-run.abraHome to a directory that user can read.
+          '';
+
+        systemd.services = lib.optionalAttrs (runner != null) {
+          ${runner} = {
+          documentation = [ "man:ccci-run-run(1)" ];
+          # The step script starts `setsid ccci-run run`; a Drone step's PATH is the runner's.
+          path = [
+            cfg.package
+            pkgs.util-linux
+          ];
+          serviceConfig = {
+            # The runner's cgroup subtree is delegated, so each run (and each `ccci-run lock`
+            # command) gets a cgroup of its own below it and its teardown ends every process
+            # with cgroup.kill.
+            Delegate = mkOptionDefault true;
+            # A stop gives runs the time their teardown may take before systemd's SIGKILL.
+            TimeoutStopSec = mkOptionDefault stopTimeout;
+          };
+          # Left out when the runner's own file sets the capacity: the file would lose.
+          environment = lib.optionalAttrs (cfg.runnerCapacity != null && fileCapacity == null) {
+            DRONE_RUNNER_CAPACITY = mkOptionDefault (toString cfg.runnerCapacity);
+          };
+          };
+        };
+      })
+    ]
+  );
 }

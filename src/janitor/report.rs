@@ -186,8 +186,9 @@ fn summary(report: &SweepReport) -> String {
     )
 }
 
-/// Prometheus text format for node_exporter's textfile collector, written atomically.
-/// The last-success time carries over from the previous file when this sweep failed.
+/// Prometheus text format for node_exporter's textfile collector, written atomically and with
+/// mode 0644 whatever the umask (node_exporter reads it as its own user). The last-success time
+/// carries over from the previous file when this sweep failed.
 pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()> {
     const LAST: &str = "ccci_janitor_last_success_timestamp_seconds";
     let now = SystemTime::now()
@@ -249,5 +250,10 @@ pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()>
              # TYPE {LAST} gauge\n{LAST} {last:.3}"
         );
     }
-    record::write_atomically(path, out.trim_end().as_bytes(), false)
+    record::write_atomically(
+        path,
+        out.trim_end().as_bytes(),
+        false,
+        record::Mode::WorldReadable,
+    )
 }

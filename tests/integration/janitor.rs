@@ -765,3 +765,62 @@ fn the_summary_counts_what_really_happened() {
     done.assert_stderr_has("--dry-run changes nothing: metrics not written to");
     assert!(!metrics.exists());
 }
+
+/// The metrics file is 0644 whatever the umask: the janitor's unit runs with UMask=0077, and
+/// node_exporter reads the file as a user of its own (here: nobody, through setpriv).
+#[test]
+fn metrics_file_is_readable_by_another_user_under_umask_077() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("textfile");
+    std::fs::create_dir(&dir).unwrap();
+    for d in [sandbox.path(), dir.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let metrics = dir.join("ccci-run.prom");
+    let mut janitor = sandbox.ccci();
+    janitor.args(["janitor", "--metrics-file"]).arg(&metrics);
+    // The umask is set by the shell that execs the janitor, and reported, so the test knows it
+    // was in force.
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        "umask 077 && echo \"umask $(umask)\" && exec \"$@\"",
+        "sh",
+    ])
+    .arg(janitor.get_program())
+    .args(janitor.get_args());
+    for (key, value) in janitor.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
+    let done = run(cmd);
+    done.assert_code(0);
+    assert_eq!(
+        done.out.first().map(String::as_str),
+        Some("umask 0077"),
+        "{}",
+        done.transcript()
+    );
+    let mode = std::fs::metadata(&metrics).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o644, "metrics file mode {mode:o}");
+    let mut cat = std::process::Command::new("setpriv");
+    cat.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        "cat",
+    ])
+    .arg(&metrics);
+    let read = run(cat);
+    read.assert_code(0);
+    assert!(
+        read.out
+            .iter()
+            .any(|l| l.starts_with("ccci_janitor_sweep_failed 0")),
+        "{}",
+        read.transcript()
+    );
+}

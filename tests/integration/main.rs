@@ -16,6 +16,7 @@ mod fetch;
 mod janitor;
 mod lifetime;
 mod named_lock;
+mod nixos;
 mod reaped;
 mod run_dirs;
 mod run_exit;

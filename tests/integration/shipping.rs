@@ -112,90 +112,234 @@ fn drone_step_shell_term_tears_the_run_down() {
     assert_eq!(record["pr"], "5");
 }
 
+/// `nix-instantiate --eval --strict --json EXPR` in the repository, its value.
+fn nix_eval(expr: &str) -> serde_json::Value {
+    let out = succeeds(
+        Command::new("nix-instantiate")
+            .current_dir(repo())
+            .args(["--eval", "--strict", "--json", "-E", expr]),
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Every Nix file parses, and the rules the module's option types are built from
+/// (nix/lib.nix) take and refuse what the binary and systemd do. The module itself needs a
+/// nixpkgs: nixos::nixos_module_* evaluate it on the real module system.
 #[test]
 fn every_nix_file_parses_and_the_helpers_evaluate() {
     if !have("nix-instantiate") {
         return;
     }
-    let files: Vec<PathBuf> = std::fs::read_dir(repo().join("nix"))
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("nix"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "nix"))
         .collect();
-    assert!(files.len() >= 3, "{files:?}");
+    files.push(repo().join("tests/nix/eval-module.nix"));
+    assert!(files.len() >= 5, "{files:?}");
     for file in &files {
         succeeds(Command::new("nix-instantiate").arg("--parse").arg(file));
     }
-    let eval = |expr: &str| {
-        let out = succeeds(
-            Command::new("nix-instantiate")
-                .current_dir(repo())
-                .args(["--eval", "--strict", "--json", "-E", expr]),
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
-    let args = eval(
-        "(import ./nix/lib.nix).janitorArgs { longHeld = 7200; keepRunsDays = 14; metricsFile = \"/m.prom\"; }",
+    // (value, accepted) for each rule: what the binary's parsers and systemd take.
+    let rules: &[(&str, &[(&str, bool)])] = &[
+        (
+            "(durationRule { min = \"0s\"; max = \"365d\"; }).check",
+            &[
+                ("0", true),
+                ("1.5", true),
+                ("90s", true),
+                ("5m", true),
+                ("1h30m", true),
+                ("1h 30m", true),
+                ("14d", true),
+                ("365d", true),
+                ("2w", true),
+                ("366d", false),
+                ("1y", false),
+                ("", false),
+                ("-1", false),
+                ("1h30", false),
+                ("10 parsecs", false),
+                ("1e3", false),
+                (".5", false),
+                ("5S", false),
+            ],
+        ),
+        (
+            "(durationRule { min = \"0s\"; max = \"36500d\"; unitRequired = true; }).check",
+            &[
+                ("14d", true),
+                ("36500d", true),
+                ("12h", true),
+                ("14", false),
+                ("36501d", false),
+                ("0d", true),
+            ],
+        ),
+        (
+            "leaseTtlRule.check",
+            &[
+                ("2", true),
+                ("10s", true),
+                ("3600s", true),
+                ("1h", true),
+                ("1", false),
+                ("3601", false),
+                ("2.5", false),
+                ("1500ms", false),
+            ],
+        ),
+        (
+            "isAbsolutePath",
+            &[
+                ("/run/lock", true),
+                ("/root/.abra", true),
+                ("/", false),
+                ("run/lock", false),
+                ("/a/../b", false),
+                ("/a/./b", false),
+                ("/a/", false),
+                ("/a//b", false),
+                ("/a b", false),
+                ("/a%b", false),
+            ],
+        ),
+        (
+            "isMetricsFile",
+            &[
+                ("/var/lib/prometheus/node-exporter/ccci-run.prom", true),
+                ("ccci-run.prom", false),
+                ("/ccci-run.prom", false),
+                ("/var/lib/ccci-run.txt", false),
+            ],
+        ),
+        (
+            "isEndpoint",
+            &[
+                ("http://10.0.0.1:2379", true),
+                ("10.0.0.2:2379", true),
+                ("[::1]:2379", true),
+                ("etcd.example.org:2379/", true),
+                ("https://10.0.0.1:2379", false),
+                ("10.0.0.1", false),
+                ("10.0.0.1:0", false),
+                ("10.0.0.1:70000", false),
+            ],
+        ),
+        (
+            "isInterval",
+            &[
+                ("10min", true),
+                ("1h 30min", true),
+                ("600", true),
+                ("1.5h", true),
+                ("0", false),
+                ("0s", false),
+                ("bogus", false),
+            ],
+        ),
+        (
+            "isServiceName",
+            &[
+                ("drone-runner-exec", true),
+                ("ci-runner", true),
+                ("drone-runner-exec.service", false),
+                ("a b", false),
+            ],
+        ),
+    ];
+    for (rule, cases) in rules {
+        let values: Vec<&str> = cases.iter().map(|(v, _)| *v).collect();
+        let got = nix_eval(&format!(
+            "with import ./nix/lib.nix; map ({rule}) (builtins.fromJSON {})",
+            serde_json::to_string(&serde_json::to_string(&values).unwrap()).unwrap()
+        ));
+        for ((value, want), got) in cases.iter().zip(got.as_array().unwrap()) {
+            assert_eq!(got, want, "{rule} {value:?}");
+        }
+        // What the interval rule takes, systemd takes too.
+        if *rule == "isInterval" && have("systemd-analyze") {
+            for (value, _) in cases.iter().filter(|(_, ok)| *ok) {
+                succeeds(Command::new("systemd-analyze").args(["timespan", value]));
+            }
+        }
+    }
+    // The janitor's command line with the host's defaults is the one systemd/ ships.
+    let args = nix_eval(
+        "with import ./nix/lib.nix; janitorArgs { inherit (defaults) longHeld keepRuns metricsFile; }",
     );
-    assert_eq!(
-        args,
-        serde_json::json!([
-            "janitor",
-            "--long-held",
-            "7200",
-            "--keep-runs",
-            "14d",
-            "--metrics-file",
-            "/m.prom"
-        ])
-    );
-    let args = eval(
-        "(import ./nix/lib.nix).janitorArgs { longHeld = 60; keepRunsDays = null; metricsFile = null; }",
+    let unit = std::fs::read_to_string(repo().join("systemd/ccci-run-janitor.service")).unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .unwrap();
+    let shipped: Vec<&str> = exec.split_whitespace().skip(1).collect();
+    assert_eq!(args, serde_json::json!(shipped));
+    // Whatever the module passes is a command line the binary accepts.
+    succeeds(Command::new(BIN).args(shipped).arg("--help"));
+    let args = nix_eval(
+        "(import ./nix/lib.nix).janitorArgs { longHeld = \"60\"; keepRuns = null; metricsFile = null; }",
     );
     assert_eq!(args, serde_json::json!(["janitor", "--long-held", "60"]));
-    // Whatever the module passes must be a command line the binary accepts.
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "janitor",
-        "--long-held",
-        "60",
-        "--keep-runs",
-        "14d",
-        "--help",
-    ]);
-    assert!(cmd.status().unwrap().success());
-    // The module's configuration file, with the etcd settings, is one the binary reads as meant.
-    let toml = eval(
+    // The file from the host's defaults holds what systemd/config.toml holds; with the etcd
+    // settings and every run setting, it is one the binary reads as meant.
+    let defaults = nix_eval(
+        "with import ./nix/lib.nix; configToml { inherit (defaults) lockDir runsDir abraHome stateDir docker; }",
+    );
+    let shipped = std::fs::read_to_string(repo().join("systemd/config.toml")).unwrap();
+    assert_eq!(
+        defaults.as_str().unwrap().parse::<toml::Table>().unwrap(),
+        shipped.parse::<toml::Table>().unwrap()
+    );
+    // Every run setting the module writes is shown, commented, in systemd/config.toml.
+    let keys = nix_eval("map (s: s.key) (import ./nix/lib.nix).runSettings");
+    for key in keys.as_array().unwrap() {
+        let key = key.as_str().unwrap();
+        assert!(
+            shipped
+                .lines()
+                .any(|l| l.starts_with(&format!("# {key} = \""))),
+            "systemd/config.toml does not show {key}"
+        );
+    }
+    let toml = nix_eval(
         "(import ./nix/lib.nix).configToml { lockDir = \"/l\"; runsDir = \"/r\"; \
          abraHome = \"/a\"; stateDir = \"/s\"; docker = \"auto\"; \
-         etcdEndpoints = [ \"http://10.0.0.1:2379\" \"http://10.0.0.2:2379\" ]; leaseTtl = 15; }",
+         etcdEndpoints = [ \"http://10.0.0.1:2379\" \"http://10.0.0.2:2379\" ]; leaseTtl = \"15s\"; \
+         settings = { deadline = \"90m\"; kill_grace = \"1.5\"; teardown_timeout = \"10m\"; \
+         lock_wait = \"0\"; long_held = \"3h\"; keep_runs = \"30d\"; reap_budget = \"5m\"; \
+         promote_after = \"20m\"; }; }",
     );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("config.toml");
     std::fs::write(&file, toml.as_str().unwrap()).unwrap();
-    let out = succeeds(
-        Command::new(BIN)
-            .env_remove("CCCI_ETCD_ENDPOINTS")
-            .env_remove("CCCI_LEASE_TTL")
-            .arg("--config")
-            .arg(&file)
-            .args(["config", "--json"]),
-    );
+    let mut cmd = Command::new(BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CCCI_") {
+            cmd.env_remove(key);
+        }
+    }
+    let out = succeeds(cmd.arg("--config").arg(&file).args(["config", "--json"]));
     let settings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let value = |key: &str| {
+    let setting = |key: &str| {
         settings
             .as_array()
             .unwrap()
             .iter()
             .find(|s| s["key"] == key)
-            .map(|s| s["value"].clone())
+            .cloned()
+            .unwrap_or_else(|| panic!("`ccci-run config` shows no {key}"))
     };
     assert_eq!(
-        value("etcd_endpoints"),
-        Some("http://10.0.0.1:2379,http://10.0.0.2:2379".into())
+        setting("etcd_endpoints")["value"],
+        "http://10.0.0.1:2379,http://10.0.0.2:2379"
     );
-    assert_eq!(value("lease_ttl"), Some("15s".into()));
-    assert_eq!(value("lock_dir"), Some("/l".into()));
+    assert_eq!(setting("lock_dir")["value"], "/l");
+    for key in keys.as_array().unwrap().iter().map(|k| k.as_str().unwrap()) {
+        assert_eq!(setting(key)["origin"]["kind"], "file", "{key}");
+    }
+    assert_eq!(setting("lease_ttl")["value"], "15s");
+    assert_eq!(setting("lease_ttl")["origin"]["kind"], "file");
 }
 
 #[test]
@@ -507,7 +651,8 @@ fn custom_builds_run_their_pr_or_are_refused() {
 }
 
 /// The janitor unit's sandbox rates "OK" or better (exposure at most 4.0) by systemd's own
-/// reckoning, and the NixOS module gives its janitor the very same settings.
+/// reckoning, and the NixOS module gives its janitor the very same settings, the directories it
+/// may write included (from the module's own defaults, not the test's).
 #[test]
 fn the_janitor_unit_is_hardened_alike_with_and_without_nix() {
     let unit = std::fs::read_to_string(repo().join("systemd/ccci-run-janitor.service")).unwrap();
@@ -534,9 +679,8 @@ fn the_janitor_unit_is_hardened_alike_with_and_without_nix() {
         "--strict",
         "--json",
         "-E",
-        "(import ./nix/lib.nix).janitorHardening { abraHome = \"/root/.abra\"; writablePaths = \
-         [ \"/run/lock\" \"/var/lib/cc-ci-runs\" \"/var/lib/ccci-run\" \
-         \"/var/lib/prometheus/node-exporter\" ]; }",
+        "with import ./nix/lib.nix; janitorHardening { inherit (defaults) abraHome; \
+         writablePaths = janitorWritablePaths { inherit (defaults) lockDir runsDir stateDir metricsFile; }; }",
     ]));
     let nix: serde_json::Map<String, serde_json::Value> =
         serde_json::from_slice(&out.stdout).unwrap();

@@ -1,0 +1,927 @@
+//! The NixOS module on the real NixOS module system: nixpkgs' `nixos/lib/eval-config.nix`
+//! evaluated by a Nix of 2.18 or later, when `CCCI_NIXPKGS` names a nixpkgs checkout (and
+//! `CCCI_NIX_BIN` a `nix-instantiate`, else the one on PATH). The host set-ups the module must
+//! merge with, every bad value it must refuse at evaluation, and the units and configuration file
+//! it writes, compared key by key with `systemd/` and checked by `systemd-analyze verify` and by
+//! the binary itself. Without a nixpkgs (CI has none) each test prints why it skipped.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::util::BIN;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A nixpkgs checkout and a Nix that can evaluate it.
+struct ModuleSystem {
+    nix: PathBuf,
+    nixpkgs: PathBuf,
+}
+
+/// Past the test harness's capture, so that a skip reads as one in the summary, not as a pass.
+fn say_skipped(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "skipped: nixos::{test} because {why}");
+}
+
+/// The module system named by the environment, or None (with a line saying why) when there is
+/// none. A variable that is set but names something unusable is a failure, not a skip.
+fn module_system(test: &str) -> Option<ModuleSystem> {
+    let Some(nixpkgs) = std::env::var_os("CCCI_NIXPKGS").map(PathBuf::from) else {
+        say_skipped(
+            test,
+            "CCCI_NIXPKGS names no nixpkgs checkout (set it, and CCCI_NIX_BIN to a nix-instantiate \
+             of Nix 2.18 or later, to evaluate the module for real)",
+        );
+        return None;
+    };
+    assert!(
+        nixpkgs.join("nixos/lib/eval-config.nix").is_file(),
+        "CCCI_NIXPKGS={} has no nixos/lib/eval-config.nix",
+        nixpkgs.display()
+    );
+    let given = std::env::var_os("CCCI_NIX_BIN").map(PathBuf::from);
+    let nix = given.clone().unwrap_or_else(|| "nix-instantiate".into());
+    let version = Command::new(&nix)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let Some(version) = version else {
+        assert!(
+            given.is_none(),
+            "CCCI_NIX_BIN={} does not run",
+            nix.display()
+        );
+        say_skipped(test, "no nix-instantiate is on PATH (set CCCI_NIX_BIN)");
+        return None;
+    };
+    let numbers: Vec<u32> = version
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .split('.')
+        .map_while(|n| n.parse().ok())
+        .collect();
+    if numbers.len() < 2 || (numbers[0], numbers[1]) < (2, 18) {
+        assert!(
+            given.is_none(),
+            "CCCI_NIX_BIN={} is {version}; nixpkgs needs Nix 2.18 or later",
+            nix.display()
+        );
+        say_skipped(
+            test,
+            &format!(
+                "the nix-instantiate on PATH is {version}, and nixpkgs needs Nix 2.18 or later \
+                 (set CCCI_NIX_BIN)"
+            ),
+        );
+        return None;
+    }
+    Some(ModuleSystem { nix, nixpkgs })
+}
+
+/// The host's Drone exec runner: nixpkgs' package (unfree: its licence is the Polyform one) in a
+/// unit of the host's own, as nixpkgs has no module for it.
+const RUNNER: &str = r#"{ pkgs, lib, ... }: {
+  nixpkgs.config.allowUnfreePredicate = pkg: lib.getName pkg == "drone-runner-exec";
+  systemd.services.drone-runner-exec = {
+    description = "Drone exec runner";
+    wantedBy = [ "multi-user.target" ];
+    serviceConfig.ExecStart = "${pkgs.drone-runner-exec}/bin/drone-runner-exec";
+  };
+}"#;
+
+/// A host: the module enabled, the runner's unit when `runner`, and `body` (Nix attributes
+/// with `pkgs` and `lib` in scope).
+struct Host {
+    name: &'static str,
+    runner: bool,
+    body: &'static str,
+}
+
+const fn host(name: &'static str, runner: bool, body: &'static str) -> Host {
+    Host { name, runner, body }
+}
+
+impl ModuleSystem {
+    fn command(&self, hosts: &[Host]) -> Command {
+        let mut expr = format!("let runner = {RUNNER}; in {{\n");
+        for h in hosts {
+            expr.push_str(&format!(
+                "  {} = {{ pkgs, lib, ... }}: {{\n    imports = [ {} \
+                 {{ services.ccci-run.enable = lib.mkDefault true; }} ];\n    {}\n  }};\n",
+                h.name,
+                if h.runner { "runner" } else { "" },
+                h.body
+            ));
+        }
+        expr.push('}');
+        let mut cmd = Command::new(&self.nix);
+        cmd.current_dir(repo())
+            .args(["--eval", "--strict", "--json", "tests/nix/eval-module.nix"])
+            .arg("--argstr")
+            .arg("nixpkgs")
+            .arg(&self.nixpkgs)
+            .arg("--arg")
+            .arg("hosts")
+            .arg(expr);
+        cmd
+    }
+
+    /// Each host evaluated; a failed evaluation fails the test with Nix's own words.
+    fn evaluate(&self, hosts: &[Host]) -> BTreeMap<String, Value> {
+        let mut cmd = self.command(hosts);
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "the evaluation failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The error with which the evaluation of `host` stops.
+    fn refusal(&self, host: &Host) -> String {
+        let out = self.command(std::slice::from_ref(host)).output().unwrap();
+        assert!(
+            !out.status.success(),
+            "{}: `{}` evaluated: {}",
+            host.name,
+            host.body,
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+/// A unit's settings by (section, key), each value split into words the way the key reads:
+/// ExecStart's quoted arguments with the program's directory dropped, SystemCallFilter's lines
+/// whole and in order, booleans as yes/no, other lists in any order. NixOS's own environment
+/// (PATH, LOCALE_ARCHIVE, TZDIR) and X- keys are left out.
+type UnitSettings = BTreeMap<(String, String), Vec<String>>;
+
+fn unit_settings(text: &str) -> UnitSettings {
+    let mut settings = UnitSettings::new();
+    let mut section = String::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+            continue;
+        }
+        let (key, value) = line.split_once('=').unwrap_or((line, ""));
+        let nixos_env = ["\"PATH=", "\"LOCALE_ARCHIVE=", "\"TZDIR="];
+        if key.starts_with("X-")
+            || (key == "Environment" && nixos_env.iter().any(|p| value.starts_with(p)))
+        {
+            continue;
+        }
+        let words: Vec<String> = match key {
+            "ExecStart" => {
+                let mut words = exec_words(value);
+                if let Some(program) = words.first_mut() {
+                    *program = Path::new(program.as_str())
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                }
+                words
+            }
+            "SystemCallFilter" => vec![value.to_owned()],
+            _ => value
+                .split_whitespace()
+                .map(|w| match w {
+                    "true" | "yes" => "yes".to_owned(),
+                    "false" | "no" => "no".to_owned(),
+                    w => w.to_owned(),
+                })
+                .collect(),
+        };
+        settings
+            .entry((section.clone(), key.to_owned()))
+            .or_default()
+            .extend(words);
+    }
+    for ((_, key), words) in settings.iter_mut() {
+        if key != "ExecStart" && key != "SystemCallFilter" {
+            words.sort();
+        }
+    }
+    settings
+}
+
+/// An Exec line's arguments: words, or "double-quoted" ones with JSON-style escapes (the way
+/// utils.escapeSystemdExecArgs writes them).
+fn exec_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut rest = line.trim_start();
+    while !rest.is_empty() {
+        if rest.starts_with('"') {
+            let mut de = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+            let word = de.next().unwrap().unwrap();
+            rest = rest[de.byte_offset()..].trim_start();
+            words.push(word);
+        } else {
+            let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+            words.push(rest[..end].to_owned());
+            rest = rest[end..].trim_start();
+        }
+    }
+    words
+}
+
+/// `want` and `have` agree key by key; the message lists every key that does not.
+#[track_caller]
+fn assert_same_settings(what: &str, want: &UnitSettings, have: &UnitSettings) {
+    let keys: std::collections::BTreeSet<_> = want.keys().chain(have.keys()).collect();
+    let differ: Vec<String> = keys
+        .into_iter()
+        .filter(|k| want.get(*k) != have.get(*k))
+        .map(|k| format!("[{}] {}: {:?} vs {:?}", k.0, k.1, want.get(k), have.get(k)))
+        .collect();
+    assert!(differ.is_empty(), "{what} differ:\n{}", differ.join("\n"));
+}
+
+fn text<'a>(result: &'a Value, key: &str) -> &'a str {
+    result[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{key} is {}", result[key]))
+}
+
+/// The messages of a host's failed assertions and its warnings, as strings.
+fn messages(result: &Value, key: &str) -> Vec<String> {
+    result[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            m.as_str()
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+/// The runner's (or the janitor's) unit has `line` exactly once.
+#[track_caller]
+fn has_line_once(unit: &str, line: &str) {
+    let n = unit.lines().filter(|l| l.trim() == line).count();
+    assert_eq!(n, 1, "{line:?} is in the unit {n} times:\n{unit}");
+}
+
+/// `ccci-run config --json` reads `toml` and takes every one of `keys` from it.
+#[track_caller]
+fn binary_reads(toml: &str, keys: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, toml).unwrap();
+    let mut cmd = Command::new(BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CCCI_") {
+            cmd.env_remove(key);
+        }
+    }
+    let out = cmd
+        .arg("--config")
+        .arg(&file)
+        .args(["config", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ccci-run refuses the module's configuration file:\n{toml}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let settings: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    for key in keys {
+        let setting = settings
+            .iter()
+            .find(|s| s["key"] == *key)
+            .unwrap_or_else(|| panic!("`ccci-run config` shows no {key}"));
+        assert_eq!(setting["origin"]["kind"], "file", "{key}: {setting}");
+    }
+}
+
+/// `systemd-analyze verify` of the module's units, their programs and man pages pointed at the
+/// built binary and the pages it renders (nothing else changed).
+fn systemd_verifies(units: &[(&str, &str)]) {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        say_skipped("systemd-analyze verify", "systemd-analyze is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("man/man1");
+    let listed = Command::new(BIN)
+        .arg("man")
+        .arg("--dir")
+        .arg(&man)
+        .output()
+        .unwrap();
+    assert!(listed.status.success());
+    let store_program = regex::Regex::new(r#""?/nix/store/[^ "]+/bin/([a-z-]+)"?"#).unwrap();
+    for (name, unit) in units {
+        let unit = store_program.replace_all(unit, |c: &regex::Captures| {
+            if &c[1] == "ccci-run" {
+                BIN.to_owned()
+            } else {
+                "/bin/true".to_owned()
+            }
+        });
+        std::fs::write(dir.path().join(name), unit.as_bytes()).unwrap();
+    }
+    let out = Command::new("systemd-analyze")
+        .current_dir(dir.path())
+        .env("MANPATH", dir.path().join("man"))
+        .arg("verify")
+        .args(units.iter().map(|(name, _)| name))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn shipped(file: &str) -> String {
+    std::fs::read_to_string(repo().join("systemd").join(file)).unwrap()
+}
+
+/// With its defaults, the module writes what systemd/ ships for hosts without Nix: the janitor's
+/// service and timer key by key (ReadWritePaths and ExecStart included), the configuration
+/// file's settings, the runner's drop-in; systemd accepts every unit and the binary the file.
+#[test]
+fn nixos_module_writes_what_systemd_ships() {
+    let Some(nix) = module_system("nixos_module_writes_what_systemd_ships") else {
+        return;
+    };
+    let results = nix.evaluate(&[
+        host("defaults", true, ""),
+        host(
+            "run_settings",
+            true,
+            r#"services.ccci-run = {
+              deadline = "90m"; killGrace = "15s"; teardownTimeout = "10m"; lockWait = "0";
+              longHeld = "1h 30m"; keepRuns = "30d"; reapBudget = "5m"; promoteAfter = "1.5";
+            };"#,
+        ),
+        host(
+            "former_option_values",
+            true,
+            r#"services.ccci-run = {
+              janitor.keepRunsDays = 30; janitor.longHeld = 3600;
+              etcdEndpoints = [ "http://10.0.0.1:2379" "10.0.0.2:2379" ]; leaseTtl = 15;
+            };"#,
+        ),
+    ]);
+
+    let defaults = &results["defaults"];
+    assert_eq!(defaults["failedAssertions"], serde_json::json!([]));
+    assert_eq!(defaults["warnings"], serde_json::json!([]));
+    let janitor = text(defaults, "janitorService");
+    let timer = text(defaults, "janitorTimer");
+    assert_same_settings(
+        "the module's janitor service and systemd/ccci-run-janitor.service",
+        &unit_settings(&shipped("ccci-run-janitor.service")),
+        &unit_settings(janitor),
+    );
+    assert_same_settings(
+        "the module's janitor timer and systemd/ccci-run-janitor.timer",
+        &unit_settings(&shipped("ccci-run-janitor.timer")),
+        &unit_settings(timer),
+    );
+    // The drop-in's every setting is on the runner's unit, with the same value.
+    let runner_unit = text(defaults, "runnerUnit");
+    let runner = unit_settings(runner_unit);
+    for (key, want) in unit_settings(&shipped("drone-runner-exec.service.d/ccci-run.conf")) {
+        assert_eq!(runner.get(&key), Some(&want), "{key:?} in\n{runner_unit}");
+    }
+    has_line_once(runner_unit, "Environment=\"DRONE_RUNNER_CAPACITY=2\"");
+    let path = defaults["runnerPath"].as_array().unwrap();
+    assert!(
+        path.contains(&"ccci-run".into()) && path.contains(&"util-linux".into()),
+        "{path:?}"
+    );
+    let tmpfiles = &defaults["tmpfiles"];
+    assert!(
+        tmpfiles
+            .as_array()
+            .unwrap()
+            .contains(&"d /var/lib/cc-ci-runs 0755 root root -".into()),
+        "{tmpfiles}"
+    );
+    // The configuration file holds what systemd/config.toml holds (comments aside).
+    let toml_of = |s: &str| s.parse::<toml::Table>().unwrap();
+    let generated = text(defaults, "configToml");
+    assert_eq!(
+        toml_of(generated),
+        toml_of(&shipped("config.toml")),
+        "{generated}"
+    );
+    binary_reads(
+        generated,
+        &["lock_dir", "runs_dir", "abra_home", "state_dir", "docker"],
+    );
+    systemd_verifies(&[
+        ("ccci-run-janitor.service", janitor),
+        ("ccci-run-janitor.timer", timer),
+        ("drone-runner-exec.service", runner_unit),
+    ]);
+
+    // The run settings reach the file under their keys; the janitor's flags and the runner's
+    // stop timeout follow them.
+    let set = &results["run_settings"];
+    assert_eq!(set["failedAssertions"], serde_json::json!([]));
+    let file = toml_of(text(set, "configToml"));
+    for (key, value) in [
+        ("deadline", "90m"),
+        ("kill_grace", "15s"),
+        ("teardown_timeout", "10m"),
+        ("lock_wait", "0"),
+        ("long_held", "1h 30m"),
+        ("keep_runs", "30d"),
+        ("reap_budget", "5m"),
+        ("promote_after", "1.5"),
+    ] {
+        assert_eq!(
+            file.get(key).and_then(|v| v.as_str()),
+            Some(value),
+            "{file:?}"
+        );
+    }
+    let exec = &unit_settings(text(set, "janitorService"))[&("Service".into(), "ExecStart".into())];
+    assert_eq!(
+        exec[1..7],
+        [
+            "janitor",
+            "--long-held",
+            "1h 30m",
+            "--keep-runs",
+            "30d",
+            "--metrics-file"
+        ],
+        "{exec:?}"
+    );
+    // 15 s of kill grace and 10 min of teardown, and the margin.
+    assert_eq!(set["runnerServiceConfig"]["TimeoutStopSec"], "665s");
+    systemd_verifies(&[("ccci-run-janitor.service", text(set, "janitorService"))]);
+
+    // Values of the former option types still evaluate, to what they meant.
+    let former = &results["former_option_values"];
+    let exec =
+        &unit_settings(text(former, "janitorService"))[&("Service".into(), "ExecStart".into())];
+    assert_eq!(
+        exec[1..6],
+        ["janitor", "--long-held", "3600", "--keep-runs", "30d"]
+    );
+    let warnings = messages(former, "warnings");
+    assert!(
+        warnings.iter().any(|w| w.contains("janitor.keepRunsDays")),
+        "{warnings:?}"
+    );
+    let file = toml_of(text(former, "configToml"));
+    assert_eq!(file["lease_ttl"].as_str(), Some("15"), "{file:?}");
+    let janitor = unit_settings(text(former, "janitorService"));
+    assert_eq!(
+        janitor[&("Service".into(), "RestrictAddressFamilies".into())],
+        ["AF_INET", "AF_INET6", "AF_UNIX"]
+    );
+    assert!(!janitor.contains_key(&("Service".into(), "IPAddressDeny".into())));
+    // And the binary takes the files with the run settings and the etcd settings as written.
+    binary_reads(
+        text(set, "configToml"),
+        &[
+            "deadline",
+            "kill_grace",
+            "teardown_timeout",
+            "lock_wait",
+            "long_held",
+            "keep_runs",
+            "reap_budget",
+            "promote_after",
+        ],
+    );
+    binary_reads(text(former, "configToml"), &["etcd_endpoints", "lease_ttl"]);
+}
+
+/// The module merges with whatever the host sets on its own runner: the capacity in each way a
+/// host sets it, the runner's own settings, another runner's name, none, the module disabled;
+/// a set-up that would break ccci-run fails the evaluation with a message saying what to do.
+#[test]
+fn nixos_module_merges_with_the_hosts_runner() {
+    let Some(nix) = module_system("nixos_module_merges_with_the_hosts_runner") else {
+        return;
+    };
+    const RUNNER_FILE: &str = r#"
+      environment.etc."drone-runner-exec/config".text = ''
+        DRONE_RPC_HOST=drone.example.org
+        DRONE_RUNNER_CAPACITY=4
+      '';
+      systemd.services.drone-runner-exec.serviceConfig.ExecStart =
+        lib.mkForce "${pkgs.drone-runner-exec}/bin/drone-runner-exec daemon /etc/drone-runner-exec/config";
+    "#;
+    let body = |s: &str| -> &'static str { Box::leak(s.to_owned().into_boxed_str()) };
+    let results = nix.evaluate(&[
+        host(
+            "capacity_plain",
+            true,
+            r#"systemd.services.drone-runner-exec.environment.DRONE_RUNNER_CAPACITY = "4";"#,
+        ),
+        host(
+            "capacity_mkdefault",
+            true,
+            r#"systemd.services.drone-runner-exec.environment.DRONE_RUNNER_CAPACITY = lib.mkDefault "4";"#,
+        ),
+        host(
+            "capacity_mkforce",
+            true,
+            r#"systemd.services.drone-runner-exec.environment.DRONE_RUNNER_CAPACITY = lib.mkForce "4";"#,
+        ),
+        host("capacity_in_the_runners_file", true, RUNNER_FILE),
+        host(
+            "capacity_in_the_file_and_the_option",
+            true,
+            body(&format!("{RUNNER_FILE} services.ccci-run.runnerCapacity = 3;")),
+        ),
+        host(
+            "capacity_in_the_file_and_the_unit",
+            true,
+            body(&format!(
+                "{RUNNER_FILE} systemd.services.drone-runner-exec.environment.DRONE_RUNNER_CAPACITY = \"4\";"
+            )),
+        ),
+        host("capacity_option", true, "services.ccci-run.runnerCapacity = 5;"),
+        host("capacity_left_alone", true, "services.ccci-run.runnerCapacity = null;"),
+        host(
+            "runner_settings",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig = {
+              User = "drone"; Group = "drone"; Restart = "always"; KillMode = "mixed";
+              TimeoutStopSec = "30s"; Delegate = true;
+            };"#,
+        ),
+        host(
+            "runner_settings_that_fit",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig = {
+              User = "drone"; TimeoutStopSec = "10min"; Delegate = "yes";
+            };
+            services.ccci-run = { lockDir = "/run/ccci-run"; abraHome = "/var/lib/drone/.abra"; };"#,
+        ),
+        host(
+            "runner_of_another_name",
+            false,
+            r#"services.ccci-run.droneRunnerService = "ci-runner";
+            systemd.services.ci-runner.script = "exec sleep infinity";"#,
+        ),
+        host("runner_left_alone", false, "services.ccci-run.droneRunnerService = null;"),
+        host("no_runner_unit", false, ""),
+        host(
+            "runner_not_delegated",
+            true,
+            "systemd.services.drone-runner-exec.serviceConfig.Delegate = false;",
+        ),
+        host("disabled", true, "services.ccci-run.enable = false;"),
+        host(
+            "node_exporter",
+            true,
+            "services.prometheus.exporters.node.enable = true;",
+        ),
+        host(
+            "node_exporter_with_its_own_directory",
+            true,
+            r#"services.prometheus.exporters.node = {
+              enable = true; extraFlags = lib.mkAfter [ "--collector.textfile.directory=/srv/textfile" ];
+            };"#,
+        ),
+        host(
+            "node_exporter_with_the_metrics_in_its_directory",
+            true,
+            r#"services.prometheus.exporters.node = {
+              enable = true; extraFlags = [ "--collector.textfile.directory=/srv/textfile" ];
+            };
+            services.ccci-run.janitor.metricsFile = "/srv/textfile/ccci-run.prom";"#,
+        ),
+        host(
+            "no_metrics",
+            true,
+            r#"services.prometheus.exporters.node.enable = true;
+            services.ccci-run.janitor.metricsFile = null;"#,
+        ),
+    ]);
+    let ok = |name: &str| {
+        let r = &results[name];
+        assert_eq!(r["failedAssertions"], serde_json::json!([]), "{name}");
+        r
+    };
+    let capacity = |name: &str| ok(name)["runnerEnvironment"]["DRONE_RUNNER_CAPACITY"].clone();
+
+    for name in ["capacity_plain", "capacity_mkdefault", "capacity_mkforce"] {
+        assert_eq!(capacity(name), "4", "{name}");
+        has_line_once(
+            text(&results[name], "runnerUnit"),
+            "Environment=\"DRONE_RUNNER_CAPACITY=4\"",
+        );
+    }
+    // The file's capacity is the one in force: the unit sets none that would hide it.
+    assert_eq!(capacity("capacity_in_the_runners_file"), Value::Null);
+    assert!(!text(&results["capacity_in_the_runners_file"], "runnerUnit").contains("CAPACITY"));
+    for name in [
+        "capacity_in_the_file_and_the_option",
+        "capacity_in_the_file_and_the_unit",
+    ] {
+        let failed = messages(&results[name], "failedAssertions");
+        assert!(
+            failed.len() == 1
+                && failed[0].contains("The capacity is set twice")
+                && failed[0].contains("godotenv"),
+            "{name}: {failed:?}"
+        );
+    }
+    assert_eq!(capacity("capacity_option"), "5");
+    assert_eq!(capacity("capacity_left_alone"), Value::Null);
+
+    // The host's own settings of its runner stay as they are; the module says what they cost.
+    let settings = &ok("runner_settings")["runnerServiceConfig"];
+    for (key, value) in [
+        ("User", "drone"),
+        ("Group", "drone"),
+        ("Restart", "always"),
+        ("KillMode", "mixed"),
+        ("TimeoutStopSec", "30s"),
+    ] {
+        assert_eq!(settings[key], value, "{settings}");
+    }
+    assert_eq!(settings["Delegate"], true);
+    let unit = text(&results["runner_settings"], "runnerUnit");
+    for line in [
+        "User=drone",
+        "Restart=always",
+        "KillMode=mixed",
+        "TimeoutStopSec=30s",
+        "Delegate=true",
+    ] {
+        has_line_once(unit, line);
+    }
+    let warnings = messages(&results["runner_settings"], "warnings");
+    for words in [
+        "TimeoutStopSec is 30s, shorter than the 6min",
+        "runs as drone, which cannot create lock files in /run/lock",
+        "runs as drone, which cannot read the abra home /root/.abra",
+    ] {
+        assert!(
+            warnings.iter().any(|w| w.contains(words)),
+            "{words}: {warnings:?}"
+        );
+    }
+    let fit = ok("runner_settings_that_fit");
+    assert_eq!(fit["warnings"], serde_json::json!([]));
+    assert_eq!(fit["runnerServiceConfig"]["Delegate"], "yes");
+    let tmpfiles = fit["tmpfiles"].as_array().unwrap();
+    for rule in [
+        "d /var/lib/cc-ci-runs 0755 drone drone -",
+        "d /var/lib/ccci-run/state 0700 drone drone -",
+        "d /run/ccci-run 0755 drone drone -",
+    ] {
+        assert!(tmpfiles.contains(&rule.into()), "{rule}: {tmpfiles:?}");
+    }
+
+    let other = ok("runner_of_another_name");
+    assert_eq!(other["runner"], "ci-runner");
+    assert_eq!(other["runnerEnvironment"]["DRONE_RUNNER_CAPACITY"], "2");
+    assert_eq!(other["runnerServiceConfig"]["Delegate"], true);
+    assert!(
+        !other["services"]
+            .as_array()
+            .unwrap()
+            .contains(&"drone-runner-exec".into())
+    );
+    let alone = ok("runner_left_alone");
+    assert!(
+        !alone["services"]
+            .as_array()
+            .unwrap()
+            .contains(&"drone-runner-exec".into())
+    );
+    assert!(alone["janitorService"].is_string());
+
+    let failed = messages(&results["no_runner_unit"], "failedAssertions");
+    assert!(
+        failed.len() == 1
+            && failed[0].contains("systemd.services.drone-runner-exec starts nothing")
+            && failed[0].contains("droneRunnerService")
+            && failed[0].contains("null"),
+        "{failed:?}"
+    );
+    let failed = messages(&results["runner_not_delegated"], "failedAssertions");
+    assert!(
+        failed.len() == 1 && failed[0].contains("needs the runner's cgroup subtree delegated"),
+        "{failed:?}"
+    );
+
+    let disabled = ok("disabled");
+    for key in ["janitorService", "janitorTimer", "configToml", "package"] {
+        assert_eq!(disabled[key], Value::Null, "{key}");
+    }
+    let config = &disabled["runnerServiceConfig"];
+    assert!(
+        config.get("Delegate").is_none() && config.get("TimeoutStopSec").is_none(),
+        "{config}"
+    );
+    assert_eq!(
+        disabled["runnerEnvironment"].get("DRONE_RUNNER_CAPACITY"),
+        None
+    );
+
+    // node_exporter gets one textfile directory: the module's, or the host's own.
+    let textfile_flags = |name: &str| -> Vec<String> {
+        let exec = text(&results[name], "nodeExporter");
+        exec.split_whitespace()
+            .filter(|w| w.starts_with("--collector.textfile.directory"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        textfile_flags("node_exporter"),
+        ["--collector.textfile.directory=/var/lib/prometheus/node-exporter"]
+    );
+    assert_eq!(
+        textfile_flags("node_exporter_with_its_own_directory"),
+        ["--collector.textfile.directory=/srv/textfile"]
+    );
+    let warnings = messages(&results["node_exporter_with_its_own_directory"], "warnings");
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("metricsFile is in /var/lib/prometheus/node-exporter")
+            && warnings[0].contains("reads /srv/textfile"),
+        "{warnings:?}"
+    );
+    let fitting = ok("node_exporter_with_the_metrics_in_its_directory");
+    assert_eq!(fitting["warnings"], serde_json::json!([]));
+    assert_eq!(
+        textfile_flags("node_exporter_with_the_metrics_in_its_directory"),
+        ["--collector.textfile.directory=/srv/textfile"]
+    );
+    let janitor = unit_settings(text(fitting, "janitorService"));
+    assert!(
+        janitor[&("Service".into(), "ReadWritePaths".into())].contains(&"-/srv/textfile".into())
+    );
+    let none = ok("no_metrics");
+    assert!(textfile_flags("no_metrics").is_empty());
+    assert!(!text(none, "janitorService").contains("metrics-file"));
+    assert!(!text(none, "janitorService").contains("node-exporter"));
+}
+
+/// Every value the binary (or the unit it lands in) would refuse is refused when the host's
+/// configuration is evaluated, with the option's name and the rule it breaks.
+#[test]
+fn nixos_module_refuses_bad_values_at_evaluation() {
+    let Some(nix) = module_system("nixos_module_refuses_bad_values_at_evaluation") else {
+        return;
+    };
+    let path_rule = "an absolute path (not \"/\")";
+    let span_rule = "a systemd time span longer than zero";
+    let cases: &[(&str, &str, &str)] = &[
+        (r#"lockDir = "run/lock";"#, "lockDir", path_rule),
+        (r#"lockDir = "/";"#, "lockDir", path_rule),
+        (r#"runsDir = "/var/lib/cc ci-runs";"#, "runsDir", path_rule),
+        (
+            r#"stateDir = "/var/lib/ccci-run/../state";"#,
+            "stateDir",
+            path_rule,
+        ),
+        (r#"abraHome = "/root/.abra/";"#, "abraHome", path_rule),
+        (r#"abraHome = "/root/100%";"#, "abraHome", path_rule),
+        (
+            r#"janitor.metricsFile = "ccci-run.prom";"#,
+            "janitor.metricsFile",
+            "ending in .prom",
+        ),
+        (
+            r#"janitor.metricsFile = "/var/lib/ccci-run.txt";"#,
+            "janitor.metricsFile",
+            "ending in .prom",
+        ),
+        (
+            r#"janitor.interval = "bogus";"#,
+            "janitor.interval",
+            span_rule,
+        ),
+        (r#"janitor.interval = "0";"#, "janitor.interval", span_rule),
+        (
+            r#"etcdEndpoints = [ "https://10.0.0.1:2379" ];"#,
+            "etcdEndpoints",
+            "https:// is not supported",
+        ),
+        (
+            r#"etcdEndpoints = [ "10.0.0.1" ];"#,
+            "etcdEndpoints",
+            "HOST:PORT",
+        ),
+        (
+            r#"etcdEndpoints = [ "10.0.0.1:70000" ];"#,
+            "etcdEndpoints",
+            "a port in 1-65535",
+        ),
+        (
+            "leaseTtl = 1;",
+            "leaseTtl",
+            "from 2s to 3600s in whole seconds",
+        ),
+        (r#"leaseTtl = "3601s";"#, "leaseTtl", "from 2s to 3600s"),
+        (r#"leaseTtl = "2.5";"#, "leaseTtl", "in whole seconds"),
+        (
+            r#"janitor.longHeld = "366d";"#,
+            "janitor.longHeld",
+            "from 0s to 365d",
+        ),
+        (
+            r#"janitor.keepRuns = "14";"#,
+            "janitor.keepRuns",
+            "a bare number is refused",
+        ),
+        (r#"keepRuns = "36501d";"#, "keepRuns", "from 0s to 36500d"),
+        (r#"deadline = "0";"#, "deadline", "from 1s to 365d"),
+        (r#"deadline = "1y";"#, "deadline", "from 1s to 365d"),
+        (r#"killGrace = "-1";"#, "killGrace", "from 0s to 365d"),
+        (
+            r#"killGrace = "10 parsecs";"#,
+            "killGrace",
+            "from 0s to 365d",
+        ),
+        (
+            r#"teardownTimeout = "0s";"#,
+            "teardownTimeout",
+            "from 1s to 365d",
+        ),
+        (r#"lockWait = "1h30";"#, "lockWait", "from 0s to 365d"),
+        (r#"reapBudget = "0";"#, "reapBudget", "from 1s to 365d"),
+        (
+            r#"promoteAfter = "forever";"#,
+            "promoteAfter",
+            "from 0s to 365d",
+        ),
+        ("runnerCapacity = 0;", "runnerCapacity", "positive integer"),
+        (
+            r#"droneRunnerService = "drone-runner-exec.service";"#,
+            "droneRunnerService",
+            "no .service suffix",
+        ),
+        (
+            r#"docker = "sometimes";"#,
+            "docker",
+            "one of \"auto\", \"required\", \"off\"",
+        ),
+    ];
+    // Two evaluations at a time: the machine's cores, not one case's speed, bound the test.
+    let numbered: Vec<_> = cases.iter().enumerate().collect();
+    let refusals: Vec<(usize, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = numbered
+            .chunks(cases.len().div_ceil(2))
+            .map(|chunk| {
+                let nix = &nix;
+                scope.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(i, (set, _, _))| {
+                            let body: &'static str =
+                                Box::leak(format!("services.ccci-run.{set}").into_boxed_str());
+                            (*i, nix.refusal(&host("bad", true, body)))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    for (i, stderr) in refusals {
+        let (set, option, rule) = cases[i];
+        let flat = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            (flat.contains(&format!(
+                "option `services.ccci-run.{option}' is not of type"
+            )) || flat.contains(&format!("option `services.ccci-run.{option}.\"[definition")))
+                && flat.contains("is not of type")
+                && flat.contains(rule),
+            "`{set}` is not refused with the option's name and {rule:?}:\n{stderr}"
+        );
+    }
+}
