@@ -17,6 +17,7 @@ mod janitor;
 mod lifetime;
 mod named_lock;
 mod reaped;
+mod retention;
 mod run_dirs;
 mod run_exit;
 mod run_guards;
