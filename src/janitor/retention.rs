@@ -91,7 +91,8 @@ const PSEUDO_FS: &[&str] = &["/proc", "/sys"];
 /// The runs dir's entries that are ccci-run's own but not run directories.
 const OWN_ENTRIES: &[&str] = &[names::DOMAINS_DIR];
 
-/// An entry of the runs dir that retention left alone although it is old enough, and why.
+/// An entry of the runs dir that retention left alone because nothing proves it a run
+/// directory of ours, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Kept {
     /// The entry, escaped (its name comes from whoever made it).
@@ -171,7 +172,8 @@ fn resolved(path: &Path) -> PathBuf {
 }
 
 /// Remove (or, in a dry run, list) finished run directories older than `keep`; report every
-/// other entry old enough to have been removed, and leave it.
+/// entry that is not provably one of them, and leave it. Only a directory of ours named like a
+/// run id and younger than `keep` goes unreported, whatever it holds: a run may be making it.
 pub(crate) fn sweep(runs_dir: &Path, keep: Duration, dry_run: bool, report: &mut SweepReport) {
     let removed = report.runs_removed.get_or_insert_with(Vec::new);
     let kept = report.runs_kept.get_or_insert_with(Vec::new);
