@@ -7,6 +7,7 @@
 pub(crate) mod app;
 pub(crate) mod cli;
 pub(crate) mod config;
+mod config_file;
 pub(crate) mod docker;
 pub(crate) mod duration;
 pub(crate) mod exit;

@@ -28,7 +28,11 @@ const COMMON_ENVIRONMENT: &[(&str, &str)] = &[
 
 const CONFIG_FILE: (&str, &str) = (
     "/etc/ccci-run/config.toml",
-    "The configuration file read when neither --config nor CCCI_CONFIG names one.",
+    "The configuration file read when neither --config nor CCCI_CONFIG names one. Like any \
+     configuration file it is read only when it is a regular file (or /dev/null) of at most \
+     1 MiB, owned by the user ccci-run runs as or by root, writable by neither group nor others, \
+     in a directory owned by that user or root that group and others cannot write to unless it \
+     is sticky; otherwise every command refuses it (exit 2).",
 );
 
 const EXIT_STATUS: &[(&str, &str)] = &[

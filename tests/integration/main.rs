@@ -7,6 +7,7 @@ mod app_lock;
 mod bad_input;
 mod chaos;
 mod cli;
+mod config_file;
 mod docker;
 mod drone;
 #[cfg(feature = "etcd")]
