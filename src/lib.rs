@@ -185,6 +185,7 @@ fn command(
         Command::Run(args) => {
             let cfg = args.validate(global)?;
             janitor::retention::check_runs_dir(&global.runs_dir)?;
+            docker::DockerLink::check_env(global.docker)?;
             Ok(run::run(global, &cfg, start_ppid)?)
         }
     }
@@ -240,6 +241,7 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     if keep_runs.is_some() {
         janitor::retention::check_runs_dir(&global.runs_dir)?;
     }
+    docker::DockerLink::check_env(global.docker)?;
     let opts = args.sweep_options(global);
     let link = docker::DockerLink::new(global.docker);
     let mut report = janitor::sweep(global, &opts, &link);

@@ -9,6 +9,7 @@ mod chaos;
 mod cli;
 mod config_file;
 mod docker;
+mod docker_host;
 mod drone;
 #[cfg(feature = "etcd")]
 mod etcd;
