@@ -62,6 +62,8 @@ mod tests {
                 endpoints: vec!["http://127.0.0.1:2379".into()],
                 lease_ttl: std::time::Duration::from_secs(10),
             }),
+            timings: crate::config::Timings::default(),
+            recipe_url_template: None,
         };
         let err = backend(&global).err().expect("no fallback to the flock");
         assert!(err.to_string().contains("--features etcd"), "{err}");
