@@ -69,7 +69,10 @@ pub(crate) struct GlobalArgs {
     /// Run-app domains end in `.SUFFIX` [default: ci.commoninternet.net].
     #[arg(long, value_name = "SUFFIX", env = "CCCI_DOMAIN_SUFFIX")]
     pub domain_suffix: Option<String>,
-    /// Whether to touch Docker; DOCKER_HOST is honoured [default: auto].
+    /// Whether to touch Docker [default: auto]. The engine is DOCKER_HOST's: unix:///PATH, or
+    /// tcp://HOST[:PORT] (TLS when DOCKER_TLS_VERIFY is set, with ca.pem, cert.pem and key.pem
+    /// from DOCKER_CERT_PATH or ~/.docker); unset or empty, unix:///var/run/docker.sock; any
+    /// other value is refused (exit 2), never replaced by the default socket.
     #[arg(long, value_name = "MODE", env = "CCCI_DOCKER", value_parser = choice::<DockerMode>())]
     pub docker: Option<DockerMode>,
     /// Whether runs and `lock` commands get a cgroup of their own (cgroup v2, where writable)

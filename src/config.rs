@@ -855,24 +855,14 @@ fn invalid(what: &'static str, path: &Option<PathBuf>, rule: String) -> NameErro
 }
 
 /// Read the configuration file: the one named (it must exist), else the default one if it
-/// exists, else none.
+/// exists, else none; either only if it passes [`crate::config_file::read`]'s checks.
 fn load(config: Option<&Path>) -> Result<(FileConfig, Option<PathBuf>), NameError> {
     let (path, required) = match config {
         Some(path) => (path.to_owned(), true),
         None => (PathBuf::from(DEFAULT_FILE), false),
     };
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(err) if !required && err.kind() == std::io::ErrorKind::NotFound => {
-            return Ok((FileConfig::default(), None));
-        }
-        Err(err) => {
-            return Err(invalid(
-                "configuration file",
-                &Some(path),
-                format!("cannot be read (--config, CCCI_CONFIG): {err}"),
-            ));
-        }
+    let Some(text) = crate::config_file::read(&path, required)? else {
+        return Ok((FileConfig::default(), None));
     };
     parse(&text, &path).map(|config| (config, Some(path)))
 }

@@ -7,6 +7,7 @@
 pub(crate) mod app;
 pub(crate) mod cli;
 pub(crate) mod config;
+mod config_file;
 pub(crate) mod docker;
 pub(crate) mod duration;
 pub(crate) mod exit;
@@ -183,6 +184,8 @@ fn command(
         Command::Locks(args) => locks(&args, global),
         Command::Run(args) => {
             let cfg = args.validate(global)?;
+            janitor::retention::check_runs_dir(&global.runs_dir)?;
+            docker::DockerLink::check_env(global.docker)?;
             Ok(run::run(global, &cfg, start_ppid)?)
         }
     }
@@ -234,13 +237,18 @@ fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
 
 /// `ccci-run janitor`: one sweep, the retention pass, the metrics, the report.
 fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
+    let keep_runs = global.timings.get(config::Timing::KeepRuns);
+    if keep_runs.is_some() {
+        janitor::retention::check_runs_dir(&global.runs_dir)?;
+    }
+    docker::DockerLink::check_env(global.docker)?;
     let opts = args.sweep_options(global);
     let link = docker::DockerLink::new(global.docker);
     let mut report = janitor::sweep(global, &opts, &link);
     for warning in &report.warnings {
         report::line(&format!("ccci-run: warning: {warning}"));
     }
-    if let Some(keep) = global.timings.get(config::Timing::KeepRuns) {
+    if let Some(keep) = keep_runs {
         janitor::retention::sweep(&global.runs_dir, keep, args.dry_run, &mut report);
     }
     // What the sweep did is recorded before anything is printed: a closed or full stdout must

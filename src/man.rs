@@ -28,7 +28,20 @@ const COMMON_ENVIRONMENT: &[(&str, &str)] = &[
 
 const CONFIG_FILE: (&str, &str) = (
     "/etc/ccci-run/config.toml",
-    "The configuration file read when neither --config nor CCCI_CONFIG names one.",
+    "The configuration file read when neither --config nor CCCI_CONFIG names one. Like any \
+     configuration file it is read only when it is a regular file (or /dev/null) of at most \
+     1 MiB, owned by the user ccci-run runs as or by root, writable by neither group nor others, \
+     in a directory owned by that user or root that group and others cannot write to unless it \
+     is sticky; otherwise every command refuses it (exit 2).",
+);
+
+const DOCKER_HOST: (&str, &str) = (
+    "DOCKER_HOST, DOCKER_TLS_VERIFY, DOCKER_CERT_PATH",
+    "The Docker engine to use: unix:///PATH, or tcp://HOST[:PORT] (port 2375, or 2376 with TLS); \
+     TLS when DOCKER_TLS_VERIFY is non-empty, with ca.pem, cert.pem and key.pem from \
+     DOCKER_CERT_PATH (default ~/.docker). Unset or empty: unix:///var/run/docker.sock. Any \
+     other value (ssh://, fd://, http://, DOCKER_TLS without DOCKER_TLS_VERIFY) is refused \
+     with exit 2 unless --docker off.",
 );
 
 const EXIT_STATUS: &[(&str, &str)] = &[
@@ -89,7 +102,7 @@ fn extra(command: &str) -> Extra {
                     "CCCI_DEADLINE, CCCI_LOCK_WAIT, CCCI_KILL_GRACE, CCCI_TEARDOWN_TIMEOUT",
                     "The run settings, as their flags; each also a key of the configuration file.",
                 ),
-                ("DOCKER_HOST", "The Docker engine to use."),
+                DOCKER_HOST,
                 (
                     "ABRA_DIR, CCCI_RUN_ID, CCCI_RECIPE, CCCI_RECIPE_DIR, CCCI_APP_DOMAIN, \
                      CCCI_STACK_NAME, CCCI_DEPLOYS_FILE, CCCI_OPSTATE_FILE, CCCI_DEPS_FILE, \
@@ -134,7 +147,7 @@ fn extra(command: &str) -> Extra {
         },
         "janitor" => Extra {
             environment: &[
-                ("DOCKER_HOST", "The Docker engine to use."),
+                DOCKER_HOST,
                 (
                     "CCCI_LONG_HELD, CCCI_REAP_BUDGET, CCCI_KEEP_RUNS",
                     "The sweep's settings, as their flags; each also a key of the configuration file.",

@@ -1,7 +1,8 @@
 //! The Docker seam: discovery of run-app stacks and removal of one stack, through bollard.
 //!
 //! This folder is the only code that talks to the engine (clippy keeps the bollard client here)
-//! and holds its retry policy ([`backoff`]). It must never decide what to reap: callers hand it
+//! and holds its retry policy ([`backoff`]) and the choice of engine ([`endpoint`]: exactly the
+//! one `DOCKER_HOST` names, over a Unix socket, TCP or TLS). It must never decide what to reap: callers hand it
 //! the stacks whose locks they hold.
 //!
 //! Discovery makes exactly one list call per resource kind (services, containers, networks,
@@ -17,6 +18,7 @@
 #![allow(clippy::disallowed_types)]
 
 pub(crate) mod backoff;
+pub(crate) mod endpoint;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
@@ -36,6 +38,7 @@ use serde::Serialize;
 
 use crate::config::DockerMode;
 use crate::docker::backoff::{Backoff, MonotonicClock, Policy};
+pub(crate) use crate::docker::endpoint::Endpoint;
 use crate::names::{AppDomain, RunAppPattern};
 
 pub(crate) const STACK_LABEL: &str = "com.docker.stack.namespace";
@@ -117,17 +120,35 @@ impl std::fmt::Debug for DockerSeam {
 }
 
 impl DockerSeam {
-    /// Connect through `DOCKER_HOST` (or the default socket) and negotiate the API version; an
-    /// engine that does not answer is an error.
+    /// Connect to the engine `DOCKER_HOST` names (the default socket only when it is unset) and
+    /// negotiate the API version; an engine that does not answer is an error.
     pub(crate) fn connect() -> Result<Self, DockerError> {
+        let endpoint = Endpoint::from_env().map_err(|e| DockerError(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| DockerError(format!("failed to start the Docker client runtime: {e}")))?;
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(|e| DockerError(format!("failed to set up the Docker client: {e}")))?
+        let timeout = REQUEST_TIMEOUT.as_secs();
+        let version = bollard::API_DEFAULT_VERSION;
+        let client = match &endpoint {
+            Endpoint::Unix(path) => {
+                Docker::connect_with_unix(&path.to_string_lossy(), timeout, version)
+            }
+            Endpoint::Tcp(addr) => Docker::connect_with_http(addr, timeout, version),
+            Endpoint::Tls {
+                addr,
+                ca,
+                cert,
+                key,
+            } => Docker::connect_with_ssl(addr, key, cert, ca, timeout, version),
+        };
+        let docker = client
+            .map_err(|e| {
+                DockerError(format!(
+                    "failed to set up the Docker client for {endpoint}: {e}"
+                ))
+            })?
             .with_timeout(REQUEST_TIMEOUT);
-        let endpoint = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
         let docker = runtime
             .block_on(async {
                 tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version()).await
@@ -795,6 +816,15 @@ pub(crate) struct DockerLink {
 }
 
 impl DockerLink {
+    /// Refuse, before anything is done, a `DOCKER_HOST` that names no engine we can use (unless
+    /// Docker is off): a bad one must be a usage error, not an engine "unavailable" later.
+    pub(crate) fn check_env(mode: DockerMode) -> Result<(), crate::names::NameError> {
+        if mode == DockerMode::Off {
+            return Ok(());
+        }
+        Endpoint::from_env().map(drop)
+    }
+
     pub(crate) fn new(mode: DockerMode) -> Self {
         Self {
             mode,

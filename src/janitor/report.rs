@@ -56,6 +56,10 @@ pub(crate) struct SweepReport {
     /// Per-run directories removed by `--keep-runs` (or that would be, in a dry run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runs_removed: Option<Vec<PathBuf>>,
+    /// Entries of the runs dir that `--keep-runs` left alone although they are old enough:
+    /// nothing proves them run directories of ours.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs_kept: Option<Vec<crate::janitor::retention::Kept>>,
     /// Docker list calls this sweep made (one per resource kind), when Docker was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_list_calls: Option<usize>,
@@ -140,6 +144,10 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
             "removed run dir"
         };
         let _ = writeln!(out, "{verb} {}", path.display());
+    }
+    for kept in report.runs_kept.iter().flatten() {
+        let path = crate::names::escape_outside(kept.path.as_os_str().as_encoded_bytes());
+        let _ = writeln!(out, "left alone {path}: {}", kept.why);
     }
     for err in &report.errors {
         let _ = writeln!(out, "error: {err}");

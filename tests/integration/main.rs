@@ -7,7 +7,9 @@ mod app_lock;
 mod bad_input;
 mod chaos;
 mod cli;
+mod config_file;
 mod docker;
+mod docker_host;
 mod drone;
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -18,6 +20,7 @@ mod lifetime;
 mod named_lock;
 mod nixos;
 mod reaped;
+mod retention;
 mod run_dirs;
 mod run_exit;
 mod run_guards;
