@@ -150,6 +150,7 @@ fn run_holding(funnel: &SignalFunnel, opts: &LockOptions, held: &HeldLocks) -> u
     for problem in problems {
         report::line(&format!("!! lock {}: {problem}", opts.name));
     }
+    crate::supervise::summarise_ignored();
     stopped.reason.exit_code()
 }
 

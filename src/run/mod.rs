@@ -538,6 +538,7 @@ impl Run<'_> {
         if self.teardown_timed_out {
             self.record.shutdown_reason = Some(TEARDOWN_TIMEOUT.to_owned());
         }
+        crate::supervise::summarise_ignored();
         let code = stopped.reason.exit_code();
         self.record.exit_code = Some(code);
         self.record.enter(Phase::Finished);

@@ -234,7 +234,7 @@ impl SignalFunnel {
                 .get(signal as usize)
                 .is_some_and(|f| f.swap(false, Ordering::SeqCst))
             {
-                report::line(&format!("== {} received — ignored ==", signal_name(signal)));
+                crate::supervise::ignored_signal(signal, ignored_name(signal), "");
             }
         }
         let mut arrived = Arrived {
@@ -388,6 +388,26 @@ pub(crate) enum Awaited<T> {
     Stopped(Event),
     /// The budget ran out first; the work was cancelled.
     TimedOut,
+}
+
+/// The name of an ignored signal, for a status line that outlives this call: a known
+/// signal's own name, `SIGRTMIN+N` for a real-time one (named once per number, for the process).
+fn ignored_name(signal: libc::c_int) -> &'static str {
+    match Signal::try_from(signal) {
+        Ok(known) => known.as_str(),
+        Err(_) => {
+            static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+            let names = NAMES.get_or_init(|| {
+                (0..=libc::SIGRTMAX() - libc::SIGRTMIN())
+                    .map(|n| &*format!("SIGRTMIN+{n}").leak())
+                    .collect()
+            });
+            usize::try_from(signal - libc::SIGRTMIN())
+                .ok()
+                .and_then(|n| names.get(n).copied())
+                .unwrap_or("a real-time signal")
+        }
+    }
 }
 
 /// `SIGUSR1`, or `SIGRTMIN+3` for a real-time signal.

@@ -379,3 +379,51 @@ fn a_container_init_parent_is_accepted_when_said(#[case] flag: &str, #[case] cod
         assert!(!done.out.iter().any(|l| l == "command-ran"));
     }
 }
+
+/// A flood of signals during teardown is ignored without flooding the log: the first has its
+/// line, then at most one "N more" line a second, and the total comes at the end.
+#[test]
+fn a_flood_of_ignored_signals_is_summarised() {
+    let sandbox = Sandbox::new();
+    let hook = "echo hook-started >&2; sleep 3";
+    let mut proc = Proc::spawn(sandbox.run_sh(
+        "flood",
+        &["--on-teardown", hook],
+        "echo ready $$; exec sleep 100000",
+    ));
+    proc.wait_ready();
+    signal(proc.pid(), Signal::SIGTERM);
+    proc.wait_for(Stream::Err, "hook-started");
+    let pid = nix::unistd::Pid::from_raw(proc.pid());
+    let mut sent = 0;
+    while sent < 10_000 && nix::sys::signal::kill(pid, Signal::SIGTERM).is_ok() {
+        sent += 1;
+    }
+    let done = proc.finish();
+    done.assert_code(143);
+    let lines: Vec<&String> = done
+        .err
+        .iter()
+        .filter(|l| l.contains("SIGTERM") && l.contains("ignored"))
+        .collect();
+    // The first, one a second over a 3 s hook (and a little slack), the total.
+    assert!(lines.len() <= 7, "{sent} signals gave {} lines: {lines:#?}", lines.len());
+    assert!(
+        done.err
+            .iter()
+            .any(|l| l == "== SIGTERM received during teardown — ignored =="),
+        "{}",
+        done.transcript()
+    );
+    let total = done
+        .err
+        .iter()
+        .find_map(|l| {
+            l.strip_prefix("== SIGTERM received ")?
+                .strip_suffix(" times during teardown — all ignored ==")?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no total line\n{}", done.transcript()));
+    assert!(total >= 2 && total <= sent, "total {total} of {sent} sent");
+}
