@@ -75,6 +75,8 @@ pub(crate) enum RunError {
     Fetch(#[from] FetchError),
     #[error("failed to watch the app lock for its loss: {0}")]
     LossWatch(std::io::Error),
+    #[error(transparent)]
+    Watchdog(#[from] crate::supervise::watchdog::WatchdogError),
 }
 
 /// Run the `run` subcommand; returns the exit code.
@@ -229,6 +231,8 @@ impl Run<'_> {
     /// The run's steps in the contract's order; a way out before the command starts goes
     /// straight to teardown.
     fn execute(&mut self, run_dir: &RunDir, pid: u32) -> Result<u8, RunError> {
+        // Before anything is fetched, locked or started: no run without its last-resort bound.
+        self.watchdog.check()?;
         self.save_checked(false)?;
         // Where the app lock is kept must answer before anything is fetched or deployed.
         self.locks.prepare(true)?;

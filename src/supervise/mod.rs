@@ -93,18 +93,65 @@ impl Supervisor<'_> {
     ) -> Stopped {
         let mut leader = None;
         if early.is_empty() {
-            match process::spawn_group(spec, self.leaf) {
-                Ok(started) => {
+            match self.spawn_retrying(spec, &mut early) {
+                Some(Ok(started)) => {
                     tracing::info!(pid = started.0.as_raw(), "command started");
                     leader = Some(started);
                 }
-                Err(err) => {
+                Some(Err(err)) => {
                     report::line(&format!("ccci-run: {err}"));
                     early.push_back(Event::CommandEnded(err.status()));
                 }
+                // A way out came while waiting to retry: it is in `early`.
+                None => {}
             }
         }
         self.stop_group(leader, early, on_teardown)
+    }
+
+    /// Start `spec`; a failure of the host (out of processes, memory or descriptors) is tried
+    /// again with backoff for up to [`SPAWN_RETRY_BUDGET`], then given up on (125, naming the
+    /// limit). `None` when a way out arrived meanwhile (pushed to `early`).
+    fn spawn_retrying(
+        &self,
+        spec: &CommandSpec,
+        early: &mut VecDeque<Event>,
+    ) -> Option<Result<(Pid, ProcessGroup), process::SpawnError>> {
+        let give_up = Instant::now() + SPAWN_RETRY_BUDGET;
+        let mut delay = Duration::from_millis(10);
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let err = match process::spawn_group(spec, self.leaf) {
+                Err(err) if err.transient() => err,
+                other => return Some(other),
+            };
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                report::line(&format!(
+                    "ccci-run: failed to start the command after {tries} tries in {}: {} — a \
+                     limit on {} was reached",
+                    crate::duration::show(SPAWN_RETRY_BUDGET),
+                    err.source,
+                    err.limit_hint()
+                ));
+                return Some(Err(err));
+            }
+            if tries == 1 {
+                report::line(&format!(
+                    "== could not start the command ({}): retrying for up to {} ==",
+                    err.source,
+                    crate::duration::show(SPAWN_RETRY_BUDGET)
+                ));
+            }
+            let arrived = self.funnel.wait(Some(delay.min(left)));
+            let ways_out: Vec<Event> = shutdown_events(&arrived).collect();
+            if !ways_out.is_empty() {
+                early.extend(ways_out);
+                return None;
+            }
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
     }
 
     fn stop_group(
@@ -350,6 +397,10 @@ static TALLY: std::sync::Mutex<Tally> = std::sync::Mutex::new(Tally {
     names: [None; 65],
 });
 
+/// How long a command that cannot be started for want of processes, memory or descriptors is
+/// tried again before the run gives up (125).
+pub(crate) const SPAWN_RETRY_BUDGET: Duration = Duration::from_secs(5);
+
 /// How often a flood of one ignored signal may add a line.
 const IGNORED_LINE_EVERY: Duration = Duration::from_secs(1);
 
@@ -359,7 +410,9 @@ pub(crate) fn ignored_signal(number: i32, name: &'static str, context: &'static 
     let Ok(at) = usize::try_from(number) else {
         return;
     };
-    let mut tally = TALLY.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut tally = TALLY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if at >= tally.total.len() {
         return;
     }
@@ -384,7 +437,9 @@ pub(crate) fn ignored_signal(number: i32, name: &'static str, context: &'static 
 
 /// At the end: for each signal that came more than once, the total.
 pub(crate) fn summarise_ignored() {
-    let mut tally = TALLY.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut tally = TALLY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for at in 0..tally.total.len() {
         let total = tally.total[at];
         if total > 1 {

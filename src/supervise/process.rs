@@ -29,7 +29,8 @@ pub(crate) enum ChildStatus {
     Exited(i32),
     /// A signal with this number killed it.
     Signaled(i32),
-    /// It could not be started: 126 (not executable) or 127 (not found).
+    /// It could not be started: 126 (not executable), 127 (not found), or 125 when this host
+    /// could not start any process (a limit on processes, memory or descriptors).
     NotStarted(u8),
 }
 
@@ -71,12 +72,36 @@ pub(crate) struct SpawnError {
 }
 
 impl SpawnError {
-    /// 127 when the program does not exist, 126 for every other way exec can fail.
+    /// 127 when the program does not exist, 125 when no process could be started at all (the
+    /// command is not to blame), 126 for every other way exec can fail.
     pub(crate) fn status(&self) -> ChildStatus {
-        ChildStatus::NotStarted(match self.source.kind() {
-            io::ErrorKind::NotFound => exit::NOT_FOUND,
-            _ => exit::NOT_EXECUTABLE,
+        ChildStatus::NotStarted(if self.transient() {
+            exit::INTERNAL
+        } else if self.source.kind() == io::ErrorKind::NotFound {
+            exit::NOT_FOUND
+        } else {
+            exit::NOT_EXECUTABLE
         })
+    }
+
+    /// A failure of this host rather than of the command, which may pass: out of processes or
+    /// threads (EAGAIN), memory (ENOMEM) or descriptors (EMFILE, ENFILE).
+    pub(crate) fn transient(&self) -> bool {
+        matches!(
+            self.source.raw_os_error(),
+            Some(nix::libc::EAGAIN | nix::libc::ENOMEM | nix::libc::EMFILE | nix::libc::ENFILE)
+        )
+    }
+
+    /// Which limit a transient failure points at.
+    pub(crate) fn limit_hint(&self) -> &'static str {
+        match self.source.raw_os_error() {
+            Some(nix::libc::EAGAIN) => {
+                "the processes or threads this user may have (RLIMIT_NPROC, pids.max)"
+            }
+            Some(nix::libc::ENOMEM) => "memory (RLIMIT_AS, memory.max)",
+            _ => "open files (RLIMIT_NOFILE, fs.file-max)",
+        }
     }
 }
 

@@ -17,7 +17,18 @@ use crate::supervise::{cgroup, linux};
 #[derive(Debug)]
 pub(crate) struct Watchdog {
     code: Arc<AtomicU8>,
+    /// Why the thread could not be started: then the run must not start either.
+    failed: Option<std::io::Error>,
 }
+
+/// The watchdog could not be started: a run without its last-resort bound does not start.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "failed to start the watchdog thread: {0} — a limit on the processes or threads this user \
+     may have (RLIMIT_NPROC, pids.max) or on memory (RLIMIT_AS) was reached; a run does not \
+     start without its last-resort bound"
+)]
+pub(crate) struct WatchdogError(std::io::Error);
 
 impl Watchdog {
     /// Arm it: at `hard_end`, kill `cgroup` and every descendant, call `last_words` with the
@@ -57,10 +68,17 @@ impl Watchdog {
                 // SAFETY: ends the process at once; nothing of ours must run after this.
                 unsafe { nix::libc::_exit(i32::from(code)) }
             });
-        if let Err(err) = spawned {
-            tracing::warn!("failed to start the watchdog thread: {err}");
+        Self {
+            code,
+            failed: spawned.err(),
         }
-        Self { code }
+    }
+
+    /// Whether it runs; the error says why not (taken once).
+    pub(crate) fn check(&mut self) -> Result<(), WatchdogError> {
+        self.failed
+            .take()
+            .map_or(Ok(()), |err| Err(WatchdogError(err)))
     }
 
     /// The code to exit with if the watchdog has to end the run.

@@ -407,7 +407,11 @@ fn a_flood_of_ignored_signals_is_summarised() {
         .filter(|l| l.contains("SIGTERM") && l.contains("ignored"))
         .collect();
     // The first, one a second over a 3 s hook (and a little slack), the total.
-    assert!(lines.len() <= 7, "{sent} signals gave {} lines: {lines:#?}", lines.len());
+    assert!(
+        lines.len() <= 7,
+        "{sent} signals gave {} lines: {lines:#?}",
+        lines.len()
+    );
     assert!(
         done.err
             .iter()

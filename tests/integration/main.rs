@@ -17,6 +17,7 @@ mod etcd_cluster;
 mod fetch;
 mod janitor;
 mod lifetime;
+mod limits;
 mod named_lock;
 mod nixos;
 mod reaped;

@@ -1,0 +1,180 @@
+//! Under the limits a busy CI host hits: no run without its bound, no misleading exit code.
+//! The limits are real (`prlimit --nproc` on an unprivileged user, whom it binds: root is exempt).
+//! RLIMIT_NPROC counts every process of the user, so each test has a uid of its own that no
+//! other process uses.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::util::{BIN, Proc, Stream, run};
+
+/// A scratch host owned by user `uid`: its runs, locks and state directories.
+fn host_of(uid: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["runs", "abra", "locks", "state"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+    }
+    let status = Command::new("chown")
+        .args(["-R", &format!("{uid}:{uid}")])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    dir
+}
+
+/// `ccci-run run` as user `uid` with at most `nproc` processes and threads.
+fn limited_run(uid: u32, dir: &Path, nproc: u32, run_id: &str, script: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        &format!("--reuid={uid}"),
+        &format!("--regid={uid}"),
+        "--clear-groups",
+        "prlimit",
+        &format!("--nproc={nproc}"),
+        BIN,
+        "--runs-dir",
+    ])
+    .arg(dir.join("runs"))
+    .arg("--abra-home")
+    .arg(dir.join("abra"))
+    .arg("--lock-dir")
+    .arg(dir.join("locks"))
+    .arg("--state-dir")
+    .arg(dir.join("state"))
+    .args([
+        "--docker",
+        "off",
+        "run",
+        "--recipe",
+        "custom-html",
+        "--no-fetch",
+    ])
+    .args(["--run-id", run_id, "--", "sh", "-c", script]);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CCCI_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("CCCI_CONFIG", "/dev/null").env("HOME", dir);
+    cmd
+}
+
+fn record(dir: &Path, run_id: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join(format!("runs/{run_id}/run.json"))).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The app lock of every run here is free (nothing was taken, or it was let go).
+fn no_lock_held(dir: &Path) {
+    for entry in std::fs::read_dir(dir.join("locks")).unwrap() {
+        let path = entry.unwrap().path();
+        let free = Command::new("flock")
+            .arg("-n")
+            .arg(&path)
+            .arg("true")
+            .status()
+            .unwrap();
+        assert!(free.success(), "{} is held", path.display());
+    }
+}
+
+/// When the watchdog thread (the run's last-resort bound) cannot be started, the run does not
+/// start: 125, naming the limit, no lock taken, the command never run.
+#[test]
+fn no_run_starts_without_its_watchdog() {
+    let dir = host_of(61_001);
+    let done = run(limited_run(
+        61_001,
+        dir.path(),
+        1,
+        "nowatch",
+        "echo command-ran",
+    ));
+    done.assert_code(125);
+    done.assert_stderr_has("failed to start the watchdog thread");
+    done.assert_stderr_has("RLIMIT_NPROC");
+    assert!(!done.out.iter().any(|l| l == "command-ran"));
+    let record = record(dir.path(), "nowatch");
+    assert_eq!(record["exit_code"], 125, "{record:#}");
+    assert!(
+        !record["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "app-lock"),
+        "no lock may be taken: {record:#}"
+    );
+    no_lock_held(dir.path());
+}
+
+/// A command that cannot be forked for want of processes is tried again with backoff, then the
+/// run gives up with 125 naming the limit (126 and 127 stay the command's own).
+#[test]
+fn a_fork_that_keeps_failing_is_125_naming_the_limit_not_126() {
+    let dir = host_of(61_002);
+    let done = run(limited_run(
+        61_002,
+        dir.path(),
+        2,
+        "nofork",
+        "echo command-ran",
+    ));
+    done.assert_code(125);
+    done.assert_stderr_has("retrying for up to 5s");
+    done.assert_stderr_has("a limit on the processes or threads this user may have");
+    assert!(!done.out.iter().any(|l| l == "command-ran"));
+    assert_eq!(record(dir.path(), "nofork")["exit_code"], 125);
+    no_lock_held(dir.path());
+}
+
+/// A fork that fails for a moment (another process of the user holds the last slot, then
+/// goes) is retried: the command starts and the run ends as the command does.
+#[test]
+fn a_fork_that_fails_for_a_moment_is_retried_and_the_command_runs() {
+    let dir = host_of(61_003);
+    let mut blocker = Blocker(
+        Command::new("setpriv")
+            .args(["--reuid=61003", "--regid=61003", "--clear-groups"])
+            .args(["sleep", "100000"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Main thread, watchdog and the command make three; the blocker takes the third slot.
+    let mut proc = Proc::spawn(limited_run(
+        61_003,
+        dir.path(),
+        3,
+        "later",
+        "echo command-ran",
+    ));
+    proc.wait_for(Stream::Err, "retrying for up to 5s");
+    blocker.0.kill().unwrap();
+    blocker.0.wait().unwrap();
+    let done = proc.finish();
+    done.assert_code(0);
+    assert!(
+        done.out.iter().any(|l| l == "command-ran"),
+        "{}",
+        done.transcript()
+    );
+    assert_eq!(record(dir.path(), "later")["exit_code"], 0);
+}
+
+/// A process of the test's user, killed however the test ends.
+struct Blocker(std::process::Child);
+
+impl Drop for Blocker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
