@@ -1,17 +1,21 @@
 //! This process's lease and the locks held under it: the lease is granted at the first lock
 //! taken or waited for and kept alive by a task on the runtime; a held lock is an
-//! [`EtcdLease`], released (its owner key deleted) when it is dropped.
+//! [`EtcdLease`], watched by its guard ([`super::guard`]) and released when it is dropped: its
+//! owner key deleted if it is still ours, its tenure key in any case (by then its holder's
+//! command has ended, which is what the tenure key stands for).
 
-use std::io::Write as _;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use tokio::sync::watch;
 
 use super::Etcd;
 use super::client::{ATTEMPT_TIMEOUT, Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Shared};
+use super::guard::{self, Watched};
+use super::queue::Claimed;
 use crate::lock::backend::Lease;
 use crate::lock::{Holder, LockError};
 use crate::names::etcd as keys;
@@ -19,8 +23,8 @@ use crate::names::etcd as keys;
 /// A granted lease and its keepalive.
 pub(super) struct Session {
     pub(super) id: i64,
-    /// Readable once the lease counts as lost.
-    pub(super) lost: UnixStream,
+    /// Why the lease counts as lost, once it does.
+    pub(super) lost: watch::Receiver<Option<String>>,
     pub(super) keeper: tokio::task::JoinHandle<()>,
 }
 
@@ -39,8 +43,7 @@ impl Shared {
             self.pool
                 .call(|mut c| async move { c.lease_grant(ttl_secs, None).await }),
         )?;
-        let (lost, notify) =
-            UnixStream::pair().map_err(|e| self.error("make the lease-loss pipe", e))?;
+        let (notify, lost) = watch::channel(None);
         let keeper = self.handle.spawn(keep_alive(
             self.pool.clone(),
             granted.id(),
@@ -81,7 +84,7 @@ impl Shared {
 }
 
 /// Keep lease `id` alive; once no keepalive has been answered for a whole TTL (or etcd says
-/// the lease is gone), write to `lost` and stop. The TTL is counted from when the last
+/// the lease is gone), say why on `lost` and stop. The TTL is counted from when the last
 /// answered keepalive was *sent*: the server renewed the lease no earlier than that, so this
 /// side gives up no later than the server expires it.
 pub(super) async fn keep_alive(
@@ -89,7 +92,7 @@ pub(super) async fn keep_alive(
     id: i64,
     ttl: Duration,
     granted: tokio::time::Instant,
-    mut lost: UnixStream,
+    lost: watch::Sender<Option<String>>,
 ) {
     let every = (ttl / 3).max(Duration::from_millis(500));
     let mut good_until = granted + ttl;
@@ -139,32 +142,39 @@ pub(super) async fn keep_alive(
         }
     };
     tracing::warn!(lease = format!("{id:x}"), "etcd lease lost: {why}");
-    let _ = lost.write_all(&[1]);
+    lost.send_replace(Some(why));
 }
 
-/// An etcd lock we hold: the owner key created at `token`.
+/// An etcd lock we hold: the owner key created at `claimed.revision`.
 struct EtcdLease {
     shared: Arc<Shared>,
     session: Arc<Session>,
     owner: String,
-    token: i64,
+    tenure: String,
+    claimed: Claimed,
+    /// Readable once the guard saw the lock lost.
+    lost: UnixStream,
+    guard: tokio::task::JoinHandle<()>,
 }
 
 impl Lease for EtcdLease {
     fn holder(&self) -> Option<Holder> {
         let response = self.shared.get("read the lock", &self.owner, None).ok()?;
         let kv = response.kvs().first()?;
-        (kv.create_revision() == self.token)
+        (kv.create_revision() == self.claimed.revision)
             .then(|| Holder::parse(&String::from_utf8_lossy(kv.value())))
             .flatten()
     }
 
     fn token(&self) -> Result<String, LockError> {
-        Ok(format!("etcd:{:x}:{}", self.session.id, self.token))
+        Ok(format!(
+            "etcd:{:x}:{}",
+            self.session.id, self.claimed.revision
+        ))
     }
 
     fn lost_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.session.lost.as_fd())
+        Some(self.lost.as_fd())
     }
 
     fn remove(&self) -> Result<bool, LockError> {
@@ -173,19 +183,33 @@ impl Lease for EtcdLease {
     }
 
     fn fencing_token(&self) -> Option<i64> {
-        Some(self.token)
+        Some(self.claimed.token())
     }
 }
 
 impl Drop for EtcdLease {
     fn drop(&mut self) {
+        // A guard that saw the lock lost may still be at work on the lineage (a rewound
+        // cluster): let it finish, briefly. Otherwise our own release is no loss: stop it.
+        if crate::supervise::signals::readable_now(self.lost.as_fd()) {
+            let guard = &mut self.guard;
+            let _ = self
+                .shared
+                .handle
+                .block_on(async move { tokio::time::timeout(RELEASE_TIMEOUT, guard).await });
+        }
+        self.guard.abort();
+        let owner = self.owner.as_str();
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.owner.as_str(),
-                CompareOp::Equal,
-                self.token,
-            )])
-            .and_then([TxnOp::delete(self.owner.as_str(), None)]);
+            .when([
+                Compare::create_revision(owner, CompareOp::Equal, self.claimed.revision),
+                Compare::lease(owner, CompareOp::Equal, self.session.id),
+            ])
+            .and_then([
+                TxnOp::delete(owner, None),
+                TxnOp::delete(self.tenure.as_str(), None),
+            ])
+            .or_else([TxnOp::delete(self.tenure.as_str(), None)]);
         if let Err(err) = self.shared.txn("release the lock", RELEASE_TIMEOUT, txn) {
             tracing::warn!("{err}; the lock frees when the lease expires");
         }
@@ -193,12 +217,35 @@ impl Drop for EtcdLease {
 }
 
 impl Etcd {
-    pub(super) fn lease(&self, session: Arc<Session>, dir: &str, token: i64) -> Box<dyn Lease> {
-        Box::new(EtcdLease {
+    /// The lock on `dir` we just claimed, with its guard watching it.
+    pub(super) fn lease(
+        &self,
+        session: Arc<Session>,
+        dir: &str,
+        claimed: Claimed,
+    ) -> Result<Box<dyn Lease>, LockError> {
+        let (lost, notify) =
+            UnixStream::pair().map_err(|e| self.shared.error("make the lock-loss pipe", e))?;
+        let owner = keys::owner_key(dir);
+        let guard = self.shared.handle.spawn(guard::guard(
+            Watched {
+                pool: self.shared.pool.clone(),
+                owner: owner.clone(),
+                lease: session.id,
+                claimed,
+                ttl: self.shared.ttl,
+            },
+            session.lost.clone(),
+            notify,
+        ));
+        Ok(Box::new(EtcdLease {
             shared: self.shared.clone(),
+            tenure: keys::tenure_key(dir, session.id),
             session,
-            owner: keys::owner_key(dir),
-            token,
-        })
+            owner,
+            claimed,
+            lost,
+            guard,
+        }))
     }
 }

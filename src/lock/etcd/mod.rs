@@ -9,25 +9,33 @@
 //!   created their key (FIFO across the fleet); a normal waiter that waited past
 //!   `--promote-after` rewrites its key as fast and keeps its place.
 //! - `owner`: the holder's line. Only the head waiter may create it, in one transaction that
-//!   also requires it absent and removes the waiter's key. The revision that created it is the
-//!   lock's **fencing token**: larger for every later holder, cluster-wide.
+//!   also requires it absent and removes the waiter's key. The revision that created it, above
+//!   the lineage's base ([`lineage`]), is the lock's **fencing token**: larger for every later
+//!   holder, cluster-wide, and across a wipe or a restore of the cluster.
+//! - `tenure/<lease>`: written with the owner key, removed by the holder's own release only,
+//!   once its command has ended. A holder whose owner key went behind its back (deleted by
+//!   hand) keeps it until it has torn down; no claim is made while one lives, so the next
+//!   holder never starts beside a command that may still act.
 //!
 //! A waiter waits on a watch (no polling) of the one key whose change can make it the owner:
-//! the owner key for the head, the waiter just ahead for anyone else; it re-reads the directory
-//! when that key changes. The lease is kept alive by a task on a runtime thread of its own; if no
-//! keepalive has been answered for a whole TTL, the lease counts as lost (another host may hold
-//! the lock by then) and [`Lease::lost_fd`] turns readable, which the holder's signal funnel
-//! turns into a teardown (`lock-lost`, exit 76).
+//! what stands in the head's way, the waiter just ahead for anyone else; it re-reads the
+//! directory when that key changes. Keys found without a lease are junk, looked past
+//! ([`queue`]). A held lock watches its own keys ([`guard`]) and its lease's keepalive; a loss
+//! of either turns [`Lease::lost_fd`] readable, which the holder's signal funnel turns into a
+//! teardown (`lock-lost`, exit 76) at once.
 //!
 //! Nothing here falls back to the local flock: an unreachable etcd is an error, since a flock
 //! would exclude nobody on another host.
 //!
 //! The parts: [`client`] (the runtime and the members asked in turn), [`lease`] (this
-//! process's lease, its keepalive, a held lock), [`queue`] (a lock directory as read, the line
-//! and the claim); this file is the backend the users hold.
+//! process's lease, its keepalive, a held lock), [`guard`] (what a held lock watches),
+//! [`queue`] (a lock directory as read, the line and the claim), [`lineage`] (the base of the
+//! fencing tokens); this file is the backend the users hold.
 
 mod client;
+mod guard;
 mod lease;
+mod lineage;
 mod queue;
 
 use std::collections::BTreeMap;
@@ -38,10 +46,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp,
-};
+use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, SortOrder, SortTarget};
 
 use crate::config::EtcdSettings;
 use crate::lock::backend::{Attempt, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
@@ -55,7 +60,7 @@ use crate::supervise::linux;
 use crate::supervise::signals::Awaited;
 
 use client::{ATTEMPT_TIMEOUT, Pool, REQUEST_TIMEOUT, Shared};
-use queue::{PendingTake, Snapshot, WaiterValue, wait_turn, waiting_line};
+use queue::{Obstacle, PendingTake, Snapshot, Turn, WaiterValue, wait_turn, waiting_line};
 
 /// Locks as etcd keys bound to this process's lease.
 pub(crate) struct Etcd {
@@ -157,53 +162,54 @@ impl LockBackend for Etcd {
 
     fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError> {
         let dir = lock_dir(key);
-        let snap = self.shared.snapshot(&dir)?;
-        if snap.owner.is_some() {
-            let holder = snap.holder();
-            return Ok(Attempt::Held {
-                age: holder.as_ref().and_then(age_of),
-                holder,
-                note: None,
-            });
+        let held = |holder: Option<Holder>| Attempt::Held {
+            age: holder.as_ref().and_then(age_of),
+            holder,
+            note: None,
+        };
+        // A junk owner key, or a lineage that must begin, is dealt with and the lock read
+        // again; more than that in one try is someone else's doing (they may hold it).
+        for _ in 0..3 {
+            let snap = self.shared.snapshot(&dir)?;
+            let obstacle = snap.obstacle(None);
+            match &obstacle {
+                Some(Obstacle::Owner(_) | Obstacle::Tenure(_)) => return Ok(held(snap.holder())),
+                // A live waiter is about to take it (its key lives only as long as its lease).
+                Some(Obstacle::Ahead(_)) => {
+                    let waiter = snap.queue.first().and_then(|(_, v)| v.as_ref());
+                    return Ok(held(waiter.map(|v| v.holder.clone())));
+                }
+                _ if !create => return Ok(Attempt::Missing),
+                // Held back while a new lineage settles: nothing is taken (a holder under the
+                // old data may still be ending).
+                Some(Obstacle::Settling(_)) => return Ok(held(None)),
+                Some(obstacle) => {
+                    self.shared.block_on(
+                        "clear the way to the lock",
+                        REQUEST_TIMEOUT,
+                        queue::clear(&self.shared.pool, &snap, obstacle, self.shared.ttl),
+                    )?;
+                }
+                None => {
+                    let lineage = snap.lineage.valid().expect("no obstacle: a valid lineage");
+                    let session = self.shared.session()?;
+                    let line = Holder::this_process("").to_line();
+                    let claimed = self.shared.block_on(
+                        "take the lock",
+                        REQUEST_TIMEOUT,
+                        queue::claim(&self.shared.pool, &dir, lineage, None, session.id, &line),
+                    )?;
+                    return match claimed {
+                        Some(claimed) => Ok(Attempt::Taken {
+                            lease: self.lease(session, &dir, claimed)?,
+                            current: true,
+                        }),
+                        None => Ok(held(None)),
+                    };
+                }
+            }
         }
-        if let Some((_, value)) = snap.queue.first() {
-            // A live waiter is about to take it (its key lives only as long as its lease).
-            return Ok(Attempt::Held {
-                age: None,
-                holder: value.as_ref().map(|v| v.holder.clone()),
-                note: None,
-            });
-        }
-        if !create {
-            return Ok(Attempt::Missing);
-        }
-        let session = self.shared.session()?;
-        let owner = keys::owner_key(&dir);
-        let holder = Holder::this_process("");
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                owner.as_str(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([TxnOp::put(
-                owner.as_str(),
-                holder.to_line(),
-                Some(PutOptions::new().with_lease(session.id)),
-            )]);
-        let response = self.shared.txn("take the lock", REQUEST_TIMEOUT, txn)?;
-        if !response.succeeded() {
-            return Ok(Attempt::Held {
-                age: None,
-                holder: None,
-                note: None,
-            });
-        }
-        let token = response.header().map_or(0, |h| h.revision());
-        Ok(Attempt::Taken {
-            lease: self.lease(session, &dir, token),
-            current: true,
-        })
+        Ok(held(None))
     }
 
     fn take(
@@ -219,22 +225,26 @@ impl LockBackend for Etcd {
             holder: wait.holder.clone(),
             class: wait.class,
         };
-        let (waiter, token, snap) = self.enqueue(&session, &dir, &value)?;
+        let (waiter, claimed, snap) = self.enqueue(&session, &dir, &value)?;
         let ticket = snap
             .queue
             .iter()
             .find(|(kv, _)| kv.key() == waiter.as_bytes())
             .map_or(0, |(kv, _)| kv.create_revision());
-        if let Some(token) = token {
-            return Ok(Taken::Held(self.lease(session, &dir, token)));
+        if let Some(claimed) = claimed {
+            return Ok(Taken::Held(self.lease(session, &dir, claimed)?));
         }
-        on_wait(snap.holder().as_ref(), Duration::ZERO);
         let say_where = |snap: &Snapshot| {
             if let LockKey::Named(name) = key {
                 report::line(&waiting_line(name, snap, &waiter, ticket, wait));
             }
         };
-        say_where(&snap);
+        // Held back for a lineage that begins (it says so itself), not by a holder: nobody to
+        // name as the holder.
+        if !snap.settles() {
+            on_wait(snap.holder().as_ref(), Duration::ZERO);
+            say_where(&snap);
+        }
         let promote = (wait.class == Class::Normal)
             .then(|| started.checked_add(wait.promote_after))
             .flatten()
@@ -251,11 +261,15 @@ impl LockBackend for Etcd {
         let task = self.shared.handle.spawn({
             let work = wait_turn(
                 self.shared.pool.clone(),
-                dir.clone(),
-                waiter.clone(),
-                session.id,
-                wait.holder.to_line(),
-                promote,
+                Turn {
+                    dir: dir.clone(),
+                    waiter: waiter.clone(),
+                    lease: session.id,
+                    holder_line: wait.holder.to_line(),
+                    promote,
+                    ttl: self.shared.ttl,
+                    label: self.describe(key),
+                },
             );
             let mut notify = notify;
             async move {
@@ -284,7 +298,7 @@ impl LockBackend for Etcd {
         let keepalive: Option<(Duration, &mut dyn FnMut())> = Some((PROGRESS_EVERY, &mut progress));
         let lost = wait.funnel.await_work(pending, wait.until, keepalive);
         match lost {
-            Awaited::Done(Ok(token)) => Ok(Taken::Held(self.lease(session, &dir, token))),
+            Awaited::Done(Ok(claimed)) => Ok(Taken::Held(self.lease(session, &dir, claimed)?)),
             Awaited::Done(Err(why)) => Err(self.shared.error("wait for the lock", why)),
             Awaited::Stopped(event) => Ok(Taken::Stopped(event)),
             Awaited::TimedOut => Ok(Taken::TimedOut {
@@ -326,7 +340,9 @@ impl LockBackend for Etcd {
             .shared
             .get("list the locks", keys::PREFIX, Some(options))
             .map_err(std::io::Error::other)?;
-        let revision = response.header().map_or(0, |h| h.revision());
+        let header = response
+            .header()
+            .map_or((0, 0), |h| (h.revision(), h.cluster_id()));
         let mut dirs: BTreeMap<(LockKind, String), Vec<&KeyValue>> = BTreeMap::new();
         for kv in response.kvs() {
             let Some((kind, name, _)) =
@@ -350,46 +366,9 @@ impl LockBackend for Etcd {
                 },
                 &name,
             );
-            let snap = Snapshot::of(&dir, revision, kvs);
-            let holder = snap.holder();
-            let age = holder.as_ref().and_then(age_of);
-            found.push(LockInfo {
-                path: PathBuf::from(keys::owner_key(&dir)),
-                kind,
-                name: crate::names::escape_outside(name.as_bytes()),
-                held: snap.owner.is_some(),
-                holder_pids: holder
-                    .iter()
-                    .map(|h| i32::try_from(h.pid).unwrap_or(i32::MAX))
-                    .collect(),
-                waiters: snap.queue.len(),
-                holder_raw: match (&snap.owner, &holder) {
-                    (Some(kv), None) => Some(String::from_utf8_lossy(kv.value()).into_owned()),
-                    _ => None,
-                },
-                holder,
-                age_s: age.map(|a| a.as_secs()),
-                long_held: age.is_some_and(|a| a > long_held),
-                problem: None,
-                queue: (kind == LockKind::Named).then(|| {
-                    snap.queue
-                        .iter()
-                        .map(|(kv, v)| QueuedTicket {
-                            ticket: Ticket {
-                                class: v.as_ref().map_or(Class::Normal, |v| v.class),
-                                seq: kv.create_revision().unsigned_abs(),
-                                pid: v
-                                    .as_ref()
-                                    .map_or(0, |v| i32::try_from(v.holder.pid).unwrap_or(0)),
-                            },
-                            age_s: v
-                                .as_ref()
-                                .and_then(|v| age_of(&v.holder))
-                                .map_or(0, |a| a.as_secs()),
-                        })
-                        .collect()
-                }),
-            });
+            // The lineage does not matter to a listing.
+            let snap = Snapshot::of(&dir, header, kvs, None, None);
+            found.push(describe_lock(&snap, &dir, kind, &name, long_held));
         }
         Ok(found)
     }
@@ -397,9 +376,143 @@ impl LockBackend for Etcd {
     fn tidy(
         &self,
         _keep: &dyn Fn(&AppDomain) -> bool,
-        _dry_run: bool,
+        dry_run: bool,
     ) -> (Vec<PathBuf>, Vec<String>) {
-        // Keys go with their leases: nothing is ever left behind to tidy.
-        (Vec::new(), Vec::new())
+        // Keys go with their leases: what is left is only what was written without one.
+        let (mut tidied, mut errors) = (Vec::new(), Vec::new());
+        let junk = match self.junk() {
+            Ok(junk) => junk,
+            Err(err) => {
+                errors.push(format!("failed to look for junk keys: {err}"));
+                return (tidied, errors);
+            }
+        };
+        for kv in junk {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if dry_run {
+                tidied.push(PathBuf::from(key));
+                continue;
+            }
+            let removed = self.shared.block_on(
+                "remove a junk key",
+                REQUEST_TIMEOUT,
+                queue::remove_junk(&self.shared.pool, &kv),
+            );
+            match removed {
+                Ok(true) => {
+                    report::line(&format!(
+                        "== janitor: removed etcd key {key}, written without a lease (by hand?) =="
+                    ));
+                    tidied.push(PathBuf::from(key));
+                }
+                // Changed meanwhile: whoever wrote it again is for the next sweep to see.
+                Ok(false) => {}
+                Err(err) => errors.push(format!("failed to remove etcd key {key}: {err}")),
+            }
+        }
+        (tidied, errors)
+    }
+}
+
+impl Etcd {
+    /// Every key under the prefix that ccci-run binds to a lease, found without one.
+    fn junk(&self) -> Result<Vec<KeyValue>, LockError> {
+        let response = self.shared.get(
+            "look for junk keys",
+            keys::PREFIX,
+            Some(GetOptions::new().with_prefix()),
+        )?;
+        let header = response
+            .header()
+            .map_or((0, 0), |h| (h.revision(), h.cluster_id()));
+        let mut junk = Vec::new();
+        let mut dirs: BTreeMap<String, Vec<&KeyValue>> = BTreeMap::new();
+        for kv in response.kvs() {
+            if kv.key() == keys::SETTLING.as_bytes() && kv.lease() == 0 {
+                junk.push(kv.clone());
+                continue;
+            }
+            let Some((kind, name, _)) =
+                std::str::from_utf8(kv.key()).ok().and_then(keys::key_parts)
+            else {
+                continue;
+            };
+            if kind == keys::APP || kind == keys::NAMED {
+                dirs.entry(keys::lock_dir(kind, name)).or_default().push(kv);
+            }
+        }
+        for (dir, kvs) in dirs {
+            junk.extend(Snapshot::of(&dir, header, kvs, None, None).junk);
+        }
+        Ok(junk)
+    }
+}
+
+/// One lock's line in `ccci-run locks`.
+fn describe_lock(
+    snap: &Snapshot,
+    dir: &str,
+    kind: LockKind,
+    name: &str,
+    long_held: Duration,
+) -> LockInfo {
+    let holder = snap.holder();
+    let age = holder.as_ref().and_then(age_of);
+    let mut problems = Vec::new();
+    if snap.owner.is_none() && !snap.tenures.is_empty() {
+        problems.push(
+            "its holder lost the owner key and has not ended yet (nobody else is let in \
+             until it has)"
+                .to_owned(),
+        );
+    }
+    if !snap.junk.is_empty() {
+        let junk: Vec<String> = snap
+            .junk
+            .iter()
+            .map(|kv| crate::names::escape_outside(kv.key()))
+            .collect();
+        problems.push(format!(
+            "junk: {} without a lease (written by hand?): nobody's, ignored; the janitor \
+             removes it",
+            junk.join(", ")
+        ));
+    }
+    LockInfo {
+        path: PathBuf::from(keys::owner_key(dir)),
+        kind,
+        name: crate::names::escape_outside(name.as_bytes()),
+        held: snap.owner.is_some() || !snap.tenures.is_empty(),
+        holder_pids: holder
+            .iter()
+            .map(|h| i32::try_from(h.pid).unwrap_or(i32::MAX))
+            .collect(),
+        waiters: snap.queue.len(),
+        holder_raw: match (&snap.owner, &holder) {
+            (Some(kv), None) => Some(String::from_utf8_lossy(kv.value()).into_owned()),
+            _ => None,
+        },
+        holder,
+        age_s: age.map(|a| a.as_secs()),
+        long_held: age.is_some_and(|a| a > long_held),
+        problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        queue: (kind == LockKind::Named).then(|| {
+            snap.queue
+                .iter()
+                .map(|(kv, v)| QueuedTicket {
+                    ticket: Ticket {
+                        class: v.as_ref().map_or(Class::Normal, |v| v.class),
+                        seq: kv.create_revision().unsigned_abs(),
+                        pid: v
+                            .as_ref()
+                            .map_or(0, |v| i32::try_from(v.holder.pid).unwrap_or(0)),
+                    },
+                    age_s: v
+                        .as_ref()
+                        .and_then(|v| age_of(&v.holder))
+                        .map_or(0, |a| a.as_secs()),
+                })
+                .collect()
+        }),
     }
 }
