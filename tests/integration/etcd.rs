@@ -540,15 +540,14 @@ fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_onl
     let deleted = Instant::now();
     r1.wait_for(Stream::Err, "its owner key was deleted");
     let noticed = deleted.elapsed();
-    // The next holder waits for the last one to end, and says so.
-    r2.wait_for(Stream::Err, "its last holder, run r1 (pid");
     let lost = r1.finish();
     lost.assert_code(76);
     lost.assert_stderr_has("the lock was lost while held — tearing down");
     let r1_ended = deleted.elapsed();
     assert_eq!(a.record("r1")["shutdown_reason"], "lock-lost");
     let next_token = token_of(&r2.wait_for(Stream::Out, "ready"));
-    r2.finish().assert_code(0);
+    let second = r2.finish();
+    second.assert_code(0);
 
     let termed_ns = stamps(&termed)[0];
     let last_act = *stamps(&acts).last().unwrap();
@@ -569,6 +568,8 @@ fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_onl
         "the next holder's command started {:.1} ms before the last one's stopped acting",
         -gap_ms
     );
+    // It waited for the last holder to end, and said so.
+    second.assert_stderr_has("its last holder, run r1 (pid");
     assert!(next_token > first_token, "{next_token} after {first_token}");
 }
 
@@ -734,10 +735,13 @@ fn keys_without_a_lease_never_wedge_an_app_lock_and_the_janitor_removes_them() {
         entry["problem"].as_str().unwrap().contains("junk"),
         "{entry}"
     );
-    // A run is not held up by them.
+    // A run is not held up by them, nor by a lineage record written by hand (a new lineage
+    // begins in its place).
+    put_junk(&cluster, "/ccci-run/lineage");
     let done = run(host.run("r1", &["--lock-wait", "10"], "echo ran"));
     done.assert_code(0);
     assert!(done.out.join("\n").contains("ran"), "{}", done.transcript());
+    done.assert_stderr_has("its lock lineage record /ccci-run/lineage is unreadable");
 
     // An orphan app behind junk keys is an orphan: reaped, and the junk removed.
     junk();

@@ -399,7 +399,8 @@ pub(super) async fn clear(
             }
         }
         Obstacle::JunkOwner(kv) => {
-            if remove_junk(pool, kv).await? {
+            let removed = remove_junk(pool, kv).await?;
+            if removed {
                 report::line(&format!(
                     "== etcd: removed {}, an owner key without a lease (written by hand?): it \
                      held nobody's lock ==",
