@@ -765,8 +765,10 @@ fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() 
     let host = Host::on(&cluster, 3);
     let junk_owner = "/ccci-run/named/cache/owner";
     let junk_queue = "/ccci-run/named/cache/queue/0000000000000001";
+    let junk_tenure = "/ccci-run/named/cache/tenure/0000000000000001";
     put_junk(&cluster, junk_owner);
     put_junk(&cluster, junk_queue);
+    put_junk(&cluster, junk_tenure);
     let done = run(host.lock(&["--wait", "10"], "echo ran"));
     done.assert_code(0);
     assert!(done.out.join("\n").contains("ran"), "{}", done.transcript());
@@ -777,14 +779,18 @@ fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() 
     assert_eq!(entry["waiters"], 0, "{entry}");
     let problem = entry["problem"].as_str().unwrap();
     assert!(
-        problem.contains(junk_owner) && problem.contains(junk_queue),
+        [junk_owner, junk_queue, junk_tenure]
+            .iter()
+            .all(|k| problem.contains(k)),
         "{entry}"
     );
     let (report, swept) = host.janitor();
     swept.assert_code(0);
     let tidied = report["tidied"].to_string();
     assert!(
-        tidied.contains(junk_owner) && tidied.contains(junk_queue),
+        [junk_owner, junk_queue, junk_tenure]
+            .iter()
+            .all(|k| tidied.contains(k)),
         "{report:#}"
     );
     assert!(cluster.keys().is_empty(), "{}", cluster.keys());
