@@ -177,7 +177,11 @@ impl LockBackend for Etcd {
                 // A live waiter is about to take it (its key lives only as long as its lease).
                 Some(Obstacle::Ahead(_)) => {
                     let waiter = snap.queue.first().and_then(|(_, v)| v.as_ref());
-                    return Ok(held(waiter.map(|v| v.holder.clone())));
+                    return Ok(Attempt::Held {
+                        age: None,
+                        holder: waiter.map(|v| v.holder.clone()),
+                        note: None,
+                    });
                 }
                 _ if !create => return Ok(Attempt::Missing),
                 // Held back while a new lineage settles: nothing is taken (a holder under the
