@@ -60,19 +60,29 @@ impl Cluster {
         if !etcd_available() {
             return None;
         }
-        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let clients: Vec<String> = (0..3)
-            .map(|_| format!("http://127.0.0.1:{}", free_port()))
-            .collect();
         let mut cluster = Self {
             members: Vec::new(),
-            clients,
-            peers,
+            clients: Vec::new(),
+            peers: Vec::new(),
             dir: tempfile::tempdir().unwrap(),
         };
-        cluster.members = (0..3).map(|i| cluster.spawn_member(i)).collect();
-        cluster.wait_healthy();
-        Some(cluster)
+        // A port found free may be taken by another test's cluster before a member binds it:
+        // such a member exits at once, and the cluster starts again on other ports.
+        for _ in 0..5 {
+            cluster.peers = (0..3).map(|_| free_port()).collect();
+            cluster.clients = (0..3)
+                .map(|_| format!("http://127.0.0.1:{}", free_port()))
+                .collect();
+            cluster.members = (0..3).map(|i| cluster.spawn_member(i)).collect();
+            if cluster.wait_healthy() {
+                return Some(cluster);
+            }
+            cluster.kill_all();
+            for i in 0..3 {
+                let _ = std::fs::remove_dir_all(cluster.data_dir(i));
+            }
+        }
+        panic!("etcd cluster never started: a member exited each time (its log is m<i>.log)");
     }
 
     fn initial_cluster(&self) -> String {
@@ -126,15 +136,24 @@ impl Cluster {
             .expect("start etcd")
     }
 
-    fn wait_healthy(&self) {
+    /// Wait until the cluster is healthy: `false` when a member exited first.
+    fn wait_healthy(&mut self) -> bool {
         let deadline = Instant::now() + PATIENCE;
         while !self.healthy() {
+            if self
+                .members
+                .iter_mut()
+                .any(|m| m.try_wait().ok().flatten().is_some())
+            {
+                return false;
+            }
             assert!(
                 Instant::now() < deadline,
                 "etcd cluster never became healthy"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        true
     }
 
     fn kill_all(&mut self) {
@@ -155,7 +174,7 @@ impl Cluster {
             data(self, i);
         }
         self.members = (0..3).map(|i| self.spawn_member(i)).collect();
-        self.wait_healthy();
+        assert!(self.wait_healthy(), "an etcd member exited on restart");
     }
 
     /// The cluster wiped: every member killed and started again with an empty data dir.
