@@ -32,8 +32,8 @@ use crate::names::{DomainSuffix, LockName, NameError, RunId};
         2 invalid input; 75 lock not acquired in time; 125 ccci-run failed; \
         126/127 command not executable / not found; 129/130/131/143 SIGHUP/SIGINT/SIGQUIT/SIGTERM \
         after teardown (143 also when the parent or the --tie-to process died); \
-        142 hard deadline after teardown; 76 the lock was lost while held (an etcd lease \
-        expired or was revoked) after teardown."
+        142 hard deadline after teardown; 76 the lock was lost while held (etcd: its lease \
+        lost, its key deleted or replaced, the cluster wiped or restored) after teardown."
 )]
 pub(crate) struct Cli {
     #[command(flatten)]

@@ -58,7 +58,8 @@ const EXIT_STATUS: &[(&str, &str)] = &[
     ),
     (
         "76",
-        "The lock was lost while held (a backend whose leases can expire); after teardown.",
+        "The lock was lost while held (etcd: its lease lost, its key deleted or replaced, the \
+         cluster wiped or restored); after teardown.",
     ),
     (
         "125",
@@ -111,8 +112,10 @@ fn extra(command: &str) -> Extra {
                 ),
                 (
                     "CCCI_FENCING_TOKEN",
-                    "Set for COMMAND and the hook when the app lock is kept in etcd: the lock's \
-                     revision, larger for every later holder of the domain on any host.",
+                    "Set for COMMAND and the hook when the app lock is kept in etcd: larger for \
+                     every later holder of the domain on any host, also after the cluster is \
+                     wiped or restored. A resource that checks it must refuse any token that is \
+                     not larger than the largest it has accepted.",
                 ),
             ],
             files: &[

@@ -257,11 +257,18 @@ impl fmt::Display for AppDomain {
 }
 
 /// Where the fleet's locks live in etcd. Each lock is a directory of keys,
-/// `<prefix><kind>/<name>/`, holding `owner` (the holder's line; its create revision is the
-/// fencing token) and `queue/<lease id>` (one per waiter), every key bound to its writer's lease.
+/// `<prefix><kind>/<name>/`, holding `owner` (the holder's line; its create revision, above the
+/// lineage's base, is the fencing token), `tenure/<lease id>` (the holder's, until it has ended)
+/// and `queue/<lease id>` (one per waiter), every key bound to its writer's lease. Beside the
+/// lock directories: the lineage record (no lease) and, for a while after a lineage begins, the
+/// settling key.
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd {
     pub(crate) const PREFIX: &str = "/ccci-run/";
+    /// The lock lineage: the base of every fencing token, and the cluster it was begun on.
+    pub(crate) const LINEAGE: &str = "/ccci-run/lineage";
+    /// Present (bound to a lease that nobody renews) for one lease TTL after a lineage began.
+    pub(crate) const SETTLING: &str = "/ccci-run/settling";
     /// The kinds of lock under [`PREFIX`].
     pub(crate) const APP: &str = "app";
     pub(crate) const NAMED: &str = "named";
@@ -281,13 +288,23 @@ pub(crate) mod etcd {
         format!("{lock_dir}queue/")
     }
 
+    /// The prefix of the holders' tenure keys in a lock's key directory.
+    pub(crate) fn tenure_prefix(lock_dir: &str) -> String {
+        format!("{lock_dir}tenure/")
+    }
+
+    /// A holder's tenure key: one per lease and lock.
+    pub(crate) fn tenure_key(lock_dir: &str, lease: i64) -> String {
+        format!("{lock_dir}tenure/{lease:016x}")
+    }
+
     /// A waiter's key: one per lease and lock.
     pub(crate) fn queue_key(lock_dir: &str, lease: i64) -> String {
         format!("{lock_dir}queue/{lease:016x}")
     }
 
     /// Split a key under [`PREFIX`] into its kind, its lock's name and the rest (`owner`,
-    /// `queue/<lease>`).
+    /// `tenure/<lease>`, `queue/<lease>`).
     pub(crate) fn key_parts(key: &str) -> Option<(&str, &str, &str)> {
         let rest = key.strip_prefix(PREFIX)?;
         let (kind, rest) = rest.split_once('/')?;

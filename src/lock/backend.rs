@@ -90,7 +90,8 @@ pub(crate) trait Lease {
     /// Names this very lock instance, for a child that inherits it (`CCCI_HELD_LOCKS`): no
     /// commas, no newlines.
     fn token(&self) -> Result<String, LockError>;
-    /// Readable once the lock was lost behind the holder's back (an expired or revoked lease);
+    /// Readable once the lock was lost behind the holder's back (an expired or revoked lease,
+    /// the lock's record deleted or replaced, the store wiped or restored from before);
     /// `None` for a backend where only the holder's exit ends a lock, as with the kernel's
     /// flock. The holder watches it next to its signals: a loss is a teardown (`lock-lost`, 76)
     /// that leaves the app alone, since someone else may hold it by then.
@@ -98,9 +99,10 @@ pub(crate) trait Lease {
     /// Remove what names the lock while still holding it (after a reap: the app is gone);
     /// whether it was removed. The lock is released when the lease is dropped.
     fn remove(&self) -> Result<bool, LockError>;
-    /// A number larger for every later holder of this lock, on every host (the etcd key's
-    /// creation revision): what a resource shared beyond one host can check to refuse a
-    /// holder that lost its lock. `None` where the lock cannot be lost behind its holder.
+    /// A number larger for every later holder of this lock, on every host (for etcd: the
+    /// lineage's base plus the owner key's creation revision, so also across a wipe): what a
+    /// resource shared beyond one host can check to refuse a holder that lost its lock. `None`
+    /// where the lock cannot be lost behind its holder.
     fn fencing_token(&self) -> Option<i64> {
         None
     }

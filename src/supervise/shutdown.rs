@@ -92,7 +92,7 @@ pub(crate) enum Event {
     ParentDied,
     /// A `--tie-to` process exited: this one.
     TiedPidDied(i32),
-    /// A held lock was lost (its lease expired or was revoked).
+    /// A held lock was lost (its lease expired or was revoked, its record deleted or replaced).
     LockLost,
     /// The command (the group leader) was reaped.
     CommandEnded(ChildStatus),

@@ -475,3 +475,323 @@ fn a_signal_ends_a_wait_on_etcd_at_once_and_leaves_no_place_in_line() {
     holder.close_stdin();
     holder.finish().assert_code(0);
 }
+
+/// The owner key of `domain`'s app lock.
+fn app_owner(domain: &str) -> String {
+    format!("/ccci-run/app/{domain}/owner")
+}
+
+/// Run `etcdctl` against `cluster`, which must succeed.
+#[track_caller]
+fn etcdctl(cluster: &Cluster, args: &[&str]) {
+    let out = cluster.etcdctl(args);
+    assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+}
+
+/// Nanoseconds since the Unix epoch, as `date +%s%N` in a command writes them.
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// The timestamps (`date +%s%N`, one a line) in `path`.
+fn stamps(path: &std::path::Path) -> Vec<u128> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A command that keeps acting after SIGTERM (it writes the time to `$ACTS` every 20 ms, and
+/// when TERM came to `$TERMED`) until it is SIGKILLed: the worst case of a holder whose lock
+/// went behind its back.
+const ACTS_THROUGH_TERM: &str = r#"trap 'date +%s%N > "$TERMED"' TERM; echo ready $$ $CCCI_FENCING_TOKEN; while :; do date +%s%N >> "$ACTS"; sleep 0.02; done"#;
+
+/// Records when it starts (`$STARTED`) and its token, and ends.
+const RECORDS_START: &str = r#"date +%s%N > "$STARTED"; echo ready $$ $CCCI_FENCING_TOKEN"#;
+
+#[test]
+fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_only_after_it_ended() {
+    // The issue this guards: the holder never noticed, the next one started beside it.
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
+    let dir = a.sandbox.path();
+    let (acts, termed, started) = (dir.join("acts"), dir.join("termed"), dir.join("started"));
+    let mut cmd = a.run("r1", &["--kill-grace", "1.5"], ACTS_THROUGH_TERM);
+    cmd.env("ACTS", &acts).env("TERMED", &termed);
+    let mut r1 = Proc::spawn(cmd);
+    let ready = r1.wait_for(Stream::Out, "ready");
+    let first_token = token_of(&ready);
+    let mut cmd = b.run("r2", &["--lock-wait", "60"], RECORDS_START);
+    cmd.env("STARTED", &started);
+    let mut r2 = Proc::spawn(cmd);
+    r2.wait_for(Stream::Err, "waiting; held by run r1");
+    let domain = a.record("r1")["domain"].as_str().unwrap().to_owned();
+
+    // The delete happens somewhere inside the etcdctl call: timed from its return (and its
+    // start, for the command's SIGTERM, which is stamped by the command itself).
+    let deleting_ns = now_ns();
+    etcdctl(&cluster, &["del", &app_owner(&domain)]);
+    let deleted = Instant::now();
+    r1.wait_for(Stream::Err, "its owner key was deleted");
+    let noticed = deleted.elapsed();
+    let lost = r1.finish();
+    lost.assert_code(76);
+    lost.assert_stderr_has("the lock was lost while held — tearing down");
+    let r1_ended = deleted.elapsed();
+    assert_eq!(a.record("r1")["shutdown_reason"], "lock-lost");
+    let next_token = token_of(&r2.wait_for(Stream::Out, "ready"));
+    let second = r2.finish();
+    second.assert_code(0);
+
+    let termed_ns = stamps(&termed)[0];
+    let last_act = *stamps(&acts).last().unwrap();
+    let r2_start = stamps(&started)[0];
+    let gap_ms = (r2_start as f64 - last_act as f64) / 1e6;
+    eprintln!(
+        "owner key deleted: r1 said so {noticed:?} after etcdctl returned, its command got \
+         SIGTERM {:.1} ms after etcdctl started, r1 ended {r1_ended:?} after etcdctl returned; \
+         r2's command started {gap_ms:.1} ms after r1's command last acted",
+        (termed_ns as f64 - deleting_ns as f64) / 1e6
+    );
+    assert!(
+        noticed < Duration::from_secs(1),
+        "the holder took {noticed:?} to see its key gone"
+    );
+    assert!(
+        r2_start > last_act,
+        "the next holder's command started {:.1} ms before the last one's stopped acting",
+        -gap_ms
+    );
+    // It waited for the last holder to end, and said so.
+    second.assert_stderr_has("its last holder, run r1 (pid");
+    assert!(next_token > first_token, "{next_token} after {first_token}");
+}
+
+#[test]
+fn an_owner_key_replaced_by_hand_is_a_loss_and_junk_to_the_next_holder() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
+    let mut r1 = Proc::spawn(a.run("r1", &[], HOLD));
+    let first_token = token_of(&r1.wait_for(Stream::Out, "ready"));
+    let mut r2 = Proc::spawn(b.run("r2", &["--lock-wait", "60"], HOLD));
+    r2.wait_for(Stream::Err, "waiting; held by run r1");
+    let domain = a.record("r1")["domain"].as_str().unwrap().to_owned();
+
+    let replaced = Instant::now();
+    etcdctl(&cluster, &["put", &app_owner(&domain), "written by hand"]);
+    r1.wait_for(Stream::Err, "its owner key was replaced");
+    let noticed = replaced.elapsed();
+    let lost = r1.finish();
+    lost.assert_code(76);
+    // The hand-written key is nobody's lock: the next holder removes it and goes on.
+    r2.wait_for(
+        Stream::Err,
+        "an owner key without a lease (written by hand?)",
+    );
+    let next_token = token_of(&r2.wait_for(Stream::Out, "ready"));
+    eprintln!("owner key replaced: r1 saw it after {noticed:?}");
+    assert!(noticed < Duration::from_secs(1), "{noticed:?}");
+    assert!(next_token > first_token, "{next_token} after {first_token}");
+    r2.close_stdin();
+    r2.finish().assert_code(0);
+    assert!(cluster.keys().is_empty(), "{}", cluster.keys());
+}
+
+#[test]
+fn a_wiped_cluster_is_a_loss_to_its_holder_and_never_hands_out_a_smaller_token() {
+    let Some(mut cluster) = Cluster::start() else {
+        return;
+    };
+    let ttl = 3;
+    let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
+    let dir = a.sandbox.path();
+    let (acts, started) = (dir.join("acts"), dir.join("started"));
+    // Revisions well above what the wiped cluster starts at.
+    for i in 0..20 {
+        etcdctl(&cluster, &["put", "/elsewhere/filler", &i.to_string()]);
+    }
+    let mut cmd = a.run(
+        "r1",
+        &[],
+        r#"echo ready $$ $CCCI_FENCING_TOKEN; while :; do date +%s%N >> "$ACTS"; sleep 0.02; done"#,
+    );
+    cmd.env("ACTS", &acts);
+    let mut r1 = Proc::spawn(cmd);
+    let first_token = token_of(&r1.wait_for(Stream::Out, "ready"));
+
+    cluster.wipe();
+    let back = Instant::now();
+    // A new run straight away, racing the old holder's notice.
+    let mut cmd = b.run("r2", &["--lock-wait", "60"], RECORDS_START);
+    cmd.env("STARTED", &started);
+    let mut r2 = Proc::spawn(cmd);
+    let loss = r1.wait_for(Stream::Err, "was lost:");
+    let noticed = back.elapsed();
+    r1.finish().assert_code(76);
+    r2.wait_for(Stream::Err, "a new lock lineage begins");
+    let next_token = token_of(&r2.wait_for(Stream::Out, "ready"));
+    r2.finish().assert_code(0);
+    let last_act = *stamps(&acts).last().unwrap();
+    let r2_start = stamps(&started)[0];
+    eprintln!(
+        "cluster wiped: r1 saw it {noticed:?} after the cluster was back ({loss}); r2's command \
+         started {:.1} ms after r1's last act; tokens {first_token} then {next_token}",
+        (r2_start as f64 - last_act as f64) / 1e6
+    );
+    assert!(
+        noticed < Duration::from_secs(u64::from(ttl)),
+        "the holder took {noticed:?}"
+    );
+    assert!(r2_start > last_act, "the two holders overlapped");
+    assert!(
+        next_token > first_token,
+        "a token after the wipe ({next_token}) is not above the one before ({first_token})"
+    );
+}
+
+#[test]
+fn a_cluster_restored_from_before_the_claim_is_a_loss_and_the_lineage_begins_again() {
+    let Some(mut cluster) = Cluster::start() else {
+        return;
+    };
+    let ttl = 3;
+    let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
+    let mut r0 = Proc::spawn(a.run("r0", &[], HOLD));
+    let zeroth = token_of(&r0.wait_for(Stream::Out, "ready"));
+    // r1 is in line (its lease granted) when the snapshot is taken, and takes the lock after.
+    let mut r1 = Proc::spawn(b.run("r1", &["--lock-wait", "60"], HOLD));
+    r1.wait_for(Stream::Err, "waiting; held by run r0");
+    let snapshot = cluster.save_snapshot();
+    r0.close_stdin();
+    r0.finish().assert_code(0);
+    let first_token = token_of(&r1.wait_for(Stream::Out, "ready"));
+
+    cluster.restore(&snapshot);
+    let back = Instant::now();
+    let loss = r1.wait_for(Stream::Err, "was lost:");
+    let noticed = back.elapsed();
+    assert!(loss.contains("went back in time"), "{loss}");
+    // The holder that saw it begins a new lineage above its own token.
+    r1.wait_for(Stream::Err, "a new lock lineage begins");
+    r1.finish().assert_code(76);
+    let mut r2 = Proc::spawn(a.run("r2", &["--lock-wait", "60"], HOLD));
+    let next_token = token_of(&r2.wait_for(Stream::Out, "ready"));
+    r2.close_stdin();
+    r2.finish().assert_code(0);
+    eprintln!(
+        "restored from before the claim: r1 saw it {noticed:?} after the cluster was back; \
+         tokens {zeroth}, {first_token}, then {next_token}"
+    );
+    assert!(noticed < Duration::from_secs(u64::from(ttl)), "{noticed:?}");
+    assert!(
+        next_token > first_token,
+        "a token after the restore ({next_token}) is not above the one before ({first_token})"
+    );
+}
+
+/// Write `key` without a lease, as an operator with etcdctl would.
+fn put_junk(cluster: &Cluster, key: &str) {
+    etcdctl(cluster, &["put", key, "written by hand"]);
+}
+
+/// The `locks --json` entry named `name`.
+fn lock_entry(host: &Host, name: &str) -> Value {
+    let locks = host.locks();
+    locks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no lock {name} in {locks}"))
+}
+
+#[test]
+fn keys_without_a_lease_never_wedge_an_app_lock_and_the_janitor_removes_them() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let host = Host::on(&cluster, 3);
+    let domain = host.sandbox.domain("custom-html", Some("1"));
+    let junk_queue = format!("/ccci-run/app/{domain}/queue/0000000000000001");
+    let junk = || {
+        put_junk(&cluster, &app_owner(&domain));
+        put_junk(&cluster, &junk_queue);
+    };
+    junk();
+    // `locks` shows them for what they are: nobody holds the lock.
+    let entry = lock_entry(&host, &domain);
+    assert_eq!(entry["held"], false, "{entry}");
+    assert_eq!(entry["waiters"], 0, "{entry}");
+    assert!(
+        entry["problem"].as_str().unwrap().contains("junk"),
+        "{entry}"
+    );
+    // A run is not held up by them, nor by a lineage record written by hand (a new lineage
+    // begins in its place).
+    put_junk(&cluster, "/ccci-run/lineage");
+    let done = run(host.run("r1", &["--lock-wait", "10"], "echo ran"));
+    done.assert_code(0);
+    assert!(done.out.join("\n").contains("ran"), "{}", done.transcript());
+    done.assert_stderr_has("its lock lineage record /ccci-run/lineage is unreadable");
+
+    // An orphan app behind junk keys is an orphan: reaped, and the junk removed.
+    junk();
+    host.sandbox.plant_env("ci", &domain, "X=1\n");
+    let (report, swept) = host.janitor();
+    swept.assert_code(0);
+    let line = crate::util::candidate(&report, &domain);
+    assert_eq!(line["decision"], "reap", "{report:#}");
+    assert!(
+        report["tidied"].to_string().contains(&junk_queue),
+        "{report:#}"
+    );
+    assert!(cluster.keys().is_empty(), "{}", cluster.keys());
+}
+
+#[test]
+fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let host = Host::on(&cluster, 3);
+    let junk_owner = "/ccci-run/named/cache/owner";
+    let junk_queue = "/ccci-run/named/cache/queue/0000000000000001";
+    let junk_tenure = "/ccci-run/named/cache/tenure/0000000000000001";
+    put_junk(&cluster, junk_owner);
+    put_junk(&cluster, junk_queue);
+    put_junk(&cluster, junk_tenure);
+    let done = run(host.lock(&["--wait", "10"], "echo ran"));
+    done.assert_code(0);
+    assert!(done.out.join("\n").contains("ran"), "{}", done.transcript());
+
+    put_junk(&cluster, junk_owner);
+    let entry = lock_entry(&host, "cache");
+    assert_eq!(entry["held"], false, "{entry}");
+    assert_eq!(entry["waiters"], 0, "{entry}");
+    let problem = entry["problem"].as_str().unwrap();
+    assert!(
+        [junk_owner, junk_queue, junk_tenure]
+            .iter()
+            .all(|k| problem.contains(k)),
+        "{entry}"
+    );
+    let (report, swept) = host.janitor();
+    swept.assert_code(0);
+    let tidied = report["tidied"].to_string();
+    assert!(
+        [junk_owner, junk_queue, junk_tenure]
+            .iter()
+            .all(|k| tidied.contains(k)),
+        "{report:#}"
+    );
+    assert!(cluster.keys().is_empty(), "{}", cluster.keys());
+}

@@ -25,7 +25,8 @@ fn signal(pid: u32, sig: Signal) {
 pub(crate) struct Cluster {
     members: Vec<Child>,
     clients: Vec<String>,
-    _dir: tempfile::TempDir,
+    peers: Vec<u16>,
+    dir: tempfile::TempDir,
 }
 
 /// Whether `etcd` can be started here; outside CI a missing server skips the test (with a
@@ -59,60 +60,164 @@ impl Cluster {
         if !etcd_available() {
             return None;
         }
-        let dir = tempfile::tempdir().unwrap();
-        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let initial: Vec<String> = peers
+        let mut cluster = Self {
+            members: Vec::new(),
+            clients: Vec::new(),
+            peers: Vec::new(),
+            dir: tempfile::tempdir().unwrap(),
+        };
+        // A port found free may be taken by another test's cluster before a member binds it:
+        // such a member exits at once, and the cluster starts again on other ports.
+        for _ in 0..5 {
+            cluster.peers = (0..3).map(|_| free_port()).collect();
+            cluster.clients = (0..3)
+                .map(|_| format!("http://127.0.0.1:{}", free_port()))
+                .collect();
+            cluster.members = (0..3).map(|i| cluster.spawn_member(i)).collect();
+            if cluster.wait_healthy() {
+                return Some(cluster);
+            }
+            cluster.kill_all();
+            for i in 0..3 {
+                let _ = std::fs::remove_dir_all(cluster.data_dir(i));
+            }
+        }
+        panic!("etcd cluster never started: a member exited each time (its log is m<i>.log)");
+    }
+
+    fn initial_cluster(&self) -> String {
+        let members: Vec<String> = self
+            .peers
             .iter()
             .enumerate()
             .map(|(i, p)| format!("m{i}=http://127.0.0.1:{p}"))
             .collect();
-        let members = (0..3)
-            .map(|i| {
-                let log = std::fs::File::create(dir.path().join(format!("m{i}.log"))).unwrap();
-                Command::new("etcd")
-                    .args(["--name", &format!("m{i}")])
-                    .arg("--data-dir")
-                    .arg(dir.path().join(format!("m{i}")))
-                    .args([
-                        "--listen-client-urls",
-                        &format!("http://127.0.0.1:{}", clients[i]),
-                        "--advertise-client-urls",
-                        &format!("http://127.0.0.1:{}", clients[i]),
-                        "--listen-peer-urls",
-                        &format!("http://127.0.0.1:{}", peers[i]),
-                        "--initial-advertise-peer-urls",
-                        &format!("http://127.0.0.1:{}", peers[i]),
-                        "--initial-cluster",
-                        &initial.join(","),
-                        "--initial-cluster-state",
-                        "new",
-                        "--initial-cluster-token",
-                        &format!("ccci-test-{}", std::process::id()),
-                    ])
-                    .stdout(Stdio::null())
-                    .stderr(log)
-                    .spawn()
-                    .expect("start etcd")
-            })
-            .collect();
-        let cluster = Self {
-            members,
-            clients: clients
-                .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
-                .collect(),
-            _dir: dir,
-        };
+        members.join(",")
+    }
+
+    fn token() -> String {
+        format!("ccci-test-{}", std::process::id())
+    }
+
+    fn data_dir(&self, i: usize) -> std::path::PathBuf {
+        self.dir.path().join(format!("m{i}"))
+    }
+
+    /// Start member `i` on its data dir (a new cluster's member when the dir is empty).
+    fn spawn_member(&self, i: usize) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("m{i}.log")))
+            .unwrap();
+        Command::new("etcd")
+            .args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(self.data_dir(i))
+            .args([
+                "--listen-client-urls",
+                &self.clients[i],
+                "--advertise-client-urls",
+                &self.clients[i],
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{}", self.peers[i]),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{}", self.peers[i]),
+                "--initial-cluster",
+                &self.initial_cluster(),
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                &Self::token(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd")
+    }
+
+    /// Wait until the cluster is healthy: `false` when a member exited first.
+    fn wait_healthy(&mut self) -> bool {
         let deadline = Instant::now() + PATIENCE;
-        while !cluster.healthy() {
+        while !self.healthy() {
+            if self
+                .members
+                .iter_mut()
+                .any(|m| m.try_wait().ok().flatten().is_some())
+            {
+                return false;
+            }
             assert!(
                 Instant::now() < deadline,
                 "etcd cluster never became healthy"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(cluster)
+        true
+    }
+
+    fn kill_all(&mut self) {
+        for member in &mut self.members {
+            signal(member.id(), Signal::SIGCONT);
+            let _ = member.kill();
+            let _ = member.wait();
+        }
+    }
+
+    /// Kill every member, give each `data` (empty: none), start them again on the same
+    /// addresses with the same configuration (hence the same cluster id), and wait until the
+    /// cluster is healthy again.
+    fn restart_with(&mut self, data: impl Fn(&Self, usize)) {
+        self.kill_all();
+        for i in 0..3 {
+            let _ = std::fs::remove_dir_all(self.data_dir(i));
+            data(self, i);
+        }
+        self.members = (0..3).map(|i| self.spawn_member(i)).collect();
+        assert!(self.wait_healthy(), "an etcd member exited on restart");
+    }
+
+    /// The cluster wiped: every member killed and started again with an empty data dir.
+    pub(crate) fn wipe(&mut self) {
+        self.restart_with(|_, _| {});
+    }
+
+    /// A snapshot of the cluster's data now, in the test's directory.
+    pub(crate) fn save_snapshot(&self) -> std::path::PathBuf {
+        let path = self.dir.path().join("snapshot.db");
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.clients[0], "snapshot", "save"])
+            .arg(&path)
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "snapshot save: {out:?}");
+        path
+    }
+
+    /// The cluster restored from `snapshot` on every member, as etcd's disaster-recovery
+    /// guide does it (same members, same token: the same cluster id).
+    pub(crate) fn restore(&mut self, snapshot: &std::path::Path) {
+        self.restart_with(|cluster, i| {
+            let out = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["snapshot", "restore"])
+                .arg(snapshot)
+                .args(["--name", &format!("m{i}")])
+                .arg("--data-dir")
+                .arg(cluster.data_dir(i))
+                .args([
+                    "--initial-cluster",
+                    &cluster.initial_cluster(),
+                    "--initial-cluster-token",
+                    &Self::token(),
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{}", cluster.peers[i]),
+                ])
+                .output()
+                .expect("run etcdctl");
+            assert!(out.status.success(), "snapshot restore: {out:?}");
+        });
     }
 
     pub(crate) fn endpoints(&self) -> String {
@@ -156,19 +261,21 @@ impl Cluster {
         }
     }
 
-    /// The keys under ccci-run's prefix, with their values.
+    /// The keys of ccci-run's locks (app and named), with their values: what a holder or a
+    /// waiter writes, and must not leave behind. (The lineage record stays by design.)
     pub(crate) fn keys(&self) -> String {
-        let out = self.etcdctl(&["get", "--prefix", "/ccci-run/"]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        ["/ccci-run/app/", "/ccci-run/named/"]
+            .iter()
+            .map(|prefix| {
+                let out = self.etcdctl(&["get", "--prefix", prefix]);
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            })
+            .collect()
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for member in &mut self.members {
-            signal(member.id(), Signal::SIGCONT);
-            let _ = member.kill();
-            let _ = member.wait();
-        }
+        self.kill_all();
     }
 }

@@ -1,0 +1,176 @@
+//! The etcd client every lock of this process shares: one runtime thread, one client per
+//! endpoint asked in turn ([`Pool`]), and the blocking calls the main thread makes through it,
+//! each within a time limit (a member that hangs never hangs a run).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, GetResponse, Txn, TxnResponse};
+
+use super::lease::Session;
+use crate::lock::LockError;
+
+/// How long connecting, and any one request of the main thread, may take.
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a release may take: a holder whose etcd is gone must still tear down promptly
+/// (its lease runs out on its own).
+pub(super) const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one member may take to answer one request before the next member is asked: a
+/// member that is stopped or cut off accepts connections and never answers.
+pub(super) const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
+/// A pause before retrying after a failed watch or keepalive, so a dead member is not hammered.
+pub(super) const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// What the backend and every lock it handed out share; the last of them to go revokes the
+/// lease and stops the runtime.
+pub(super) struct Shared {
+    pub(super) runtime: Option<tokio::runtime::Runtime>,
+    pub(super) pool: Arc<Pool>,
+    /// The endpoints, comma-separated, for messages.
+    pub(super) endpoints: String,
+    pub(super) ttl: Duration,
+    pub(super) handle: tokio::runtime::Handle,
+    /// This process's lease, granted at the first lock it takes or waits for.
+    pub(super) session: Mutex<Option<Arc<Session>>>,
+    pub(super) host: String,
+}
+
+/// One client per endpoint, asked in turn: a request that fails or hangs on one member is
+/// asked again of the next, and the member that answered is asked first next time. (The
+/// client's own balancing keeps sending to a member that is down.)
+pub(super) struct Pool {
+    pub(super) clients: Vec<Client>,
+    pub(super) next: AtomicUsize,
+}
+
+impl Pool {
+    /// The member to ask now, and its index for [`Pool::fail_over`].
+    pub(super) fn current(&self) -> (usize, Client) {
+        let at = self.next.load(Ordering::SeqCst);
+        (at, self.clients[at % self.clients.len()].clone())
+    }
+
+    /// The member at `at` failed us: ask the next one from now on (unless another request
+    /// already moved on).
+    pub(super) fn fail_over(&self, at: usize) {
+        let _ =
+            self.next
+                .compare_exchange(at, at.wrapping_add(1), Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// `request`, asked of each member in turn until one answers (within about
+    /// [`REQUEST_TIMEOUT`]).
+    pub(super) async fn call<T, F, Fut>(&self, request: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        // A cluster between leaders refuses on every member for a moment: go round until one
+        // answers or the time for a request is up.
+        let started = tokio::time::Instant::now();
+        let mut last = None;
+        for round in 0.. {
+            if round > 0 && round % self.clients.len() == 0 {
+                if started.elapsed() >= REQUEST_TIMEOUT {
+                    break;
+                }
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            let (at, client) = self.current();
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, request(client)).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(err)) if !member_failed(&err) => return Err(err),
+                Ok(Err(err)) => last = Some(err),
+                Err(_) => {
+                    last = Some(etcd_client::Error::IoError(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no answer",
+                    )));
+                }
+            }
+            self.fail_over(at);
+        }
+        Err(last.expect("at least one endpoint"))
+    }
+}
+
+/// Whether `err` says the member could not serve us (down, stopped, without a leader), as
+/// opposed to an answer (a lease that does not exist, a request it refuses).
+pub(super) fn member_failed(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => {
+            // NOT_FOUND, INVALID_ARGUMENT, FAILED_PRECONDITION, PERMISSION_DENIED,
+            // UNAUTHENTICATED, OUT_OF_RANGE: the cluster answered.
+            !matches!(i32::from(status.code()), 3 | 5 | 7 | 9 | 11 | 16)
+        }
+        _ => true,
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.end_session();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(RELEASE_TIMEOUT);
+        }
+    }
+}
+
+impl Shared {
+    pub(super) fn error(&self, what: &str, detail: impl ToString) -> LockError {
+        LockError::Etcd {
+            endpoints: self.endpoints.clone(),
+            what: what.to_owned(),
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Run `work` on the runtime, from the main thread, within `limit`.
+    pub(super) fn block_on<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        work: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, LockError> {
+        // The timer is made inside the runtime: it needs the runtime's clock.
+        self.handle
+            .block_on(async move { tokio::time::timeout(limit, work).await })
+            .map_err(|_| self.error(what, format!("no answer within {} s", limit.as_secs())))?
+            .map_err(|e| self.error(what, e))
+    }
+
+    /// One transaction, through whichever member answers.
+    pub(super) fn txn(
+        &self,
+        what: &str,
+        limit: Duration,
+        txn: Txn,
+    ) -> Result<TxnResponse, LockError> {
+        self.block_on(
+            what,
+            limit,
+            self.pool.call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            }),
+        )
+    }
+
+    /// The keys at `key` (or under it, with the prefix option).
+    pub(super) fn get(
+        &self,
+        what: &str,
+        key: &str,
+        options: Option<GetOptions>,
+    ) -> Result<GetResponse, LockError> {
+        self.block_on(
+            what,
+            REQUEST_TIMEOUT,
+            self.pool.call(|mut c| {
+                let options = options.clone();
+                async move { c.get(key, options).await }
+            }),
+        )
+    }
+}
