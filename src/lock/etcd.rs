@@ -1055,6 +1055,8 @@ impl LockBackend for Etcd {
                     _ => None,
                 },
                 holder,
+                holder_is: None,
+                holder_unresolvable: None,
                 age_s: age.map(|a| a.as_secs()),
                 long_held: age.is_some_and(|a| a > long_held),
                 problem: None,

@@ -18,6 +18,7 @@ use crate::names::escape_outside;
 use crate::lock::Holder;
 use crate::lock::queue::{Queue, QueuedTicket};
 use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX, named_lock_of_file, queue_dir_of};
+use crate::supervise::identity::Verdict;
 use crate::supervise::linux::{self, ProcLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -43,6 +44,14 @@ pub(crate) struct LockInfo {
     pub holder: Option<Holder>,
     /// The raw contents when they do not parse (at most 4 KiB, lossily decoded).
     pub holder_raw: Option<String>,
+    /// What this host, from where `locks` runs, can say of the holder its line names: `alive`,
+    /// `dead` (it died holding the lock: its line was never cleared), or `unresolvable` (in a
+    /// pid namespace not visible here, on another host), never a guess.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_is: Option<&'static str>,
+    /// Why the holder cannot be judged from here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_unresolvable: Option<String>,
     pub age_s: Option<u64>,
     pub long_held: bool,
     /// Why this file is suspicious (a symlink, not a regular file, another user's).
@@ -105,6 +114,8 @@ fn describe(
         waiters: 0,
         holder: None,
         holder_raw: None,
+        holder_is: None,
+        holder_unresolvable: None,
         age_s: None,
         long_held: false,
         problem: None,
@@ -164,7 +175,19 @@ fn describe(
     if let Ok(bytes) = text {
         let text = String::from_utf8_lossy(&bytes).trim().to_owned();
         match Holder::parse(&text) {
-            Some(holder) => info.holder = Some(holder),
+            Some(holder) => {
+                if let Some(process) = &holder.trace.process {
+                    match process.judge() {
+                        Verdict::Alive => info.holder_is = Some("alive"),
+                        Verdict::Dead => info.holder_is = Some("dead"),
+                        Verdict::Unresolvable(why) => {
+                            info.holder_is = Some("unresolvable");
+                            info.holder_unresolvable = Some(why);
+                        }
+                    }
+                }
+                info.holder = Some(holder);
+            }
             None if !text.is_empty() => info.holder_raw = Some(text),
             None => {}
         }
@@ -206,6 +229,13 @@ pub(crate) fn render_table(locks: &[LockInfo]) -> String {
         }
         if l.long_held {
             notes.push("LONG-HELD".to_owned());
+        }
+        match (l.holder_is, &l.holder_unresolvable) {
+            (Some("dead"), _) => notes.push("its holder died holding it".to_owned()),
+            (Some("unresolvable"), Some(why)) => {
+                notes.push(format!("holder not judged from here: {why}"));
+            }
+            _ => {}
         }
         if let Some(queue) = l.queue.as_ref().filter(|q| !q.is_empty()) {
             let tickets: Vec<String> = queue
