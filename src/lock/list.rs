@@ -2,6 +2,9 @@
 //!
 //! Holders come from `/proc/locks` (matched by device and inode), so looking never disturbs a
 //! holder or a waiter, and a lock file that is not ours is described, never opened for writing.
+//! `/proc/locks` hides the locks of processes outside our pid namespace, so a file of ours that
+//! names a holder nobody here holds it for is tried once (and let go at once). What the holder
+//! line names is judged from here: alive, dead (it died holding the lock), or unresolvable.
 
 use std::fmt::Write as _;
 use std::fs::OpenOptions;
@@ -15,7 +18,7 @@ use serde::Serialize;
 
 use crate::names::escape_outside;
 
-use crate::lock::Holder;
+use crate::lock::{Holder, LockFile, TryLock};
 use crate::lock::queue::{Queue, QueuedTicket};
 use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX, named_lock_of_file, queue_dir_of};
 use crate::supervise::identity::Verdict;
@@ -174,6 +177,13 @@ fn describe(
         });
     if let Ok(bytes) = text {
         let text = String::from_utf8_lossy(&bytes).trim().to_owned();
+        if !info.held && !text.is_empty() && info.problem.is_none() {
+            // A holder clears its line when it lets go, and `/proc/locks` hides the locks of
+            // processes outside our pid namespace: a line with no holder in sight is either a
+            // holder we cannot see or one that died holding the lock. One try tells them apart
+            // (taken and let go at once, nothing written).
+            info.held = held_unseen(path);
+        }
         match Holder::parse(&text) {
             Some(holder) => {
                 if let Some(process) = &holder.trace.process {
@@ -193,6 +203,14 @@ fn describe(
         }
     }
     info
+}
+
+/// True when someone holds the lock file at `path` though `/proc/locks` shows no holder.
+fn held_unseen(path: &Path) -> bool {
+    matches!(
+        LockFile::open_existing(path).map(|f| f.map(LockFile::try_lock)),
+        Ok(Some(Ok(TryLock::Busy(_))))
+    )
 }
 
 /// The human-readable table.
