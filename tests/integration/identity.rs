@@ -505,3 +505,57 @@ fn a_finished_run_s_id_is_never_refused_while_a_probe_holds_its_guard(#[case] si
     done.assert_code(0);
     assert_eq!(done.out, ["rerun-ran"], "{}", done.transcript());
 }
+
+/// Waiters of one named lock in two pid namespaces keep their places: each judges the ticket
+/// ahead by its owner's identity, which the host resolves in the namespace and the namespace
+/// cannot (then the owner's keepalive speaks for it). Before, the pid in a ticket was looked up
+/// in the reader's own `/proc`, a live waiter's ticket was removed as dead and its owner went to
+/// the back of the queue.
+#[rstest]
+#[case::namespaced_waiter_first(true)]
+#[case::host_waiter_first(false)]
+fn named_lock_waiters_in_two_pid_namespaces_are_served_in_order(#[case] namespaced_first: bool) {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let lock = |script: &str| {
+        let mut cmd = sandbox.ccci();
+        cmd.args(["lock", "shared", "--", "sh", "-c", script]);
+        cmd
+    };
+    let mut holder = Proc::spawn(lock("echo ready $$; read line || :"));
+    holder.wait_ready();
+    let waiter = |id: &str, namespaced: bool| {
+        let cmd = lock(&format!("echo {id} >> {}", crate::util::sh_quote(&log)));
+        let mut w = Proc::spawn(if namespaced {
+            in_pid_namespace(&cmd)
+        } else {
+            cmd
+        });
+        let line = w.wait_for(Stream::Err, "waiting as queue ticket");
+        (w, line)
+    };
+    // The head waits in the kernel's flock queue; the two behind it only by their tickets,
+    // and each sees who is ahead.
+    let (head, _) = waiter("head", false);
+    let (first, line) = waiter("first", namespaced_first);
+    assert!(line.contains("1 ticket(s) ahead"), "{line}");
+    let (second, line) = waiter("second", !namespaced_first);
+    assert!(line.contains("2 ticket(s) ahead"), "{line}");
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+    for w in [head, first, second] {
+        let done = w.finish();
+        done.assert_code(0);
+        assert!(
+            !done.err.iter().any(|l| l.contains("our ticket vanished")),
+            "a live waiter's ticket was removed\n{}",
+            done.transcript()
+        );
+    }
+    let order: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(order, ["head", "first", "second"]);
+}
