@@ -18,8 +18,8 @@ use serde::Serialize;
 
 use crate::names::escape_outside;
 
-use crate::lock::{Holder, LockFile, TryLock};
 use crate::lock::queue::{Queue, QueuedTicket};
+use crate::lock::{Holder, LockFile, TryLock};
 use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX, named_lock_of_file, queue_dir_of};
 use crate::supervise::identity::Verdict;
 use crate::supervise::linux::{self, ProcLock};

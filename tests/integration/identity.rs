@@ -165,7 +165,11 @@ fn a_live_run_in_a_pid_namespace_is_never_killed_from_the_host(#[case] cgroup: &
 
     // A host run's sweep: reaping a dead app, it hunts by environment too.
     let dead = plant_dead_app(&sandbox, "8");
-    run(with_cgroup(sandbox.run_sh("h1", &["--pr", "2"], "true"), cgroup)).assert_code(0);
+    run(with_cgroup(
+        sandbox.run_sh("h1", &["--pr", "2"], "true"),
+        cgroup,
+    ))
+    .assert_code(0);
     assert!(!dead.exists(), "the host run's sweep did not reap");
 
     let locks = locks_in(here, &sandbox);
@@ -247,7 +251,10 @@ fn runs_in_a_time_namespace_are_judged_alive_and_dead_like_any_other(#[case] cgr
         sandbox.run_sh("t1", &["--pr", "1"], LIVE),
         cgroup,
     )));
-    let host = Proc::spawn(with_cgroup(sandbox.run_sh("h1", &["--pr", "2"], LIVE), cgroup));
+    let host = Proc::spawn(with_cgroup(
+        sandbox.run_sh("h1", &["--pr", "2"], LIVE),
+        cgroup,
+    ));
     let (mut timed, mut host) = (timed, host);
     timed.wait_ready();
     host.wait_ready();
@@ -275,7 +282,10 @@ fn runs_in_a_time_namespace_are_judged_alive_and_dead_like_any_other(#[case] cgr
     signal(killed.pid(), Signal::SIGKILL);
     assert!(wait_exited(killed.pid()));
     let report = janitor_in(here, &sandbox);
-    assert!(!process_alive(daemon), "the dead run's daemon survived\n{report:#}");
+    assert!(
+        !process_alive(daemon),
+        "the dead run's daemon survived\n{report:#}"
+    );
     let found = report["dead_cgroups"].as_array().unwrap().len()
         + report["leftover_processes"].as_array().unwrap().len();
     assert!(found > 0, "{report:#}");
@@ -315,7 +325,10 @@ fn a_janitor_never_touches_another_configuration_s_dead_runs(#[case] cgroup: &st
         "another configuration's process was killed\n{report:#}"
     );
     if let Some(path) = &their_cgroup {
-        assert!(Path::new(path).exists(), "another configuration's cgroup went");
+        assert!(
+            Path::new(path).exists(),
+            "another configuration's cgroup went"
+        );
     }
     if let Some(path) = &our_cgroup {
         assert!(!Path::new(path).exists(), "{report:#}");
