@@ -79,10 +79,17 @@ pub(crate) fn reap_dead_runs_cgroups(
     dry_run: bool,
     nearby: bool,
 ) -> Vec<DeadCgroup> {
-    let found = cgroup::find(scope, nearby);
+    let (found, ownerless) = cgroup::find(scope, nearby);
     // After the cgroups were listed: each supervisor started before the look at it.
     let judge = Judge::new();
     let until = Instant::now() + leftovers::KILL_BUDGET;
+    for path in ownerless {
+        // Not ours to judge, and not necessarily dead (an older ccci-run may be running it).
+        tracing::info!(
+            cgroup = %path.display(),
+            "left alone: its name carries no owner (an older ccci-run made it)"
+        );
+    }
     let mut reported = Vec::new();
     for found in found {
         let mut line = DeadCgroup {

@@ -327,28 +327,33 @@ pub(crate) struct Found {
 
 /// Every cgroup of the configuration `scope` (`ccci-…-<owner>`) in the unified hierarchy, or
 /// only beside our own (`nearby`: where this host's runs put theirs). Another configuration's
-/// cgroups are not even looked at. Without cgroup v2 there is nothing to find.
-pub(crate) fn find(scope: Scope, nearby: bool) -> Vec<Found> {
+/// cgroups are not even looked at. Also returned: cgroups named like ours whose name carries no
+/// owner (an older ccci-run's), which nobody can judge. Without cgroup v2 there is nothing to find.
+pub(crate) fn find(scope: Scope, nearby: bool) -> (Vec<Found>, Vec<PathBuf>) {
     let start = if nearby {
         own_cgroup().ok()
     } else {
         mount_point()
     };
     let Some(start) = start else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     let mut dirs = Vec::new();
     find_ours(&start, if nearby { MAX_WALK_DEPTH } else { 0 }, &mut dirs);
-    dirs.into_iter()
-        .filter_map(|path| {
-            let name = path.file_name()?.to_str()?;
-            let Some(owner) = cgroup_owner(name).and_then(Owner::parse) else {
-                tracing::debug!(cgroup = %path.display(), "not a cgroup name of this version; left alone");
-                return None;
-            };
-            (owner.scope == scope).then_some(Found { path, owner })
-        })
-        .collect()
+    let (mut found, mut ownerless) = (Vec::new(), Vec::new());
+    for path in dirs {
+        let owner = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(cgroup_owner)
+            .and_then(Owner::parse);
+        match owner {
+            Some(owner) if owner.scope == scope => found.push(Found { path, owner }),
+            Some(_) => {}
+            None => ownerless.push(path),
+        }
+    }
+    (found, ownerless)
 }
 
 /// How many processes are in the cgroup at `dir` and below.

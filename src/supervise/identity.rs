@@ -94,9 +94,11 @@ impl Here {
                 proc_is_own: depth == Some(1),
                 proc_is_init: init_ns == Some(linux::INIT_PID_NAMESPACE),
                 offset_ticks: own_offset_ticks(),
+                // Root sees every process, whatever `hidepid` says.
                 hidden: std::fs::read_to_string("/proc/self/mountinfo")
                     .ok()
-                    .and_then(|m| linux::proc_hides_processes(&m)),
+                    .and_then(|m| linux::proc_hidepid(&m))
+                    .filter(|_| !nix::unistd::Uid::effective().is_root()),
             }
         })
     }
@@ -566,6 +568,22 @@ mod tests {
         #[case] want: u64,
     ) {
         assert_eq!(normalise(raw, offset), want);
+    }
+
+    #[rstest]
+    #[case(
+        "22 1 0:21 / /proc rw,nosuid - proc proc rw,hidepid=invisible\n",
+        Some("invisible")
+    )]
+    #[case("22 1 0:21 / /proc rw - proc proc rw,hidepid=2,gid=4\n", Some("2"))]
+    #[case("22 1 0:21 / /proc rw - proc proc rw,hidepid=0\n", None)]
+    #[case("22 1 0:21 / /proc rw - proc proc rw\n", None)]
+    #[case("23 1 0:22 / /mnt/proc rw - proc proc rw,hidepid=2\n", None)]
+    fn hidepid_is_read_from_the_proc_mount(#[case] mountinfo: &str, #[case] want: Option<&str>) {
+        assert_eq!(
+            linux::proc_hidepid(mountinfo),
+            want.map(|w| format!("/proc is mounted with hidepid={w}"))
+        );
     }
 
     #[rstest]

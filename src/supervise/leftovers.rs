@@ -9,8 +9,11 @@
 //! its own command starts.
 //!
 //! Invariant: a process is only ever killed when the supervisor it names is of our own
-//! configuration and judged dead, never the calling process or one of its ancestors; and it is
-//! signalled through its `/proc` directory, so a pid reused meanwhile is never hit.
+//! configuration and judged dead — or, for the cgroup of a lock's previous holder of this boot
+//! that we cannot see, when that holder let go of the lock without clearing its line, which a
+//! holder only does at its exit, past its teardown — never the calling process or one of its
+//! ancestors; and it is signalled through its `/proc` directory, so a pid reused meanwhile is
+//! never hit.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -91,9 +94,18 @@ pub(crate) fn kill_and_wait(processes: &[&Marked], until: Instant) -> Vec<i32> {
     }
 }
 
+/// This process and its ancestors, as `/proc` numbers them (which is not our own numbering
+/// when `/proc` belongs to an enclosing pid namespace).
 fn ancestors_and_self() -> HashSet<Pid> {
-    let mut spared = HashSet::from([nix::unistd::getpid()]);
-    let mut current = nix::unistd::getppid();
+    let me = std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse().ok())
+        .map_or_else(nix::unistd::getpid, Pid::from_raw);
+    let mut spared = HashSet::from([me]);
+    let mut current = std::fs::read_to_string(format!("/proc/{me}/stat"))
+        .ok()
+        .and_then(|t| linux::parse_stat(&t))
+        .map_or_else(nix::unistd::getppid, |s| s.ppid);
     while current.as_raw() > 1 && spared.insert(current) {
         let Ok(text) = std::fs::read_to_string(format!("/proc/{current}/stat")) else {
             break;
@@ -119,11 +131,13 @@ pub(crate) struct Predecessor {
 /// What became of a dead predecessor's leftovers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Cleared {
-    /// It was dead; everything it left is gone now: `killed` processes, in `cgroup` when it had
-    /// one (removed).
+    /// It was dead (or had let go of the lock); everything of it we can reach is gone now:
+    /// `killed` processes, in `cgroup` when it had one (removed). `unseen`: why something of
+    /// it may still run out of our sight.
     Gone {
         killed: usize,
         cgroup: Option<PathBuf>,
+        unseen: Option<String>,
     },
     /// Nothing was done, for this reason: it still runs, it cannot be judged from here, it is
     /// another configuration's.
@@ -137,15 +151,33 @@ impl Cleared {
     /// holder being `who`); `Err` when they would not go.
     pub(crate) fn report(&self, what: &str, who: &str) -> Result<(), String> {
         match self {
-            Cleared::Gone { killed, cgroup } => {
+            Cleared::Gone {
+                killed,
+                cgroup,
+                unseen,
+            } => {
                 let place = cgroup
                     .as_ref()
                     .map(|c| format!(" (cgroup {}, removed)", c.display()))
                     .unwrap_or_default();
-                report::line(&format!(
-                    "== {what}: its previous holder, {who}, died holding it; killed the {killed} \
-                     process(es) it left{place} before starting =="
-                ));
+                match unseen {
+                    None => report::line(&format!(
+                        "== {what}: its previous holder, {who}, died holding it; killed the \
+                         {killed} process(es) it left{place} before starting =="
+                    )),
+                    Some(why) if *killed == 0 && cgroup.is_none() => report::line(&format!(
+                        "!! {what}: its previous holder, {who}, let go of it without clearing \
+                         its line; nothing of it was within reach: {why}"
+                    )),
+                    Some(why) => {
+                        report::line(&format!(
+                            "== {what}: its previous holder, {who}, let go of it without \
+                             clearing its line; killed the {killed} process(es) it left{place} \
+                             before starting =="
+                        ));
+                        report::line(&format!("!! {what}: its previous holder, {who}: {why}"));
+                    }
+                }
                 Ok(())
             }
             Cleared::LeftAlone(why) => {
@@ -163,20 +195,34 @@ impl Cleared {
 /// How long killing what dead supervisors left may take, and waiting for it to be gone.
 pub(crate) const KILL_BUDGET: Duration = Duration::from_secs(10);
 
-/// Before our own command starts: if the lock's last holder is judged dead and was of our
-/// configuration, kill what it left — its cgroup, then every process naming it — and wait
-/// (until `until`) until all of it is gone.
+/// Before our own command starts: if the lock's last holder (whose line was still in the lock
+/// we took) is judged dead, or cannot be judged from here but was of this boot (it let go of
+/// the lock, so it is gone or past its teardown), and was of our configuration, kill what it
+/// left that we can reach — its cgroup, then every process naming it — and wait (until
+/// `until`) until all of it is gone.
 pub(crate) fn clear_predecessor(before: &Predecessor, own: &Owner, until: Instant) -> Cleared {
     let Some(process) = &before.process else {
         return Cleared::LeftAlone(
             "its holder line names no process identity (an older ccci-run's)".to_owned(),
         );
     };
+    // What of it may lie beyond our reach, said after what was killed.
+    let mut unseen = None;
     match process.judge() {
         Verdict::Alive => {
             return Cleared::LeftAlone(format!(
                 "it still runs ({}), so it is not judged dead",
                 process.describe()
+            ));
+        }
+        // A holder clears its line before it lets go, and lets go only at its exit, after its
+        // teardown: a line left in a lock we now hold is a holder of this boot that let go
+        // without clearing it. Dead, or past its teardown with its cgroup gone: its cgroup,
+        // which we can reach, is no live command's. What it may have outside that cgroup runs
+        // where we cannot see, and is left to a janitor that can.
+        Verdict::Unresolvable(why) if process.boot_id == linux::boot_id() => {
+            unseen = Some(format!(
+                "{why}: what of it runs outside its cgroup cannot be seen from here"
             ));
         }
         Verdict::Unresolvable(why) => {
@@ -244,6 +290,7 @@ pub(crate) fn clear_predecessor(before: &Predecessor, own: &Owner, until: Instan
     Cleared::Gone {
         killed,
         cgroup: cgroup_gone,
+        unseen,
     }
 }
 

@@ -275,11 +275,9 @@ pub(crate) fn boot_id() -> String {
         .unwrap_or_default()
 }
 
-/// Why `/proc` may hide other users' processes from this one (`hidepid=`), or `None`.
-pub(crate) fn proc_hides_processes(mountinfo: &str) -> Option<String> {
-    if nix::unistd::Uid::effective().is_root() {
-        return None;
-    }
+/// The `hidepid=` option `/proc` is mounted with (from a mountinfo text), unless it hides
+/// nothing: then `/proc` may hide other users' processes from a process without privileges.
+pub(crate) fn proc_hidepid(mountinfo: &str) -> Option<String> {
     mountinfo.lines().find_map(|line| {
         let (head, tail) = line.split_once(" - ")?;
         if head.split_ascii_whitespace().nth(4)? != "/proc" {

@@ -572,3 +572,71 @@ fn named_lock_waiters_in_two_pid_namespaces_are_served_in_order(#[case] namespac
         .collect();
     assert_eq!(order, ["head", "first", "second"]);
 }
+
+/// A janitor whose runs dir does not exist (a typo, a configuration not set up) has no
+/// configuration to judge leftovers for: it kills nothing of anyone's, and says so.
+#[test]
+fn a_janitor_without_its_runs_dir_judges_no_one_s_leftovers() {
+    let sandbox = Sandbox::new();
+    let mut proc = Proc::spawn(sandbox.run_sh("dead", &[], LIVE));
+    let daemon = pid_line(&mut proc, "daemon ");
+    proc.wait_ready();
+    signal(proc.pid(), Signal::SIGKILL);
+    assert!(wait_exited(proc.pid()));
+    let mut cmd = sandbox.ccci();
+    cmd.arg("--runs-dir")
+        .arg(sandbox.path().join("no-such-runs"))
+        .args(["janitor", "--json"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    done.assert_stderr_has(
+        "(--runs-dir, CCCI_RUNS_DIR): no cgroup or process of this configuration was looked for",
+    );
+    assert!(process_alive(daemon), "{}", done.transcript());
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert!(!process_alive(daemon), "{report:#}");
+    drop(proc);
+}
+
+/// The next holder runs in a pid namespace and the dead one ran on the host, which it cannot
+/// see: the holder line left in the lock proves the holder let go of it (a holder clears its line
+/// first, and lets go only at its exit), so its cgroup, reachable through the shared cgroup tree,
+/// is killed and removed before the command starts, and what might run outside it is said to be
+/// out of sight. Without cgroups nothing of it can be reached from the namespace: it says so.
+#[rstest]
+#[case::cgroup("auto")]
+#[case::fallback("off")]
+fn a_namespaced_next_holder_clears_what_it_can_reach_of_a_host_holder(#[case] cgroup: &str) {
+    let sandbox = Sandbox::new();
+    let mut holder = Proc::spawn(with_cgroup(
+        marked(&sandbox, sandbox.run_sh("writer", &[], WRITER)),
+        cgroup,
+    ));
+    holder.wait_ready();
+    wait_for_marks(&sandbox.path().join("marks"));
+    let mut next = Proc::spawn(in_pid_namespace(&with_cgroup(
+        marked(&sandbox, sandbox.run_sh("next", &[], NEXT)),
+        cgroup,
+    )));
+    next.wait_for(Stream::Err, "== app lock: another run of");
+    signal(holder.pid(), Signal::SIGKILL);
+    assert!(wait_exited(holder.pid()));
+    let done = next.finish();
+    done.assert_code(0);
+    if cgroup == "auto" {
+        assert_no_write_after_start(&sandbox, &done);
+        done.assert_stderr_has("let go of it without clearing its line; killed the");
+        done.assert_stderr_has("cannot be seen from here");
+    } else {
+        done.assert_stderr_has("nothing of it was within reach");
+        // The host's janitor can see it, and clears it.
+        let (report, janitor) = sandbox.janitor(&[]);
+        janitor.assert_code(0);
+        assert!(
+            !report["leftover_processes"].as_array().unwrap().is_empty(),
+            "{report:#}"
+        );
+    }
+    drop(holder);
+}
