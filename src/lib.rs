@@ -179,7 +179,12 @@ fn command(
         Command::Lock(args) => {
             let cfg = args.validate(global)?;
             let backend = lock::backend(global).map_err(lock::named::NamedLockError::from)?;
-            Ok(lock::named::run(&*backend, &cfg, start_ppid)?)
+            Ok(lock::named::run(
+                &*backend,
+                &global.runs_dir,
+                &cfg,
+                start_ppid,
+            )?)
         }
         Command::Locks(args) => locks(&args, global),
         Command::Run(args) => {

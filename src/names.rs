@@ -501,19 +501,22 @@ pub(crate) const COMMAND_LEAF: &str = "command";
 /// The leaf the teardown hook runs in.
 pub(crate) const HOOK_LEAF: &str = "hook";
 
-/// The name of a supervisor's cgroup: `ccci-<kind>-<label>-<pid>-<start>`.
-pub(crate) fn cgroup_name(kind: &str, label: &str, pid: u32, start: u64) -> String {
-    format!("{CGROUP_PREFIX}{kind}-{label}-{pid}-{start}")
+/// The name of a supervisor's cgroup: `ccci-<kind>-<label>-<owner>`, where the owner
+/// (`<pid>-<start>-<pidns>-c<dev>.<ino>`, [`crate::supervise::identity::Owner`]) names the
+/// supervisor and its configuration.
+pub(crate) fn cgroup_name(kind: &str, label: &str, owner: &str) -> String {
+    format!("{CGROUP_PREFIX}{kind}-{label}-{owner}")
 }
 
-/// The supervisor a cgroup name stands for: its pid and start time.
-pub(crate) fn parse_cgroup_name(name: &str) -> Option<(i32, u64)> {
+/// The owner part of a cgroup name of ours (its last four `-`-separated fields), unparsed.
+pub(crate) fn cgroup_owner(name: &str) -> Option<&str> {
     let rest = name.strip_prefix(CGROUP_PREFIX)?;
-    let (rest, start) = rest.rsplit_once('-')?;
-    let (_, pid) = rest.rsplit_once('-')?;
-    let pid: i32 = pid.parse().ok().filter(|p| *p > 0)?;
-    let start = start.parse().ok()?;
-    Some((pid, start))
+    let mut cut = rest.len();
+    for _ in 0..4 {
+        cut = rest[..cut].rfind('-')?;
+    }
+    // `<kind>-<label>` stays before the owner.
+    rest[..cut].contains('-').then(|| &rest[cut + 1..])
 }
 
 #[cfg(test)]
@@ -675,20 +678,22 @@ mod tests {
     }
 
     #[rstest]
-    #[case("ccci-run-42-1234-98765", Some((1234, 98765)))]
-    #[case("ccci-run-manual-7-1234-5", Some((1234, 5)))]
-    #[case("ccci-lock-pkg-cache-99-1", Some((99, 1)))]
-    #[case("ccci-run-42-0-5", None)]
-    #[case("ccci-run-x-y", None)]
-    #[case("other-run-1-2", None)]
+    #[case(
+        "ccci-run-42-1234-98765-4026531836-c2049.77",
+        Some("1234-98765-4026531836-c2049.77")
+    )]
+    #[case("ccci-lock-pkg-cache-99-1-7-c1.2", Some("99-1-7-c1.2"))]
+    #[case("ccci-run-42-1234-98765", None)]
+    #[case("ccci-1-2-3-c1.2", None)]
+    #[case("other-run-1-2-3-c1.2", None)]
     #[case("ccci-", None)]
-    fn group_names_name_their_supervisor(#[case] name: &str, #[case] want: Option<(i32, u64)>) {
-        assert_eq!(parse_cgroup_name(name), want);
+    fn group_names_name_their_owner(#[case] name: &str, #[case] want: Option<&str>) {
+        assert_eq!(cgroup_owner(name), want);
     }
 
     #[test]
     fn cgroup_names_round_trip() {
-        let name = cgroup_name("run", "manual-3", 4321, 1_000_000);
-        assert_eq!(parse_cgroup_name(&name), Some((4321, 1_000_000)));
+        let name = cgroup_name("run", "manual-3", "4321-1000000-5-c1.2");
+        assert_eq!(cgroup_owner(&name), Some("4321-1000000-5-c1.2"));
     }
 }

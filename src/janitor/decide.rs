@@ -1,8 +1,11 @@
-//! The janitor's decision: a pure function of what the probe of one app lock saw. No I/O.
+//! The janitor's decisions: pure functions of what the probe of one app lock saw, and of what
+//! the judge said of the supervisor a leftover (a cgroup, a marked process) names. No I/O.
 
 use std::time::Duration;
 
 use serde::Serialize;
+
+use crate::supervise::identity::Verdict;
 
 /// What the probe of one app lock saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,10 +91,57 @@ pub(crate) fn decide(probe: &Probe, dry_run: bool, long_held: Duration) -> Decis
     }
 }
 
+/// What a sweep does with a cgroup or a process of its own configuration, by what the judge
+/// said of the supervisor it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LeftoverDecision {
+    /// Its supervisor is dead: kill it (and remove the cgroup).
+    Kill,
+    /// The same in a dry run: report it only.
+    WouldKill,
+    /// Its supervisor lives: not a leftover at all.
+    Spare,
+    /// Nobody can tell from here: left alone, reported with the reason.
+    Unresolvable(String),
+}
+
+/// The leftover table: pure, no I/O. Only a proven death kills.
+pub(crate) fn leftover(verdict: &Verdict, dry_run: bool) -> LeftoverDecision {
+    match verdict {
+        Verdict::Dead if dry_run => LeftoverDecision::WouldKill,
+        Verdict::Dead => LeftoverDecision::Kill,
+        Verdict::Alive => LeftoverDecision::Spare,
+        Verdict::Unresolvable(why) => LeftoverDecision::Unresolvable(why.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rstest::rstest;
+
+    #[rstest]
+    #[case::dead(Verdict::Dead, false, LeftoverDecision::Kill)]
+    #[case::dead_dry(Verdict::Dead, true, LeftoverDecision::WouldKill)]
+    #[case::alive(Verdict::Alive, false, LeftoverDecision::Spare)]
+    #[case::alive_dry(Verdict::Alive, true, LeftoverDecision::Spare)]
+    #[case::unresolvable(
+        Verdict::Unresolvable("another pid namespace".into()),
+        false,
+        LeftoverDecision::Unresolvable("another pid namespace".into())
+    )]
+    #[case::unresolvable_dry(
+        Verdict::Unresolvable("another boot".into()),
+        true,
+        LeftoverDecision::Unresolvable("another boot".into())
+    )]
+    fn leftover_table(
+        #[case] verdict: Verdict,
+        #[case] dry_run: bool,
+        #[case] want: LeftoverDecision,
+    ) {
+        assert_eq!(leftover(&verdict, dry_run), want);
+    }
 
     const LONG: Duration = Duration::from_secs(7200);
 

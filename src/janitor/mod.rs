@@ -36,6 +36,7 @@ use crate::janitor::tidy::tidy_state_files;
 use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, is_lost};
 use crate::names::AppDomain;
 use crate::report as status;
+use crate::supervise::identity::Scope;
 
 /// A run app found on disk (or, later, in Docker).
 #[derive(Debug, Clone)]
@@ -202,12 +203,17 @@ impl Sweep<'_> {
             self.report.warnings.push(missing);
         }
         // Before any app is reaped: what dead runs still have running goes first, so no leftover
-        // deploy or test script acts on an app while (or after) it is removed.
+        // deploy or test script acts on an app while (or after) it is removed. Only this
+        // configuration's: another's (a second runner, a test suite) is its own janitor's.
         let nearby = self.opts.hunt == Hunt::Nearby;
-        self.report.dead_cgroups =
-            reap_dead_runs_cgroups(&mut self.report.errors, self.opts.dry_run, nearby);
-        if !nearby {
-            self.report.leftover_processes = reap_leftovers(self.opts.dry_run);
+        let scope = self.scope();
+        if let Some(scope) = scope {
+            self.report.dead_cgroups =
+                reap_dead_runs_cgroups(scope, &mut self.report.errors, self.opts.dry_run, nearby);
+            if !nearby {
+                self.report.leftover_processes =
+                    reap_leftovers(scope, &mut self.report.errors, self.opts.dry_run);
+            }
         }
         let Some(mut docker) = DockerState::connect(link, &mut self.report) else {
             return;
@@ -222,9 +228,10 @@ impl Sweep<'_> {
         );
         let candidates = self.discover(&mut docker);
         let to_reap = self.probe_all(&candidates, &docker);
-        if self.opts.hunt == Hunt::Nearby && !to_reap.is_empty() {
+        if let (Hunt::Nearby, false, Some(scope)) = (self.opts.hunt, to_reap.is_empty(), scope) {
             // Still before any app goes: the environment scan, now that one is to be reaped.
-            self.report.leftover_processes = reap_leftovers(self.opts.dry_run);
+            self.report.leftover_processes =
+                reap_leftovers(scope, &mut self.report.errors, self.opts.dry_run);
         }
         self.reap(to_reap, &docker);
         if let DockerState::On(seam) = &docker {
@@ -237,6 +244,29 @@ impl Sweep<'_> {
         self.report.tidied.extend(tidied);
         self.report.errors.extend(errors);
         tidy_state_files(self.global, self.opts, &mut self.report);
+    }
+
+    /// This configuration, named by its runs dir. A runs dir that does not exist holds no run:
+    /// no cgroup or process is judged ours then.
+    fn scope(&mut self) -> Option<Scope> {
+        match Scope::of_runs_dir(&self.global.runs_dir) {
+            Ok(scope) => Some(scope),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                self.report.warnings.push(format!(
+                    "runs dir {} does not exist (--runs-dir, CCCI_RUNS_DIR): no cgroup or \
+                     process of this configuration was looked for",
+                    self.global.runs_dir.display()
+                ));
+                None
+            }
+            Err(err) => {
+                self.report.errors.push(format!(
+                    "failed to inspect runs dir {} (it names this configuration): {err}",
+                    self.global.runs_dir.display()
+                ));
+                None
+            }
+        }
     }
 
     /// Every run app: from `.env` files, and from Docker when it is on. A Docker discovery

@@ -1,20 +1,23 @@
-//! Reaping what dead runs left: their processes (cgroups first, then the environment scan), and,
+//! Reaping what dead runs of this configuration left: their processes (cgroups first, then the
+//! environment scan; a leftover whose supervisor cannot be judged is left alone and reported), and,
 //! once an app's Docker resources are confirmed gone, its `.env`, its lock file (still held)
 //! and a note in the dead run's record.
 
-use std::time::{Duration, SystemTime};
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::app;
 use crate::config::Global;
 use crate::janitor::Candidate;
-use crate::janitor::decide::Decision;
-use crate::janitor::report::CandidateReport;
+use crate::janitor::decide::{self, Decision, LeftoverDecision};
+use crate::janitor::report::{CandidateReport, DeadCgroup, LeftoverProcess};
 use crate::lock::Holder;
 use crate::lock::backend::Lease;
 use crate::names::{AppDomain, RunId};
 use crate::report;
 use crate::run::record::{self, RunRecord};
 use crate::run::rundir::{self, Liveness};
+use crate::supervise::identity::{Judge, Scope};
 use crate::supervise::{cgroup, leftovers};
 
 /// After its Docker resources are gone: remove the app's `.env`, unlink the lock file (still
@@ -52,51 +55,137 @@ pub(super) fn finish_reap(
 /// How long the Docker side of a reap may take by default, confirmation included.
 pub(crate) const DEFAULT_REAP_BUDGET: Duration = Duration::from_secs(120);
 
-/// How long killing the processes of dead runs may take in one sweep.
-const DEAD_RUN_KILL_BUDGET: Duration = Duration::from_secs(10);
+/// How many scans for marked processes a sweep makes (a leftover may fork while it is killed).
+const LEFTOVER_ROUNDS: usize = 20;
 
-/// Kill (unless `dry_run`) every process of a dead run or `lock` command: their cgroups first,
-/// then whatever the environment scan finds. Failures go to `errors`.
+/// Kill (unless `dry_run`) every process of a dead run or `lock` command of the configuration
+/// `scope`: their cgroups first, then whatever the environment scan finds. Failures go to
+/// `errors`.
 pub(crate) fn reap_dead_runs_processes(
+    scope: Scope,
     errors: &mut Vec<String>,
     dry_run: bool,
-) -> (Vec<cgroup::Orphan>, Vec<leftovers::Leftover>) {
-    let orphans = reap_dead_runs_cgroups(errors, dry_run, false);
-    (orphans, reap_leftovers(dry_run))
+) -> (Vec<DeadCgroup>, Vec<LeftoverProcess>) {
+    let cgroups = reap_dead_runs_cgroups(scope, errors, dry_run, false);
+    (cgroups, reap_leftovers(scope, errors, dry_run))
 }
 
-/// Kill (unless `dry_run`) the processes of dead runs and `lock` commands in their cgroups,
-/// everywhere in the hierarchy or only beside our own (`nearby`).
+/// Kill (unless `dry_run`) the processes of dead runs and `lock` commands of the configuration
+/// `scope` in their cgroups, everywhere in the hierarchy or only beside our own (`nearby`).
+/// A cgroup whose supervisor cannot be judged is left alone and reported.
 pub(crate) fn reap_dead_runs_cgroups(
+    scope: Scope,
     errors: &mut Vec<String>,
     dry_run: bool,
     nearby: bool,
-) -> Vec<cgroup::Orphan> {
-    let orphans = cgroup::reap_orphans(dry_run, nearby, DEAD_RUN_KILL_BUDGET);
-    for orphan in &orphans {
-        match &orphan.error {
-            Some(err) => errors.push(err.clone()),
-            None if !dry_run && orphan.processes > 0 => report::line(&format!(
-                "== janitor: killed {} process(es) of a dead run in {} ==",
-                orphan.processes,
-                orphan.path.display()
-            )),
-            None => {}
-        }
+) -> Vec<DeadCgroup> {
+    let (found, ownerless) = cgroup::find(scope, nearby);
+    // After the cgroups were listed: each supervisor started before the look at it.
+    let judge = Judge::new();
+    let until = Instant::now() + leftovers::KILL_BUDGET;
+    for path in ownerless {
+        // Not ours to judge, and not necessarily dead (an older ccci-run may be running it).
+        tracing::info!(
+            cgroup = %path.display(),
+            "left alone: its name carries no owner (an older ccci-run made it)"
+        );
     }
-    orphans
+    let mut reported = Vec::new();
+    for found in found {
+        let mut line = DeadCgroup {
+            path: found.path.clone(),
+            supervisor: found.owner.to_string(),
+            processes: cgroup::population(&found.path),
+            removed: false,
+            error: None,
+            unresolvable: None,
+        };
+        match decide::leftover(&judge.judge(&found.owner.process), dry_run) {
+            LeftoverDecision::Spare => continue,
+            LeftoverDecision::WouldKill => {}
+            LeftoverDecision::Unresolvable(why) => {
+                tracing::info!(cgroup = %found.path.display(), "left alone: {why}");
+                line.unresolvable = Some(why);
+            }
+            LeftoverDecision::Kill => {
+                let left = until.saturating_duration_since(Instant::now());
+                match cgroup::reap_dead(&found.path, left) {
+                    Ok(()) => {
+                        line.removed = true;
+                        if line.processes > 0 {
+                            report::line(&format!(
+                                "== janitor: killed {} process(es) of a dead run in {} ==",
+                                line.processes,
+                                found.path.display()
+                            ));
+                        }
+                    }
+                    Err(err) => {
+                        errors.push(err.to_string());
+                        line.error = Some(err.to_string());
+                    }
+                }
+            }
+        }
+        reported.push(line);
+    }
+    reported
 }
 
-/// Kill (unless `dry_run`) the processes of dead supervisors found by their environment.
-pub(crate) fn reap_leftovers(dry_run: bool) -> Vec<leftovers::Leftover> {
-    let found = leftovers::reap(dry_run);
-    if !found.is_empty() && !dry_run {
+/// Kill (unless `dry_run`) the processes of dead supervisors of the configuration `scope`
+/// found by their environment, and wait until they are gone. A process whose supervisor
+/// cannot be judged is left alone and reported.
+pub(crate) fn reap_leftovers(
+    scope: Scope,
+    errors: &mut Vec<String>,
+    dry_run: bool,
+) -> Vec<LeftoverProcess> {
+    let until = Instant::now() + leftovers::KILL_BUDGET;
+    let mut reported: Vec<LeftoverProcess> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut killed = 0;
+    for _ in 0..LEFTOVER_ROUNDS {
+        let found = leftovers::scan(scope);
+        // Judged after the scan: each supervisor started before the look at its process.
+        let verdicts = leftovers::judge_all(&found);
+        let mut doomed = Vec::new();
+        for (process, verdict) in found.iter().zip(verdicts) {
+            let unresolvable = match decide::leftover(&verdict, dry_run) {
+                LeftoverDecision::Spare => continue,
+                LeftoverDecision::Kill => {
+                    doomed.push(process);
+                    None
+                }
+                LeftoverDecision::WouldKill => None,
+                LeftoverDecision::Unresolvable(why) => Some(why),
+            };
+            if seen.insert(process.pid) {
+                reported.push(LeftoverProcess {
+                    pid: process.pid,
+                    supervisor: process.owner.process.pid,
+                    marker: process.owner.to_string(),
+                    unresolvable,
+                });
+            }
+        }
+        if doomed.is_empty() {
+            break;
+        }
+        killed += doomed.len();
+        let running = leftovers::kill_and_wait(&doomed, until);
+        if !running.is_empty() {
+            errors.push(format!(
+                "leftover processes {running:?} of dead runs still run after SIGKILL"
+            ));
+            break;
+        }
+    }
+    if killed > 0 {
         report::line(&format!(
-            "== janitor: killed {} leftover process(es) of dead runs ==",
-            found.len()
+            "== janitor: killed {killed} leftover process(es) of dead runs =="
         ));
     }
-    found
+    reported
 }
 
 /// Note in the dead run's `run.json` that its app was reaped — only if that record is really

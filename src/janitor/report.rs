@@ -13,7 +13,6 @@ use serde::Serialize;
 
 use crate::app::RemovedResources;
 use crate::janitor::decide::Decision;
-use crate::supervise::{cgroup, leftovers};
 
 /// Where a candidate was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -37,6 +36,36 @@ pub(crate) struct CandidateReport {
     pub holder: Option<crate::lock::Holder>,
     pub removed: RemovedResources,
     pub error: Option<String>,
+}
+
+/// A cgroup of this configuration whose supervisor is dead, or cannot be judged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct DeadCgroup {
+    pub path: PathBuf,
+    /// The supervisor it names (`<pid>-<start>-<pidns>-<scope>`).
+    pub supervisor: String,
+    /// Processes it still held when found.
+    pub processes: usize,
+    /// Whether it is gone now (killed, emptied and removed).
+    pub removed: bool,
+    pub error: Option<String>,
+    /// Why its supervisor could not be judged: then it is left alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unresolvable: Option<String>,
+}
+
+/// A process of this configuration whose supervisor is dead, or cannot be judged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct LeftoverProcess {
+    /// Its pid as this sweep's `/proc` shows it.
+    pub pid: i32,
+    /// The pid of the supervisor it names, in that supervisor's namespace.
+    pub supervisor: i32,
+    /// Its `CCCI_SUPERVISOR` value.
+    pub marker: String,
+    /// Why its supervisor could not be judged: then it is left alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unresolvable: Option<String>,
 }
 
 /// The outcome of one sweep; `--json` prints it as is.
@@ -66,10 +95,12 @@ pub(crate) struct SweepReport {
     /// Rounds of "is it gone yet?" polling (each one list call per kind), when Docker was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_poll_rounds: Option<usize>,
-    /// Cgroups of dead runs and `lock` commands, killed and removed (or that would be).
-    pub dead_cgroups: Vec<cgroup::Orphan>,
-    /// Processes of dead supervisors found by their environment, killed (or that would be).
-    pub leftover_processes: Vec<leftovers::Leftover>,
+    /// Cgroups of dead runs and `lock` commands of this configuration, killed and removed (or
+    /// that would be), and those whose supervisor could not be judged, left alone.
+    pub dead_cgroups: Vec<DeadCgroup>,
+    /// Processes of dead supervisors of this configuration found by their environment, killed
+    /// (or that would be), and those whose supervisor could not be judged, left alone.
+    pub leftover_processes: Vec<LeftoverProcess>,
     #[serde(skip)]
     pub duration: Duration,
 }
@@ -148,6 +179,48 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
     for kept in report.runs_kept.iter().flatten() {
         let path = crate::names::escape_outside(kept.path.as_os_str().as_encoded_bytes());
         let _ = writeln!(out, "left alone {path}: {}", kept.why);
+    }
+    for c in &report.dead_cgroups {
+        let _ = match (&c.unresolvable, report.dry_run, c.removed) {
+            (Some(why), ..) => writeln!(
+                out,
+                "left alone cgroup {} ({} process(es)): its supervisor cannot be judged: {why}",
+                c.path.display(),
+                c.processes
+            ),
+            (None, true, _) => writeln!(
+                out,
+                "would kill cgroup {} of a dead run ({} process(es))",
+                c.path.display(),
+                c.processes
+            ),
+            (None, false, true) => writeln!(
+                out,
+                "killed cgroup {} of a dead run ({} process(es)) and removed it",
+                c.path.display(),
+                c.processes
+            ),
+            (None, false, false) => Ok(()),
+        };
+    }
+    for p in &report.leftover_processes {
+        let _ = match (&p.unresolvable, report.dry_run) {
+            (Some(why), _) => writeln!(
+                out,
+                "left alone process {} (supervisor {}): it cannot be judged: {why}",
+                p.pid, p.marker
+            ),
+            (None, true) => writeln!(
+                out,
+                "would kill process {} of a dead run (supervisor {})",
+                p.pid, p.marker
+            ),
+            (None, false) => writeln!(
+                out,
+                "killed process {} of a dead run (supervisor {})",
+                p.pid, p.marker
+            ),
+        };
     }
     for err in &report.errors {
         let _ = writeln!(out, "error: {err}");

@@ -106,6 +106,13 @@ pub(crate) trait Lease {
     fn fencing_token(&self) -> Option<i64> {
         None
     }
+    /// The holder lines found in the lock when we took it: a holder that let go cleanly
+    /// leaves none, so a line names one that died holding it. Whoever takes the lock clears
+    /// what that one left before its own command starts. Empty where the backend forgets a
+    /// holder with its lock (an etcd key goes with its lease).
+    fn predecessors(&self) -> Vec<Holder> {
+        Vec::new()
+    }
 }
 
 /// A place that keeps locks.

@@ -27,6 +27,8 @@ use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::{fstat, stat};
 use nix::unistd::Uid;
 
+use crate::supervise::identity::{Owner, ProcessIdentity, Scope};
+use crate::supervise::leftovers::Predecessor;
 use crate::supervise::worker::{Awaitable, Worker};
 
 /// Why a lock file (or its directory) could not be used.
@@ -176,11 +178,28 @@ pub(crate) struct LockFile {
     path: PathBuf,
 }
 
-/// A lock file we hold an exclusive flock on. Dropping it releases the lock.
+/// A lock file we hold an exclusive flock on. Dropping it releases the lock, after clearing the
+/// holder line we wrote: a line left in a free lock file is then the sign of a holder that
+/// died holding it, whose leftovers the next holder clears.
 #[derive(Debug)]
 pub(crate) struct HeldLock {
     lock: Flock<File>,
     path: PathBuf,
+    /// We wrote a holder line into it.
+    wrote_holder: bool,
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        if self.wrote_holder {
+            // Before the flock goes (the field is dropped after this): nobody else writes
+            // while we hold it.
+            let file: &File = &self.lock;
+            if let Err(err) = file.set_len(0) {
+                tracing::warn!(path = %self.path.display(), "failed to clear the holder line: {err}");
+            }
+        }
+    }
 }
 
 /// Outcome of a non-blocking attempt.
@@ -269,7 +288,11 @@ impl LockFile {
     pub(crate) fn try_lock(self) -> Result<TryLock, LockError> {
         let path = self.path;
         match Flock::lock(self.file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => Ok(TryLock::Acquired(HeldLock { lock, path })),
+            Ok(lock) => Ok(TryLock::Acquired(HeldLock {
+                lock,
+                path,
+                wrote_holder: false,
+            })),
             Err((file, Errno::EWOULDBLOCK)) => Ok(TryLock::Busy(Self { file, path })),
             Err((_, errno)) => Err(LockError::io("lock", &path, errno)),
         }
@@ -280,7 +303,11 @@ impl LockFile {
     pub(crate) fn lock_briefly(self) -> Result<HeldLock, (LockFile, LockError)> {
         let path = self.path;
         match Flock::lock(self.file, FlockArg::LockExclusive) {
-            Ok(lock) => Ok(HeldLock { lock, path }),
+            Ok(lock) => Ok(HeldLock {
+                lock,
+                path,
+                wrote_holder: false,
+            }),
             Err((file, errno)) => {
                 let err = LockError::io("lock", &path, errno);
                 Err((Self { file, path }, err))
@@ -352,6 +379,7 @@ impl HeldLock {
     /// Replace the file's contents with `holder` (run id, pid, start time, host ...); this also
     /// touches its mtime, which is what lock ages are measured from.
     pub(crate) fn write_holder(&mut self, holder: &str) -> Result<(), LockError> {
+        self.wrote_holder = true;
         let mut file: &File = &self.lock;
         file.set_len(0)
             .and_then(|()| file.rewind())
@@ -403,6 +431,7 @@ impl Awaitable for PendingLock {
             Ok(lock) => Ok(HeldLock {
                 lock,
                 path: self.path.clone(),
+                wrote_holder: false,
             }),
             Err(errno) => Err(LockError::io("lock", &self.path, errno)),
         })
@@ -414,18 +443,42 @@ impl Awaitable for PendingLock {
     }
 }
 
-/// Who holds a lock: written into the lock file by its holder, read by `locks` and the janitor.
+/// Who holds a lock: written into the lock file by its holder, read by `locks`, the janitor and
+/// the next holder, which finds in it what a holder that died holding the lock left behind.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Holder {
     pub run_id: String,
     pub pid: u32,
     pub started_at: String,
     pub host: String,
+    /// Who it is for good, and where what it starts runs.
+    #[serde(flatten)]
+    pub trace: Box<HolderTrace>,
+}
+
+/// What a judge in any namespace and the next holder of the lock need of a holder (absent in
+/// a line an older ccci-run wrote).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct HolderTrace {
+    /// The holder named for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessIdentity>,
+    /// The configuration it works for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    /// Its cgroup, where its command runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The `CCCI_SUPERVISOR` value every process it starts carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marker: Option<String>,
 }
 
 impl Holder {
-    /// This process, as the holder for `run_id`.
+    /// This process, as the holder for `run_id`: named for good, and, once this process has
+    /// established its configuration, with its marker.
     pub(crate) fn this_process(run_id: &str) -> Self {
+        let owner = Owner::established();
         Self {
             run_id: run_id.to_owned(),
             pid: std::process::id(),
@@ -433,7 +486,19 @@ impl Holder {
             host: nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
                 .unwrap_or_default(),
+            trace: Box::new(HolderTrace {
+                process: ProcessIdentity::own().ok().cloned(),
+                scope: owner.map(|o| o.scope),
+                cgroup: None,
+                marker: owner.map(ToString::to_string),
+            }),
         }
+    }
+
+    /// The same holder, naming the cgroup its command runs in.
+    pub(crate) fn with_cgroup(mut self, cgroup: Option<&Path>) -> Self {
+        self.trace.cgroup = cgroup.map(|c| c.display().to_string());
+        self
     }
 
     /// One JSON line.
@@ -452,6 +517,15 @@ impl Holder {
         Self::parse(&file.read_holder())
     }
 
+    /// What its line says a dead holder may have left: for the next holder to clear.
+    pub(crate) fn predecessor(&self) -> Predecessor {
+        Predecessor {
+            process: self.trace.process.clone(),
+            scope: self.trace.scope,
+            cgroup: self.trace.cgroup.as_ref().map(PathBuf::from),
+        }
+    }
+
     /// "run 42 (pid 7 on host since …)", "pid 7 on host since …" for a holder that is no run,
     /// or what is known when the holder left no metadata.
     pub(crate) fn describe(holder: Option<&Self>) -> String {
@@ -465,5 +539,27 @@ impl Holder {
             ),
             None => "a holder that left no metadata".to_owned(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_line_of_an_older_version_still_parses_without_a_trace() {
+        let old = r#"{"run_id":"42","pid":7,"started_at":"2024-01-01T00:00:00.000Z","host":"h"}"#;
+        let holder = Holder::parse(old).unwrap();
+        assert_eq!(holder.pid, 7);
+        assert_eq!(*holder.trace, HolderTrace::default());
+    }
+
+    #[test]
+    fn a_holder_line_round_trips_with_its_trace() {
+        let holder = Holder::this_process("42").with_cgroup(Some(Path::new("/sys/fs/cgroup/x")));
+        assert!(holder.trace.process.is_some());
+        let line = holder.to_line();
+        assert!(!line.contains('\n'), "{line}");
+        assert_eq!(Holder::parse(&line), Some(holder));
     }
 }

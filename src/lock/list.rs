@@ -2,6 +2,9 @@
 //!
 //! Holders come from `/proc/locks` (matched by device and inode), so looking never disturbs a
 //! holder or a waiter, and a lock file that is not ours is described, never opened for writing.
+//! `/proc/locks` hides the locks of processes outside our pid namespace, so a file of ours that
+//! names a holder nobody here holds it for is tried once (and let go at once). What the holder
+//! line names is judged from here: alive, dead (it died holding the lock), or unresolvable.
 
 use std::fmt::Write as _;
 use std::fs::OpenOptions;
@@ -15,9 +18,10 @@ use serde::Serialize;
 
 use crate::names::escape_outside;
 
-use crate::lock::Holder;
 use crate::lock::queue::{Queue, QueuedTicket};
+use crate::lock::{Holder, LockFile, TryLock};
 use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX, named_lock_of_file, queue_dir_of};
+use crate::supervise::identity::Verdict;
 use crate::supervise::linux::{self, ProcLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -43,6 +47,14 @@ pub(crate) struct LockInfo {
     pub holder: Option<Holder>,
     /// The raw contents when they do not parse (at most 4 KiB, lossily decoded).
     pub holder_raw: Option<String>,
+    /// What this host, from where `locks` runs, can say of the holder its line names: `alive`,
+    /// `dead` (it died holding the lock: its line was never cleared), or `unresolvable` (in a
+    /// pid namespace not visible here, on another host), never a guess.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_is: Option<&'static str>,
+    /// Why the holder cannot be judged from here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_unresolvable: Option<String>,
     pub age_s: Option<u64>,
     pub long_held: bool,
     /// Why this file is suspicious (a symlink, not a regular file, another user's).
@@ -105,6 +117,8 @@ fn describe(
         waiters: 0,
         holder: None,
         holder_raw: None,
+        holder_is: None,
+        holder_unresolvable: None,
         age_s: None,
         long_held: false,
         problem: None,
@@ -163,13 +177,40 @@ fn describe(
         });
     if let Ok(bytes) = text {
         let text = String::from_utf8_lossy(&bytes).trim().to_owned();
+        if !info.held && !text.is_empty() && info.problem.is_none() {
+            // A holder clears its line when it lets go, and `/proc/locks` hides the locks of
+            // processes outside our pid namespace: a line with no holder in sight is either a
+            // holder we cannot see or one that died holding the lock. One try tells them apart
+            // (taken and let go at once, nothing written).
+            info.held = held_unseen(path);
+        }
         match Holder::parse(&text) {
-            Some(holder) => info.holder = Some(holder),
+            Some(holder) => {
+                if let Some(process) = &holder.trace.process {
+                    match process.judge() {
+                        Verdict::Alive => info.holder_is = Some("alive"),
+                        Verdict::Dead => info.holder_is = Some("dead"),
+                        Verdict::Unresolvable(why) => {
+                            info.holder_is = Some("unresolvable");
+                            info.holder_unresolvable = Some(why);
+                        }
+                    }
+                }
+                info.holder = Some(holder);
+            }
             None if !text.is_empty() => info.holder_raw = Some(text),
             None => {}
         }
     }
     info
+}
+
+/// True when someone holds the lock file at `path` though `/proc/locks` shows no holder.
+fn held_unseen(path: &Path) -> bool {
+    matches!(
+        LockFile::open_existing(path).map(|f| f.map(LockFile::try_lock)),
+        Ok(Some(Ok(TryLock::Busy(_))))
+    )
 }
 
 /// The human-readable table.
@@ -206,6 +247,13 @@ pub(crate) fn render_table(locks: &[LockInfo]) -> String {
         }
         if l.long_held {
             notes.push("LONG-HELD".to_owned());
+        }
+        match (l.holder_is, &l.holder_unresolvable) {
+            (Some("dead"), _) => notes.push("its holder died holding it".to_owned()),
+            (Some("unresolvable"), Some(why)) => {
+                notes.push(format!("holder not judged from here: {why}"));
+            }
+            _ => {}
         }
         if let Some(queue) = l.queue.as_ref().filter(|q| !q.is_empty()) {
             let tickets: Vec<String> = queue

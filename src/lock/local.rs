@@ -19,6 +19,7 @@ use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, PROGRESS_EVERY,
 use crate::lock::list::{self, LockInfo};
 use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
 use crate::names::{self, AppDomain, RunAppPattern};
+use crate::supervise::leftovers::remains;
 use crate::supervise::linux;
 use crate::supervise::signals::Awaited;
 
@@ -71,7 +72,7 @@ impl Local {
         path: &Path,
         wait: &Wait<'_>,
         on_wait: &mut dyn FnMut(Option<&Holder>, Duration),
-    ) -> Result<Result<HeldLock, Taken>, LockError> {
+    ) -> Result<Result<(HeldLock, Option<Holder>), Taken>, LockError> {
         lock::prepare_dir(dir)?;
         let started = Instant::now();
         let mut announced = false;
@@ -111,9 +112,11 @@ impl Local {
                 tracing::info!(path = %path.display(), "lock file was replaced; retrying on the live path");
                 continue;
             }
+            // A line left in it names a holder that died holding it.
+            let before = Holder::parse(&lock.read_holder());
             lock.write_holder(&wait.holder.to_line())?;
             tracing::debug!(path = %path.display(), waited = ?started.elapsed(), "lock taken");
-            return Ok(Ok(lock));
+            return Ok(Ok((lock, before)));
         }
     }
 
@@ -158,6 +161,12 @@ impl Local {
             let Ok(TryLock::Acquired(lock)) = file.try_lock() else {
                 continue;
             };
+            // A line naming a holder that died holding the lock, with something of it still
+            // there: the line is how the next holder of the domain finds and clears that.
+            if Holder::parse(&lock.read_holder()).is_some_and(|h| remains(&h.predecessor())) {
+                tracing::info!(path = %path.display(), "not tidying: its last holder's leftovers are still there");
+                continue;
+            }
             if dry_run {
                 if lock.identity_matches().unwrap_or(false) {
                     tidied.push(path);
@@ -252,14 +261,23 @@ impl LockBackend for Local {
             LockKey::App(domain) => domain,
         };
         let mut held = Vec::new();
+        let mut predecessors: Vec<Holder> = Vec::new();
         for dir in [&self.lock_dir, &self.domains_dir] {
             let path = dir.join(domain.lock_file_name());
             match self.take_file(dir, &path, wait, on_wait)? {
-                Ok(lock) => held.push(lock),
+                Ok((lock, before)) => {
+                    held.push(lock);
+                    // Both files name the same holder, unless one was lost (a lock dir
+                    // emptied by a reboot, a file deleted by hand).
+                    predecessors.extend(before.filter(|b| !predecessors.contains(b)));
+                }
                 Err(taken) => return Ok(taken),
             }
         }
-        Ok(Taken::Held(Box::new(FileLease { locks: held })))
+        Ok(Taken::Held(Box::new(FileLease {
+            locks: held,
+            predecessors,
+        })))
     }
 
     fn is_held_by(&self, key: LockKey<'_>, pid: i32, token: &str) -> bool {
@@ -312,11 +330,24 @@ fn file_token(meta: &std::fs::Metadata) -> String {
 #[derive(Debug)]
 pub(crate) struct FileLease {
     locks: Vec<HeldLock>,
+    /// The holder lines found when they were taken.
+    predecessors: Vec<Holder>,
 }
 
 impl FileLease {
     pub(crate) fn one(lock: HeldLock) -> Self {
-        Self { locks: vec![lock] }
+        Self {
+            locks: vec![lock],
+            predecessors: Vec::new(),
+        }
+    }
+
+    /// One lock file, taken over from the holder its line named.
+    pub(crate) fn taken_over(lock: HeldLock, before: Option<Holder>) -> Self {
+        Self {
+            locks: vec![lock],
+            predecessors: before.into_iter().collect(),
+        }
     }
 }
 
@@ -346,5 +377,9 @@ impl Lease for FileLease {
             Some(lock) => lock.unlink(),
             None => Ok(false),
         }
+    }
+
+    fn predecessors(&self) -> Vec<Holder> {
+        self.predecessors.clone()
     }
 }

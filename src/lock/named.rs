@@ -5,10 +5,12 @@
 //! is granted the lock its ancestor holds (`CCCI_HELD_LOCKS`) instead of waiting for itself.
 //!
 //! Invariant: the lock is released only by the process's exit, after the command's whole
-//! process group (and cgroup) is gone.
+//! process group (and cgroup) is gone; and the command starts only once whatever a previous
+//! holder that died holding the lock left running is gone (or said to be out of reach).
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,8 @@ use crate::lock::{Holder, LockError};
 use crate::names::LockName;
 use crate::report;
 use crate::supervise::guards::{self, GuardOptions};
+use crate::supervise::identity::{IdentityError, Owner};
+use crate::supervise::leftovers;
 use crate::supervise::linux;
 use crate::supervise::process::CommandSpec;
 use crate::supervise::shutdown::Event;
@@ -42,6 +46,18 @@ pub(crate) enum NamedLockError {
     Guards(String),
     #[error("failed to watch the lock for its loss: {0}")]
     LossWatch(std::io::Error),
+    #[error("failed to create runs dir {path} (it names this configuration): {source}")]
+    RunsDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(
+        "lock {name}: failed to clear what its previous holder left: {why}; not starting the \
+         command beside it"
+    )]
+    Predecessor { name: LockName, why: String },
 }
 
 pub(crate) type LockOptions = crate::config::LockConfig;
@@ -49,6 +65,7 @@ pub(crate) type LockOptions = crate::config::LockConfig;
 /// Run `ccci-run lock`; returns the exit code.
 pub(crate) fn run(
     backend: &dyn LockBackend,
+    runs_dir: &Path,
     opts: &LockOptions,
     start_ppid: Pid,
 ) -> Result<u8, NamedLockError> {
@@ -61,6 +78,14 @@ pub(crate) fn run(
     let mut funnel = guards::install_guards(start_ppid, &guards)
         .map_err(|e| NamedLockError::Guards(e.to_string()))?;
     backend.prepare(true)?;
+    // The runs dir names the configuration the command's processes belong to.
+    std::fs::create_dir_all(runs_dir).map_err(|source| NamedLockError::RunsDir {
+        path: runs_dir.to_owned(),
+        source,
+    })?;
+    let owner = Owner::establish(runs_dir)?;
+    // Made before the wait, so the holder line can name it.
+    let cgroups = cgroup::run_cgroup(opts.cgroup, "lock", opts.name.as_str(), owner);
     let key = LockKey::Named(&opts.name);
     let mut held = HeldLocks::inherited(std::env::var(HELD_VAR).unwrap_or_default());
     let _lease = match held.grant(backend, &opts.name)? {
@@ -70,8 +95,10 @@ pub(crate) fn run(
         }
         None => {
             let wait = Wait {
-                // Inside a run, the run; elsewhere just the process.
-                holder: &Holder::this_process(&std::env::var("CCCI_RUN_ID").unwrap_or_default()),
+                // Inside a run, the run; elsewhere just the process. The line names our cgroup
+                // and marker: should we die holding the lock, the next holder clears them.
+                holder: &Holder::this_process(&std::env::var("CCCI_RUN_ID").unwrap_or_default())
+                    .with_cgroup(cgroups.as_ref().map(|c| c.cgroup.path())),
                 funnel: &funnel,
                 until: opts.wait.map(|w| Instant::now() + w),
                 class: opts.class,
@@ -81,6 +108,19 @@ pub(crate) fn run(
                 Taken::Held(lease) => {
                     if let Some(fd) = loss_watch(&*lease).map_err(NamedLockError::LossWatch)? {
                         funnel.watch_loss(fd);
+                    }
+                    let what = format!("lock {}", opts.name);
+                    let until = Instant::now() + leftovers::KILL_BUDGET;
+                    for before in lease.predecessors() {
+                        let cleared =
+                            leftovers::clear_predecessor(&before.predecessor(), owner, until);
+                        if let Err(why) = cleared.report(&what, &Holder::describe(Some(&before))) {
+                            remove_cgroup(&opts.name, cgroups.as_ref());
+                            return Err(NamedLockError::Predecessor {
+                                name: opts.name.clone(),
+                                why,
+                            });
+                        }
                     }
                     held.push(HeldEntry {
                         name: opts.name.to_string(),
@@ -96,13 +136,24 @@ pub(crate) fn run(
                         opts.name,
                         (waited.as_secs_f64() * 10.0).round() / 10.0,
                     ));
+                    remove_cgroup(&opts.name, cgroups.as_ref());
                     return Ok(exit::LOCK_TIMEOUT);
                 }
-                Taken::Stopped(event) => return Ok(stopped_while_waiting(&opts.name, event)),
+                Taken::Stopped(event) => {
+                    remove_cgroup(&opts.name, cgroups.as_ref());
+                    return Ok(stopped_while_waiting(&opts.name, event));
+                }
             }
         }
     };
-    Ok(run_holding(&funnel, opts, &held))
+    Ok(run_holding(&funnel, opts, &held, cgroups.as_ref()))
+}
+
+/// Remove the (empty) cgroup made for a command that never started.
+fn remove_cgroup(name: &LockName, cgroups: Option<&cgroup::Cgroups>) {
+    if let Some(Err(err)) = cgroups.map(|c| c.cgroup.remove()) {
+        report::line(&format!("!! lock {name}: {err}"));
+    }
 }
 
 /// The exit code of a wait that a signal (or a death) ended.
@@ -119,7 +170,12 @@ fn stopped_while_waiting(name: &LockName, event: Event) -> u8 {
 }
 
 /// Run the command, holding the lock, in its own process group and cgroup; signals go on to it.
-fn run_holding(funnel: &SignalFunnel, opts: &LockOptions, held: &HeldLocks) -> u8 {
+fn run_holding(
+    funnel: &SignalFunnel,
+    opts: &LockOptions,
+    held: &HeldLocks,
+    cgroups: Option<&cgroup::Cgroups>,
+) -> u8 {
     let (program, args) = opts.command.split_first().expect("clap requires a command");
     let spec = CommandSpec {
         program: program.clone(),
@@ -127,7 +183,6 @@ fn run_holding(funnel: &SignalFunnel, opts: &LockOptions, held: &HeldLocks) -> u
         env: vec![(HELD_VAR.to_owned(), held.to_string().into())],
         cwd: None,
     };
-    let cgroups = cgroup::run_cgroup(opts.cgroup, "lock", opts.name.as_str());
     let supervisor = Supervisor {
         funnel,
         kill_grace: opts.kill_grace,
@@ -135,16 +190,16 @@ fn run_holding(funnel: &SignalFunnel, opts: &LockOptions, held: &HeldLocks) -> u
         forward_signals: true,
         teardown_timeout: opts.teardown_timeout,
         hard_end: None,
-        leaf: cgroups.as_ref().map(|c| &c.command),
+        leaf: cgroups.map(|c| &c.command),
     };
     let stopped = supervisor.start_and_stop(&spec, VecDeque::new(), &mut |_| {});
     let mut problems = stopped.errors;
     problems.extend(
         supervisor
-            .kill_leftovers(cgroups.as_ref().map(|c| &c.command), stopped.teardown_until)
+            .kill_leftovers(cgroups.map(|c| &c.command), stopped.teardown_until)
             .err(),
     );
-    if let Some(Err(err)) = cgroups.as_ref().map(|c| c.cgroup.remove()) {
+    if let Some(Err(err)) = cgroups.map(|c| c.cgroup.remove()) {
         problems.push(err.to_string());
     }
     for problem in problems {

@@ -13,11 +13,13 @@
 //! - Only the head ticket enters ONE blocking flock on `ccci-<NAME>.lock` for its remaining
 //!   budget; everyone else sleeps until the queue directory changes (inotify, no polling) or the
 //!   owner of the ticket right ahead dies (its pidfd).
-//! - A ticket holds its owner's start time: a ticket whose owner is gone (or whose pid now names
-//!   another process) is removed by whoever looks, at once. Every waiter touches its ticket every
-//!   2 s (the head too, while parked — from the main thread, which holds no lock and never
-//!   recreates a removed ticket); a ticket without a start time whose owner is dead and that is
-//!   older than 10 s, or any ticket older than 1800 s, is removed too.
+//! - A ticket holds its owner's identity ([`ProcessIdentity`]): a ticket whose owner is judged
+//!   dead (gone, or its pid now names another process) is removed by whoever looks, at once.
+//!   Every waiter touches its ticket every 2 s (the head too, while parked — from the main
+//!   thread, which holds no lock and never recreates a removed ticket); a ticket whose owner
+//!   cannot be judged from here (another pid namespace's, or one that never wrote itself in)
+//!   and that is older than 10 s, or any ticket older than 1800 s, is removed too. Removing a
+//!   live waiter's ticket costs it its place, never the lock's exclusion: it takes a new one.
 //!
 //! Invariant: the ticket is gone as soon as its owner holds the lock, gives up, or dies (the
 //! latter at the next look, which the death itself wakes); the lock itself is released only by
@@ -41,12 +43,13 @@ use crate::lock::local::FileLease;
 use crate::lock::{self, HeldLock, LockError, LockFile, TryLock};
 use crate::names::LockName;
 use crate::report;
+use crate::supervise::identity::{Judge, ProcessIdentity, Verdict};
 use crate::supervise::linux;
 use crate::supervise::shutdown::Event;
 use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
 
-/// A ticket whose owner is dead is removed once it is this old.
-const DEAD_OWNER_AGE: Duration = Duration::from_secs(10);
+/// A ticket whose owner cannot be judged is removed once it is this old (untouched that long).
+const UNJUDGED_OWNER_AGE: Duration = Duration::from_secs(10);
 /// Any ticket this old is stale: its owner stopped touching it (or its pid was recycled).
 const STALE_AGE: Duration = Duration::from_secs(1800);
 /// How often a waiter touches its own ticket.
@@ -220,16 +223,18 @@ impl Queue {
             seq,
             pid: std::process::id() as i32,
         };
-        // The owner's start time goes in the ticket, so whoever looks can tell a dead owner
-        // (or a recycled pid) at once.
+        // The owner's identity goes in the ticket, so whoever looks, in whatever namespace,
+        // can tell a dead owner (or a recycled pid) at once.
+        let identity = ProcessIdentity::own()
+            .ok()
+            .and_then(|me| serde_json::to_string(me).ok())
+            .unwrap_or_default();
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(self.path(&ticket))
-            .and_then(|mut file| {
-                file.write_all(format!("{}\n", linux::own_start_time()).as_bytes())
-            })
+            .and_then(|mut file| file.write_all(format!("{identity}\n").as_bytes()))
             .map_err(self.io_err("publish a ticket"))?;
         drop(held);
         Ok(Some(ticket))
@@ -259,13 +264,22 @@ impl Queue {
     /// Remove dead and stale tickets (never `mine`); returns the live ones, in queue order.
     fn reap(&self, mine: &Ticket) -> Vec<QueuedTicket> {
         let mut live = Vec::new();
-        for queued in self.scan() {
+        let tickets = self.scan();
+        // Judged after they were listed: a ticket's owner is older than the look at it.
+        let judge = Judge::new();
+        for queued in tickets {
             let t = &queued.ticket;
             let age = Duration::from_secs(queued.age_s);
             let dead = t != mine
                 && (age > STALE_AGE
-                    || self.owner_gone(t)
-                    || (age > DEAD_OWNER_AGE && !process_exists(t.pid)));
+                    || match self.owner(t).map(|o| judge.judge(&o)) {
+                        Some(Verdict::Dead) => true,
+                        Some(Verdict::Alive) => false,
+                        // An owner that cannot be judged from here (another pid namespace's,
+                        // or one that never wrote its identity) is known by its keepalive: a
+                        // waiter touches its ticket every few seconds.
+                        Some(Verdict::Unresolvable(_)) | None => age > UNJUDGED_OWNER_AGE,
+                    });
             if dead {
                 tracing::info!(ticket = t.file_name(), "removing a dead ticket");
                 let _ = std::fs::remove_file(self.path(t));
@@ -276,33 +290,38 @@ impl Queue {
         live
     }
 
-    /// The start time the ticket's owner wrote in it, when it did (a ticket is published an
-    /// instant before its owner writes it).
-    fn owner_start(&self, ticket: &Ticket) -> Option<u64> {
+    /// The owner the ticket names, when it wrote itself in (a ticket is published an instant
+    /// before its owner writes it) and its pid is the ticket's.
+    fn owner(&self, ticket: &Ticket) -> Option<ProcessIdentity> {
         let mut text = String::new();
         std::fs::File::open(self.path(ticket))
             .ok()?
-            .take(32)
+            .take(512)
             .read_to_string(&mut text)
             .ok()?;
-        text.trim().parse().ok()
+        serde_json::from_str::<ProcessIdentity>(text.trim())
+            .ok()
+            .filter(|o| o.pid == ticket.pid)
     }
 
-    /// True when the ticket says who owns it and that process is gone (or its pid now names
-    /// another process).
-    fn owner_gone(&self, ticket: &Ticket) -> bool {
-        self.owner_start(ticket)
-            .is_some_and(|start| !linux::is_running(ticket.pid, start))
-    }
-
-    /// A pidfd on the ticket's owner, to wake up the moment it dies; `None` when it is gone
-    /// already (or cannot be watched).
-    fn watch_owner(&self, ticket: &Ticket) -> Option<OwnedFd> {
-        let fd = linux::pidfd_open(Pid::from_raw(ticket.pid)).ok()?;
+    /// How to wake up the moment the ticket's owner dies.
+    fn watch_owner(&self, ticket: &Ticket) -> OwnerWatch {
+        let Some(owner) = self.owner(ticket) else {
+            return OwnerWatch::Unwatchable;
+        };
+        // A pidfd names a pid of our own namespace; an owner elsewhere is watched by its
+        // keepalive alone.
+        if ProcessIdentity::own().map_or(true, |me| me.pid_ns != owner.pid_ns) {
+            return OwnerWatch::Unwatchable;
+        }
+        let Ok(fd) = linux::pidfd_open(Pid::from_raw(ticket.pid)) else {
+            return OwnerWatch::Gone;
+        };
         // With the pidfd open the pid cannot be recycled: check it is still the owner.
-        match self.owner_start(ticket) {
-            Some(start) if !linux::is_running(ticket.pid, start) => None,
-            _ => Some(fd),
+        match owner.judge() {
+            Verdict::Dead => OwnerWatch::Gone,
+            Verdict::Alive => OwnerWatch::Pidfd(fd),
+            Verdict::Unresolvable(_) => OwnerWatch::Unwatchable,
         }
     }
 
@@ -334,11 +353,14 @@ impl Queue {
     }
 }
 
-fn process_exists(pid: i32) -> bool {
-    !matches!(
-        nix::sys::signal::kill(Pid::from_raw(pid), None),
-        Err(Errno::ESRCH)
-    )
+/// How a waiter watches the owner of the ticket ahead.
+enum OwnerWatch {
+    /// Readable once it dies.
+    Pidfd(OwnedFd),
+    /// It is gone already.
+    Gone,
+    /// It cannot be watched from here: the queue directory and the keepalive tell.
+    Unwatchable,
 }
 
 fn funnel_has_shutdown(funnel: &SignalFunnel) -> bool {
@@ -404,7 +426,7 @@ enum Round {
 impl Waiter<'_> {
     fn run(&mut self, inotify: &mut Inotify) -> Result<Taken, LockError> {
         let mut buffer = [0u8; 4096];
-        let mut watch: Option<(Ticket, Option<OwnedFd>)> = None;
+        let mut watch: Option<(Ticket, OwnerWatch)> = None;
         loop {
             // Drain what changed so far; whatever changes after this wakes the wait below.
             while inotify
@@ -419,9 +441,12 @@ impl Waiter<'_> {
             if watch.as_ref().map(|(t, _)| *t) != self.ahead {
                 watch = self.ahead.map(|t| (t, self.queue.watch_owner(&t)));
             }
-            let owner = watch.as_ref().and_then(|(_, fd)| fd.as_ref());
+            let owner = match &watch {
+                Some((_, OwnerWatch::Pidfd(fd))) => Some(fd),
+                _ => None,
+            };
             let mut timeout = self.remaining().map_or(KEEPALIVE, |l| l.min(KEEPALIVE));
-            if watch.as_ref().is_some_and(|(_, fd)| fd.is_none()) {
+            if matches!(watch, Some((_, OwnerWatch::Gone))) {
                 // Its owner is gone already: look again soon, without spinning.
                 timeout = timeout.min(DEAD_AHEAD_RETRY);
             }
@@ -537,10 +562,12 @@ impl Waiter<'_> {
         )
     }
 
-    /// Ours: say who holds it, for `locks` and for whoever times out behind us.
+    /// Ours: say who holds it, for `locks` and for whoever times out behind us; a line found
+    /// in it names a holder that died holding it.
     fn held(&self, mut lock: HeldLock) -> Result<Taken, LockError> {
+        let before = lock::Holder::parse(&lock.read_holder());
         lock.write_holder(&self.wait.holder.to_line())?;
-        Ok(Taken::Held(Box::new(FileLease::one(lock))))
+        Ok(Taken::Held(Box::new(FileLease::taken_over(lock, before))))
     }
 
     /// Leave the queue and say where we were, and who holds the lock.

@@ -47,6 +47,8 @@ use crate::run::state::{StateError, StateFiles};
 use crate::supervise::Supervisor;
 use crate::supervise::cgroup::{self, Cgroups};
 use crate::supervise::guards::{self, GuardError, GuardOptions};
+use crate::supervise::identity::{IdentityError, Owner};
+use crate::supervise::leftovers;
 use crate::supervise::process::{ChildStatus, CommandSpec};
 use crate::supervise::shutdown::Event;
 use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
@@ -77,6 +79,13 @@ pub(crate) enum RunError {
     LossWatch(std::io::Error),
     #[error(transparent)]
     Watchdog(#[from] crate::supervise::watchdog::WatchdogError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(
+        "failed to clear what the previous holder of the app lock of {domain} left: {why}; \
+         not starting the command beside it"
+    )]
+    Predecessor { domain: String, why: String },
 }
 
 /// Run the `run` subcommand; returns the exit code.
@@ -102,7 +111,9 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
     let holder = Holder::this_process(cfg.run_id.as_str());
     let locks = crate::lock::backend(global)?;
     let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
-    let mut run = Run::new(funnel, global, cfg, &run_dir, &holder, hard_end, locks);
+    // The runs dir exists now: it names the configuration every process of the run works for.
+    let owner = Owner::establish(&global.runs_dir)?;
+    let mut run = Run::new(funnel, global, cfg, &run_dir, hard_end, locks, owner);
     let result = run.execute(&run_dir, holder.pid);
     if let Err(err) = &result {
         run.record.error = Some(err.to_string());
@@ -181,6 +192,8 @@ struct Run<'a> {
     watchdog: Watchdog,
     /// The run's one Docker connection, made on first use.
     docker: DockerLink,
+    /// This supervisor and its configuration.
+    owner: &'static Owner,
 }
 
 impl<'a> Run<'a> {
@@ -190,15 +203,18 @@ impl<'a> Run<'a> {
         global: &'a Global,
         cfg: &'a RunConfig,
         run_dir: &RunDir,
-        holder: &Holder,
         hard_end: Instant,
         locks: Box<dyn LockBackend>,
+        owner: &'static Owner,
     ) -> Self {
-        let mut record = first_record(cfg, holder);
-        let cgroup = cgroup::run_cgroup(global.cgroup, "run", cfg.run_id.as_str());
+        let mut record = first_record(cfg, &Holder::this_process(cfg.run_id.as_str()));
+        let cgroup = cgroup::run_cgroup(global.cgroup, "run", cfg.run_id.as_str(), owner);
         record.cgroup = cgroup
             .as_ref()
             .map(|c| c.cgroup.path().display().to_string());
+        record.supervisor = Some(owner.process.clone());
+        record.scope = Some(owner.scope);
+        record.marker = Some(owner.to_string());
         let record_path = run_dir.record_path();
         let watchdog = Watchdog::arm(
             hard_end,
@@ -223,6 +239,7 @@ impl<'a> Run<'a> {
             hard_end,
             watchdog,
             docker: DockerLink::new(global.docker),
+            owner,
         }
     }
 }
@@ -279,6 +296,7 @@ impl Run<'_> {
             } => return Ok(self.lock_timed_out(waited, &lock, &detail)),
         }
         self.record.enter(Phase::AppLock);
+        self.clear_predecessors()?;
         self.clear_leftovers();
         self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
         self.env = self.command_env(abra_dir, recipe_dir);
@@ -355,7 +373,10 @@ impl Run<'_> {
     /// lock-wait budget allows; a signal or the deadline ends the wait at once.
     fn take_app_lock(&mut self) -> Result<Taken, RunError> {
         let domain = &self.cfg.identity.domain;
-        let holder = Holder::this_process(self.cfg.run_id.as_str());
+        // The line names our cgroup and marker: should we die holding the lock, the next
+        // holder finds in it what to clear.
+        let holder = Holder::this_process(self.cfg.run_id.as_str())
+            .with_cgroup(self.cgroup.as_ref().map(|c| c.cgroup.path()));
         let wait = Wait {
             holder: &holder,
             funnel: &self.funnel,
@@ -447,6 +468,27 @@ impl Run<'_> {
         }
     }
 
+    /// Holding the app lock: a holder line found in it names a run that died holding it (a
+    /// SIGKILL, the OOM killer). Whatever that run left still running — its cgroup, every
+    /// process naming it — is killed and confirmed gone before our command starts, whether or
+    /// not it left an app; where that cannot be done, the line says why.
+    fn clear_predecessors(&mut self) -> Result<(), RunError> {
+        let Some(lease) = self.app_lock.as_deref() else {
+            return Ok(());
+        };
+        let domain = self.cfg.identity.domain.to_string();
+        let until = Instant::now()
+            + leftovers::KILL_BUDGET.min(self.hard_end.saturating_duration_since(Instant::now()));
+        for before in lease.predecessors() {
+            let cleared = leftovers::clear_predecessor(&before.predecessor(), self.owner, until);
+            let who = Holder::describe(Some(&before));
+            if let Err(why) = cleared.report("app lock", &who) {
+                return Err(RunError::Predecessor { domain, why });
+            }
+        }
+        Ok(())
+    }
+
     /// Holding the app lock, nothing else of this domain can be alive: whatever of the app is
     /// there now was left by a run that died while we waited (after our sweep). It goes before
     /// the command starts, so the command never deploys over a dead run's stack.
@@ -458,7 +500,7 @@ impl Run<'_> {
         self.save();
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
-        janitor::reap::reap_dead_runs_processes(&mut Vec::new(), false);
+        janitor::reap::reap_dead_runs_processes(self.owner.scope, &mut Vec::new(), false);
         let budget = janitor::reap::DEFAULT_REAP_BUDGET
             .min(self.hard_end.saturating_duration_since(Instant::now()));
         let (removed, errors) = app::remove_app_now(self.global, &self.docker, domain, budget);

@@ -53,6 +53,16 @@ pub(crate) struct RunRecord {
     pub tied_pid_died: Option<i32>,
     /// The run's cgroup (absolute path in the cgroup file system), when it had one.
     pub cgroup: Option<String>,
+    /// The supervisor named for good: what a judge in any pid or time namespace needs to tell
+    /// whether this run is alive (its cgroup's name carries the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervisor: Option<crate::supervise::identity::ProcessIdentity>,
+    /// The configuration the run belongs to (its runs dir's device and inode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<crate::supervise::identity::Scope>,
+    /// The `CCCI_SUPERVISOR` value every process of the run carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marker: Option<String>,
     pub phases: Vec<Phase>,
     /// `command-ended`, `SIGTERM`, `SIGINT`, `SIGHUP`, `SIGQUIT`, `deadline`, `parent-died`,
     /// `tied-pid-died`, or `teardown-timeout` when a teardown step ran out of its budget.

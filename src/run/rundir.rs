@@ -12,13 +12,15 @@
 //! ```
 //!
 //! Invariant: nothing under a run directory is removed or rebuilt unless we hold its guard lock,
-//! so a live run's tree is never wiped by another run that reuses its id.
+//! so a live run's tree is never wiped by another run that reuses its id; and a run clears its
+//! holder line before it lets the guard go, so a finished run's id can always be run again.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::lock::{HeldLock, Holder, LockError, LockFile, TryLock};
 use crate::names::{self, RunId};
+use crate::supervise::identity::Verdict;
 
 /// How long a run waits for a janitor's probe of its guard to end before calling it live.
 const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -160,10 +162,24 @@ pub(crate) fn probe(dir: &Path, create: bool) -> Liveness {
     }
 }
 
+/// Whether a held guard's holder line names a run that may be live. A run clears its line
+/// before it lets go of the guard, so a held guard with no line, or with the line of a run
+/// judged dead (one that was SIGKILLed: it could not clear it), is held by a janitor's probe.
+fn names_a_live_run(holder_line: &str) -> bool {
+    if holder_line.trim().is_empty() {
+        return false;
+    }
+    match Holder::parse(holder_line).and_then(|h| h.trace.process) {
+        Some(process) => process.judge() != Verdict::Dead,
+        // A line we cannot read: whoever wrote it, it is not ours to call dead.
+        None => true,
+    }
+}
+
 impl RunDir {
     /// Create (or reuse, when its last run has ended) `<runs-dir>/<run-id>/` and take its guard.
     ///
-    /// A guard held by someone who wrote no holder line is a janitor's probe (retention, the
+    /// A guard held by someone who names no live run is a janitor's probe (retention, the
     /// record of a reap), held for moments: wait for it rather than refuse. If retention removed
     /// the directory meanwhile, the lock we got is on an unlinked file: start over.
     pub(crate) fn claim(
@@ -207,7 +223,7 @@ impl RunDir {
                     return Err(err);
                 }
                 Liveness::Live { holder: held_by } => {
-                    if held_by.trim().is_empty() && started.elapsed() < PROBE_PATIENCE {
+                    if !names_a_live_run(&held_by) && started.elapsed() < PROBE_PATIENCE {
                         std::thread::sleep(PROBE_POLL);
                         continue;
                     }

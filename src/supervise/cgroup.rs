@@ -4,15 +4,16 @@
 //!
 //! ```text
 //! <supervisor's own cgroup>/
-//!   ccci-run-<run-id>-<pid>-<start>/     one per supervisor; <pid>-<start> names it uniquely
+//!   ccci-run-<run-id>-<owner>/           one per supervisor; the owner names it and its configuration
 //!     command/                           the supervised command and its descendants
 //!     hook/                              the --on-teardown hook, killed alone when its share ends
 //! ```
 //!
-//! The directory name carries the supervisor's pid and its start time (clock ticks since boot,
-//! `/proc/<pid>/stat`), so a sweep can tell a live supervisor's cgroup from a dead one's without
-//! any record and without trusting a reused pid: a cgroup whose supervisor is gone is killed and
-//! removed by [`reap_orphans`], which the janitor runs before it reaps any app.
+//! The directory name ends with its [`Owner`]: the supervisor's pid, start time and pid
+//! namespace, and the configuration it works for (`<pid>-<start>-<pidns>-c<dev>.<ino>`). That is
+//! everything a judge in any namespace needs ([`crate::supervise::identity`]): a sweep finds the
+//! cgroups of its own configuration ([`find`]), and kills and removes one ([`reap_dead`]) only
+//! once its supervisor is judged dead — before the janitor reaps any app.
 //!
 //! Invariant: only this module writes under the cgroup file system,
 //! and a cgroup is only ever killed when its supervisor is this process or provably dead.
@@ -21,7 +22,6 @@
 //! create`] says so and the supervisor falls back to process groups, subreaping and the
 //! environment scan of [`crate::supervise::leftovers`].
 
-use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::config::CgroupMode;
-use crate::names::{CGROUP_PREFIX, COMMAND_LEAF, HOOK_LEAF, cgroup_name, parse_cgroup_name};
+use crate::names::{CGROUP_PREFIX, COMMAND_LEAF, HOOK_LEAF, cgroup_name, cgroup_owner};
+use crate::supervise::identity::{Owner, Scope};
 use crate::supervise::linux;
 
 /// Create one cgroup directory. Only this module may (clippy's `disallowed-methods`).
@@ -316,74 +317,81 @@ fn annotate(err: io::Error, what: &str, path: &Path) -> io::Error {
     )
 }
 
-/// A dead supervisor's cgroup, found and dealt with by [`reap_orphans`].
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct Orphan {
+/// A cgroup of ours, of the configuration a sweep works for, as found in the hierarchy.
+#[derive(Debug, Clone)]
+pub(crate) struct Found {
     pub path: PathBuf,
-    /// Processes it still held when found.
-    pub processes: usize,
-    /// Whether it is gone now (killed, emptied and removed).
-    pub removed: bool,
-    pub error: Option<String>,
+    /// The supervisor that made it, as its name says.
+    pub owner: Owner,
 }
 
-/// Find every cgroup of ours (`ccci-…-<pid>-<start>`) in the unified hierarchy whose
-/// supervisor is dead, kill what is still in it, wait (within `budget` overall) until it is
-/// empty and remove it. With `dry_run`, only report. Without cgroup v2 there is nothing to find.
-pub(crate) fn reap_orphans(dry_run: bool, nearby: bool, budget: Duration) -> Vec<Orphan> {
+/// Every cgroup of the configuration `scope` (`ccci-…-<owner>`) in the unified hierarchy, or
+/// only beside our own (`nearby`: where this host's runs put theirs). Another configuration's
+/// cgroups are not even looked at. Also returned: cgroups named like ours whose name carries no
+/// owner (an older ccci-run's), which nobody can judge. Without cgroup v2 there is nothing to find.
+pub(crate) fn find(scope: Scope, nearby: bool) -> (Vec<Found>, Vec<PathBuf>) {
     let start = if nearby {
         own_cgroup().ok()
     } else {
         mount_point()
     };
     let Some(start) = start else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
-    let until = Instant::now() + budget;
-    let mut found = Vec::new();
-    // Nearby: only our own cgroup's children, where this host's runs put theirs.
-    find_ours(&start, if nearby { MAX_WALK_DEPTH } else { 0 }, &mut found);
-    let mut orphans = Vec::new();
-    for dir in found {
-        let Some((pid, start)) = dir
+    let mut dirs = Vec::new();
+    find_ours(&start, if nearby { MAX_WALK_DEPTH } else { 0 }, &mut dirs);
+    let (mut found, mut ownerless) = (Vec::new(), Vec::new());
+    for path in dirs {
+        let owner = path
             .file_name()
-            .and_then(OsStr::to_str)
-            .and_then(parse_cgroup_name)
-        else {
-            continue;
-        };
-        if linux::is_running(pid, start) {
-            continue; // its supervisor is alive: never touched
+            .and_then(|n| n.to_str())
+            .and_then(cgroup_owner)
+            .and_then(Owner::parse);
+        match owner {
+            Some(owner) if owner.scope == scope => found.push(Found { path, owner }),
+            Some(_) => {}
+            None => ownerless.push(path),
         }
-        let processes = members(&dir).map(|m| m.len()).unwrap_or(0);
-        let mut orphan = Orphan {
-            path: dir.clone(),
-            processes,
-            removed: false,
-            error: None,
-        };
-        if !dry_run {
-            let left = until.saturating_duration_since(Instant::now());
-            let result = kill(&dir)
-                .and_then(|()| wait_empty(&dir, left))
-                .and_then(|empty| {
-                    if empty {
-                        remove_tree(&dir)
-                    } else {
-                        Err(io::Error::other(format!(
-                            "cgroup {} still has processes after SIGKILL",
-                            dir.display()
-                        )))
-                    }
-                });
-            match result {
-                Ok(()) => orphan.removed = true,
-                Err(err) => orphan.error = Some(err.to_string()),
-            }
-        }
-        orphans.push(orphan);
     }
-    orphans
+    (found, ownerless)
+}
+
+/// How many processes are in the cgroup at `dir` and below.
+pub(crate) fn population(dir: &Path) -> usize {
+    members(dir).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Kill everything in a dead supervisor's cgroup, wait (at most `budget`) until it is empty and
+/// remove it. The caller has judged the supervisor dead.
+pub(crate) fn reap_dead(dir: &Path, budget: Duration) -> io::Result<()> {
+    kill(dir)
+        .and_then(|()| wait_empty(dir, budget))
+        .and_then(|empty| {
+            if empty {
+                remove_tree(dir)
+            } else {
+                Err(io::Error::other(format!(
+                    "cgroup {} still has processes after SIGKILL",
+                    dir.display()
+                )))
+            }
+        })
+}
+
+/// The cgroup a holder line names, when it really is one of ours made by `owner`: under the
+/// unified hierarchy and named for that very supervisor. `None` otherwise (a name is never
+/// trusted to point anywhere else).
+pub(crate) fn named_for(path: &Path, owner: &Owner) -> Option<PathBuf> {
+    let mount = mount_point()?;
+    let rest = path.strip_prefix(&mount).ok()?;
+    if rest
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return None;
+    }
+    let name = path.file_name()?.to_str()?;
+    (cgroup_owner(name).and_then(Owner::parse).as_ref() == Some(owner)).then(|| path.to_owned())
 }
 
 /// Collect directories named like ours under `dir`; ours are not descended into.
@@ -417,14 +425,19 @@ pub(crate) struct Cgroups {
 
 /// Create the supervisor's cgroup `ccci-<kind>-<label>-<pid>-<start>` with its leaves, unless
 /// cgroups are off or not writable here; then say why (at `-v`) and use the fallback.
-pub(crate) fn run_cgroup(mode: CgroupMode, kind: &str, label: &str) -> Option<Cgroups> {
+pub(crate) fn run_cgroup(
+    mode: CgroupMode,
+    kind: &str,
+    label: &str,
+    owner: &Owner,
+) -> Option<Cgroups> {
     if mode == CgroupMode::Off {
         tracing::info!(
             "cgroups off (--cgroup off): process groups, subreaping and the environment scan only"
         );
         return None;
     }
-    let name = cgroup_name(kind, label, std::process::id(), linux::own_start_time());
+    let name = cgroup_name(kind, label, &owner.to_string());
     let made = RunCgroup::create(&name).and_then(|cgroup| {
         let command = cgroup.leaf(COMMAND_LEAF)?;
         let hook = cgroup.leaf(HOOK_LEAF)?;

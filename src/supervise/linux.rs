@@ -211,32 +211,177 @@ pub(crate) fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
     Ok(found)
 }
 
-/// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`), or `None`
-/// when no such process exists. A pid plus its start time names one process for good, even
-/// after the pid is reused.
-pub(crate) fn process_start_time(pid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_start_time(&text)
-}
-
 /// Field 22 (`starttime`) of a `/proc/<pid>/stat` line; the fields are counted after the last `)`.
+/// The kernel shows it in clock ticks since boot as the *reader's* time namespace sees boot:
+/// [`crate::supervise::identity`] takes that offset out before comparing.
 pub(crate) fn parse_start_time(text: &str) -> Option<u64> {
     let (_, tail) = text.rsplit_once(')')?;
     tail.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
-/// True when the process `pid` that started at `start` is still running. A zombie is dead: it
-/// will never act again, whoever reaps it and when.
-pub(crate) fn is_running(pid: i32, start: u64) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    parse_start_time(&text) == Some(start) && parse_stat(&text).is_some_and(|s| !s.zombie)
+/// The pid namespace `/proc/<pid>/ns/pid` (or `self`) links to: the inode of its nsfs file.
+pub(crate) fn pid_namespace(pid: &str) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid")).map(|m| m.ino())
 }
 
-/// This process's own start time.
-pub(crate) fn own_start_time() -> u64 {
-    process_start_time(std::process::id() as i32).unwrap_or(0)
+/// The inode of the initial pid namespace, the one every other is nested in: a fixed number
+/// since Linux 3.8 (`PROC_PID_INIT_INO`).
+pub(crate) const INIT_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// The `NSpid:` line of a `/proc/<pid>/status`: the process's pid in every pid namespace from
+/// the one `/proc` was mounted for down to its own (the last one).
+pub(crate) fn parse_nspid(status: &str) -> Option<Vec<i32>> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let pids: Option<Vec<i32>> = line
+        .split_ascii_whitespace()
+        .map(|p| p.parse().ok())
+        .collect();
+    pids.filter(|p| !p.is_empty())
+}
+
+/// Where two namespace links of this process point (`time` and `time_for_children`, say):
+/// `None` when the kernel has no such link.
+pub(crate) fn own_namespace_link(name: &str) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/self/ns/{name}")).ok()
+}
+
+/// The boottime offset of a time namespace, in nanoseconds, from its `timens_offsets` text
+/// (`boottime <secs> <nanosecs>`).
+pub(crate) fn parse_boottime_offset(text: &str) -> Option<i128> {
+    text.lines().find_map(|line| {
+        let mut fields = line.split_ascii_whitespace();
+        // Kernels before 5.7 print the clock's number (7) instead of its name.
+        if !matches!(fields.next()?, "boottime" | "7") {
+            return None;
+        }
+        let secs: i128 = fields.next()?.parse().ok()?;
+        let nanos: i128 = fields.next()?.parse().ok()?;
+        Some(secs * 1_000_000_000 + nanos)
+    })
+}
+
+/// Clock ticks per second, the unit of `/proc/<pid>/stat` start times (`USER_HZ`).
+pub(crate) fn clock_ticks_per_second() -> i128 {
+    // SAFETY: sysconf only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 { i128::from(hz) } else { 100 }
+}
+
+/// This boot of this kernel: a random id, the same in every container on it, new at every boot.
+pub(crate) fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|id| id.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The `hidepid=` option `/proc` is mounted with (from a mountinfo text), unless it hides
+/// nothing: then `/proc` may hide other users' processes from a process without privileges.
+pub(crate) fn proc_hidepid(mountinfo: &str) -> Option<String> {
+    mountinfo.lines().find_map(|line| {
+        let (head, tail) = line.split_once(" - ")?;
+        if head.split_ascii_whitespace().nth(4)? != "/proc" {
+            return None;
+        }
+        let mut tail = tail.split_ascii_whitespace();
+        if tail.next()? != "proc" {
+            return None;
+        }
+        let options = tail.nth(1)?;
+        let hidepid = options
+            .split(',')
+            .find_map(|o| o.strip_prefix("hidepid="))?;
+        (!matches!(hidepid, "0" | "off"))
+            .then(|| format!("/proc is mounted with hidepid={hidepid}"))
+    })
+}
+
+/// One process as found under `/proc`, held by its directory: the descriptor stays bound to
+/// that very process, so reading it again or signalling it can never reach a process that
+/// reused its pid, whatever pid namespace `/proc` belongs to.
+#[derive(Debug)]
+pub(crate) struct ProcDir {
+    dir: std::os::fd::OwnedFd,
+}
+
+impl ProcDir {
+    /// Open `/proc/<pid>`; `None` when it is gone.
+    pub(crate) fn open(pid: i32) -> Option<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(format!("/proc/{pid}"))
+            .ok()?;
+        Some(Self { dir: dir.into() })
+    }
+
+    /// Read one file of the process's directory (`stat`, `environ`); an error once the process
+    /// is reaped.
+    pub(crate) fn read(&self, name: &str) -> io::Result<Vec<u8>> {
+        use std::io::Read;
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let name = std::ffi::CString::new(name).map_err(io::Error::other)?;
+        // SAFETY: openat on a directory descriptor we own, with a NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                self.dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just gave us this descriptor and nobody else owns it.
+        let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+        let mut data = Vec::new();
+        file.read_to_end(&mut data)?;
+        Ok(data)
+    }
+
+    /// The inode of the process's pid namespace (`ns/pid`).
+    pub(crate) fn pid_namespace(&self) -> io::Result<u64> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a zeroed stat buffer for fstatat to fill; the name is a static C string.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::fstatat(self.dir.as_raw_fd(), c"ns/pid".as_ptr(), &mut st, 0) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st.st_ino)
+    }
+
+    /// True while the process runs (a zombie has ended: it will never act again).
+    pub(crate) fn running(&self) -> bool {
+        self.read("stat")
+            .ok()
+            .and_then(|s| parse_stat(&String::from_utf8_lossy(&s)))
+            .is_some_and(|s| !s.zombie)
+    }
+
+    /// Send `signal` to the process itself (`pidfd_send_signal` accepts a `/proc/<pid>`
+    /// directory): never to whatever has its pid now. A process already gone is not an error.
+    pub(crate) fn signal(&self, signal: Signal) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal(2) with a descriptor we own, no siginfo, flags 0.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.dir.as_raw_fd(),
+                signal as libc::c_int,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        match rc {
+            0 => Ok(()),
+            _ => match io::Error::last_os_error() {
+                err if err.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+                err => Err(err),
+            },
+        }
+    }
 }
 
 /// A pidfd for `pid`: it turns readable when the process exits, whoever its parent is.
@@ -301,12 +446,6 @@ pub(crate) fn cgroup_populated(events: &str) -> Option<bool> {
             "1" => Some(true),
             _ => None,
         })
-}
-
-/// The value of `key` in the environment of `pid`, as it was at exec (`/proc/<pid>/environ`).
-pub(crate) fn environ_value(pid: Pid, key: &str) -> Option<Vec<u8>> {
-    let data = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    environ_lookup(&data, key).map(<[u8]>::to_vec)
 }
 
 /// Look `key` up in a NUL-separated `KEY=value` block.

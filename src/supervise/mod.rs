@@ -15,6 +15,7 @@
 
 pub(crate) mod cgroup;
 pub(crate) mod guards;
+pub(crate) mod identity;
 pub(crate) mod leftovers;
 #[cfg(target_os = "linux")]
 pub(crate) mod linux;

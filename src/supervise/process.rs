@@ -172,10 +172,14 @@ fn spawn_with_std(
     command
         .args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        // Names this supervisor for good, so a sweep can find what a dead one left behind.
-        .env(crate::supervise::leftovers::SUPERVISOR_VAR, supervisor_id())
         .stdin(Stdio::inherit())
         .process_group(0);
+    // Names this supervisor for good, so a sweep can find what a dead one left behind; an
+    // inherited value naming someone else never passes through.
+    match supervisor_id() {
+        Some(id) => command.env(crate::supervise::leftovers::SUPERVISOR_VAR, id),
+        None => command.env_remove(crate::supervise::leftovers::SUPERVISOR_VAR),
+    };
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
     }
@@ -232,10 +236,13 @@ impl Prepared {
         for (key, value) in &spec.env {
             set(key.into(), value.clone());
         }
-        set(
-            crate::supervise::leftovers::SUPERVISOR_VAR.into(),
-            supervisor_id().into(),
-        );
+        match supervisor_id() {
+            Some(id) => set(
+                crate::supervise::leftovers::SUPERVISOR_VAR.into(),
+                id.into(),
+            ),
+            None => env.retain(|(k, _)| k != crate::supervise::leftovers::SUPERVISOR_VAR),
+        }
         let envp = env
             .iter()
             .map(|(k, v)| {
@@ -417,10 +424,11 @@ unsafe fn exec_child(
     fail(reported)
 }
 
-/// `<pid>-<start>` of this process, computed once.
-fn supervisor_id() -> &'static str {
+/// This process as the supervisor of its configuration (`<owner>`), once established.
+fn supervisor_id() -> Option<&'static str> {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(crate::supervise::leftovers::this_supervisor)
+    let owner = crate::supervise::identity::Owner::established()?;
+    Some(ID.get_or_init(|| owner.to_string()))
 }
 
 /// Reap every child that has already ended, without blocking.

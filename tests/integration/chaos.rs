@@ -1,13 +1,20 @@
 //! The chaos harness: randomized schedules of concurrent runs over a few domains, with janitors
 //! at random moments and faults injected at the points where they hurt — SIGKILL or SIGTERM of a
 //! run as its command starts, while it is parked on the app lock, and in the middle of its
-//! teardown; deadlines; janitors killed mid-sweep; and reboots (every process killed, the lock
-//! dir emptied). Every schedule comes from a printed seed, so a failure replays the same plan.
+//! teardown; deadlines; janitors killed mid-sweep; reboots (every process killed, the lock
+//! dir emptied); runs in a pid namespace of their own (a container sharing the directories and
+//! the cgroup tree); a second configuration on the host with a dead run of its own; and SIGKILL
+//! of a run whose command's child keeps writing. Every schedule comes from a printed seed, so a
+//! failure replays the same plan.
 //!
 //! After each schedule and a final janitor sweep it checks the promise:
 //! - no live run's app was removed while it ran (each command checks its own `.env` at its end);
+//! - no live run's process was killed (each command checks its daemon at its end; exit codes);
 //! - no two runs of one domain overlapped (from the commands' own timestamps);
+//! - nothing of a dead run acts after the next holder of its domain starts (a SIGKILLed run's
+//!   writer never writes after the next run's start);
 //! - nothing of a dead run is left: `.env` files, lock files, state files, processes;
+//! - the other configuration's dead run was left alone, and its own janitor clears it;
 //! - every exit code is one the contract allows.
 //!
 //! In its two-host mode (with the etcd backend) the runs are spread over two "hosts" (directories
@@ -47,6 +54,12 @@ enum Fault {
     Deadline,
     /// The teardown hook hangs: the teardown budget must end it.
     HangingHook,
+    /// The run lives in a pid namespace of its own (a container sharing our directories and
+    /// the cgroup tree): janitors and other runs' sweeps on the host must judge it alive.
+    InPidNamespace,
+    /// SIGKILL of the run as its command starts, while a child of the command writes to the
+    /// log every 100 ms: nothing of it may write once the next run of its domain has started.
+    KillWriter,
 }
 
 const FAULTS: [Fault; 8] = [
@@ -100,6 +113,9 @@ struct Plan {
     reboot_after: Option<usize>,
     /// Two hosts on etcd, and what befalls the cluster.
     etcd: Option<EtcdFault>,
+    /// A second configuration on the host (a sandbox of its own) with a dead run whose daemon
+    /// this schedule's janitors and runs must never touch.
+    other_config: bool,
 }
 
 impl Plan {
@@ -122,7 +138,22 @@ impl Plan {
             reboot_after: rng.random_bool(0.15).then(|| rng.random_range(3..30)),
             runs: Vec::new(),
             etcd: None,
+            other_config: false,
         };
+        if !etcd {
+            // Drawn from a generator of their own, so the rest of a plan stays as its seed made
+            // it. (On etcd a lock forgets its holder with its lease: there a dead holder's
+            // leftovers are the janitor's, not the next holder's.)
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x1d3a);
+            for run in &mut runs {
+                match rng.random_range(0..8) {
+                    0 => run.fault = Fault::InPidNamespace,
+                    1 => run.fault = Fault::KillWriter,
+                    _ => {}
+                }
+            }
+            plan.other_config = rng.random_bool(0.5);
+        }
         if etcd {
             // Drawn from a generator of their own: one-host schedules replay as before.
             let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0xe7cd);
@@ -221,6 +252,67 @@ struct Outcome {
     run_codes: HashMap<usize, Option<i32>>,
     janitor_codes: Vec<Option<i32>>,
     command_pids: Vec<i32>,
+    /// When the reboot was (the commands' clock), if there was one.
+    rebooted_at: Option<u128>,
+}
+
+/// The other configuration's dead run: its daemon, and its cgroup when it had one.
+struct OtherConfig {
+    sandbox: Sandbox,
+    daemon: i32,
+    cgroup: Option<String>,
+}
+
+impl OtherConfig {
+    /// A run of another configuration whose supervisor was SIGKILLed: its daemon lives on.
+    fn plant(seed: u64) -> Self {
+        let sandbox = Sandbox::new();
+        let script = "setsid sh -c 'exec sleep 100000' </dev/null >/dev/null 2>&1 & \
+                      echo daemon $!; echo ready $$; exec sleep 100000";
+        let mut proc =
+            crate::util::Proc::spawn(sandbox.run_sh(&format!("other-{seed}"), &[], script));
+        let line = proc.wait_for(crate::util::Stream::Out, "daemon ");
+        let daemon = line.trim_start_matches("daemon ").trim().parse().unwrap();
+        proc.wait_ready();
+        let pid = proc.pid();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        assert!(crate::util::wait_exited(pid));
+        drop(proc);
+        let cgroup = sandbox.record(&format!("other-{seed}"))["cgroup"]
+            .as_str()
+            .map(str::to_owned);
+        Self {
+            sandbox,
+            daemon,
+            cgroup,
+        }
+    }
+}
+
+/// The run's command line inside a pid namespace of its own with its own `/proc`, two shells
+/// deep (so its parent is no init); the namespace dies with `unshare`.
+fn in_pid_namespace(cmd: &Command) -> Command {
+    let mut out = Command::new("unshare");
+    out.args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg(r#"sh -c '"$@"; exit $?' inner "$@"; exit $?"#)
+    .arg("outer")
+    .arg(cmd.get_program())
+    .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => out.env(key, value),
+            None => out.env_remove(key),
+        };
+    }
+    out
 }
 
 fn execute(
@@ -240,6 +332,7 @@ fn execute(
     let mut events = 0usize;
     let mut next_run = 0usize;
     let mut rebooted = false;
+    let mut rebooted_at = None;
     let started = Instant::now();
     for host in hosts {
         std::fs::create_dir_all(host.abra_home().join("servers/ci")).unwrap();
@@ -266,13 +359,24 @@ fn execute(
         } else {
             ("", "")
         };
+        // A writer keeps acting for as long as it lives: once its run is SIGKILLed, only the
+        // next holder of the domain (or a janitor) can stop it.
+        let writer = if run.fault == Fault::KillWriter {
+            format!(
+                "(while :; do echo \"$(date +%s%N) write $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> {log}; \
+                 sleep 0.1; done) </dev/null >/dev/null 2>&1 & echo writer $!; ",
+                log = sh_quote(log)
+            )
+        } else {
+            String::new()
+        };
         let script = format!(
             "echo \"$(date +%s%N) start $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> {log}; \
              echo \"$CCCI_RUN_ID\" > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; {deploy}\
-             setsid sh -c 'exec sleep 100000' </dev/null >/dev/null 2>&1 & echo daemon $!; \
-             echo ready $$; sleep {hold}; \
+             setsid sh -c 'exec sleep 100000' </dev/null >/dev/null 2>&1 & d=$!; echo daemon $d; \
+             {writer}echo ready $$; sleep {hold}; \
              if [ \"$(cat \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" 2>/dev/null)\" = \"$CCCI_RUN_ID\" ]{owned}; \
-             then r=ok; else r=LOST; fi; \
+             then if kill -0 $d 2>/dev/null; then r=ok; else r=KILLED; fi; else r=LOST; fi; \
              echo \"$(date +%s%N) $r $CCCI_RUN_ID $CCCI_APP_DOMAIN\" >> {log}",
             log = sh_quote(log),
             hold = if run.fault == Fault::Deadline {
@@ -308,6 +412,10 @@ fn execute(
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let mut cmd = hosts[run.host].run_sh(&run.id, &extra, &script);
         cmd.env("CHAOS_LOG", log).env("CHAOS_COMPOSE", &compose);
+        if run.fault == Fault::InPidNamespace {
+            cmd = in_pid_namespace(&cmd);
+            tally.count("InPidNamespace");
+        }
         let index = procs.len();
         let child = spawn(&mut cmd, index, &tx);
         procs.push(Spawned {
@@ -375,20 +483,25 @@ fn execute(
                 match procs[i].kind {
                     Kind::Run(r) => {
                         let fault = plan.runs[r].fault;
-                        // The command and the daemon it starts: nothing of a run may outlive
-                        // the final sweep, however the run ended.
+                        // The command and the daemon (and writer) it starts: nothing of a run
+                        // may outlive the final sweep, however the run ended. (A namespaced
+                        // run's pids are its namespace's, and the namespace dies with it.)
                         if let Some(pid) = line
                             .strip_prefix("ready ")
                             .or_else(|| line.strip_prefix("daemon "))
+                            .or_else(|| line.strip_prefix("writer "))
                             .and_then(|p| p.trim().parse().ok())
+                            .filter(|_| fault != Fault::InPidNamespace)
                         {
                             command_pids.push(pid);
-                            if line.starts_with("daemon ") {
+                            if !line.starts_with("ready ") {
                                 daemon_pids.push(pid);
                             }
                         }
                         let trigger = match fault {
-                            Fault::TermAtStart | Fault::KillAtStart => line.starts_with("ready "),
+                            Fault::TermAtStart | Fault::KillAtStart | Fault::KillWriter => {
+                                line.starts_with("ready ")
+                            }
                             Fault::TermWhileParked | Fault::KillWhileParked => {
                                 line.contains("== app lock: another run of")
                             }
@@ -449,6 +562,7 @@ fn execute(
         }
         if !rebooted && plan.reboot_after.is_some_and(|n| events >= n) {
             rebooted = true;
+            rebooted_at = Some(now_ns());
             tally.count("Reboot");
             transcript.push("-- reboot: everything killed, lock dir emptied --".to_owned());
             for p in procs.iter_mut().filter(|p| p.open_streams > 0) {
@@ -496,7 +610,16 @@ fn execute(
         run_codes,
         janitor_codes,
         command_pids,
+        rebooted_at,
     }
+}
+
+/// Now, on the commands' clock (`date +%s%N`).
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }
 
 /// Check the promise after a schedule; returns what was violated.
@@ -506,6 +629,7 @@ fn check(
     cluster: Option<&EtcdCluster>,
     log: &Path,
     outcome: &Outcome,
+    other: Option<&OtherConfig>,
 ) -> Vec<String> {
     let mut violations = Vec::new();
     if let Some(cluster) = cluster {
@@ -526,9 +650,33 @@ fn check(
             violations.push(format!("final janitor exited {:?}: {report}", done.status));
         }
     }
+    // Another configuration's dead run is its own janitor's: nothing of this schedule may
+    // have touched it. Then its janitor clears it.
+    if let Some(other) = other {
+        if !process_alive(other.daemon) {
+            violations.push(format!(
+                "the other configuration's dead run's daemon {} was killed by this one",
+                other.daemon
+            ));
+        }
+        if let Some(cgroup) = other.cgroup.as_deref().filter(|c| !Path::new(c).exists()) {
+            violations.push(format!(
+                "the other configuration's cgroup {cgroup} was removed"
+            ));
+        }
+        let (report, done) = other.sandbox.janitor(&[]);
+        if done.status.code() != Some(0) || process_alive(other.daemon) {
+            violations.push(format!(
+                "the other configuration's janitor did not clear its dead run: {report}"
+            ));
+        }
+    }
     let sandbox = &hosts[0];
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let mut intervals: BTreeMap<String, BTreeMap<String, (u128, u128)>> = BTreeMap::new();
+    // Per domain: each run's start, and each writer's writes.
+    let mut starts: BTreeMap<String, BTreeMap<String, u128>> = BTreeMap::new();
+    let mut writes: BTreeMap<String, BTreeMap<String, Vec<u128>>> = BTreeMap::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let [at, what, run, domain] = f[..] else {
@@ -546,6 +694,27 @@ fn check(
                 "{run}: its app was removed while it ran ({domain})"
             ));
         }
+        if what == "KILLED" && outcome.rebooted_at.is_none_or(|r| at < r) {
+            violations.push(format!(
+                "{run}: a process of it (its daemon) was killed while it ran ({domain})"
+            ));
+        }
+        if what == "start" {
+            starts
+                .entry(domain.to_owned())
+                .or_default()
+                .insert(run.to_owned(), at);
+        }
+        if what == "write" {
+            // Checked against the next holders' starts below, not as the run's own span.
+            writes
+                .entry(domain.to_owned())
+                .or_default()
+                .entry(run.to_owned())
+                .or_default()
+                .push(at);
+            continue;
+        }
         let span = intervals
             .entry(domain.to_owned())
             .or_default()
@@ -560,6 +729,26 @@ fn check(
             for (b, sb) in &spans[i + 1..] {
                 if sa.0 <= sb.1 && sb.0 <= sa.1 {
                     violations.push(format!("{a} and {b} overlapped on {domain}: {sa:?} {sb:?}"));
+                }
+            }
+        }
+    }
+    // Nothing of a dead run acts after the next holder of its domain starts.
+    for (domain, writers) in &writes {
+        let Some(runs) = starts.get(domain) else {
+            continue;
+        };
+        for (writer, stamps) in writers {
+            let Some(own_start) = runs.get(writer) else {
+                continue;
+            };
+            for (next, next_start) in runs.iter().filter(|(r, s)| *r != writer && *s > own_start) {
+                let late = stamps.iter().filter(|w| *w >= next_start).count();
+                if late > 0 {
+                    violations.push(format!(
+                        "{writer}'s writer (its run SIGKILLed) wrote {late} time(s) after {next}, \
+                         the next holder of {domain}, started"
+                    ));
                 }
             }
         }
@@ -639,8 +828,19 @@ fn run_schedules(first_seed: u64, count: u64, docker: bool, etcd: bool) -> Tally
             hosts.push(Sandbox::beside(&hosts[0]));
         }
         let log = hosts[0].path().join("events.log");
+        let other = plan.other_config.then(|| {
+            tally.count("OtherConfiguration");
+            OtherConfig::plant(seed)
+        });
         let outcome = execute(&plan, &hosts, cluster.as_ref(), &log, &mut tally);
-        let violations = check(&plan, &hosts, cluster.as_ref(), &log, &outcome);
+        let violations = check(
+            &plan,
+            &hosts,
+            cluster.as_ref(),
+            &log,
+            &outcome,
+            other.as_ref(),
+        );
         assert!(
             violations.is_empty(),
             "chaos seed {seed} (replay: CCCI_CHAOS_SEED={seed} CCCI_CHAOS_SCHEDULES=1)\nplan: {plan:#?}\nviolations:\n  {}\nevents log:\n{}\ntranscript:\n{}",

@@ -15,6 +15,7 @@ mod drone;
 mod etcd;
 mod etcd_cluster;
 mod fetch;
+mod identity;
 mod janitor;
 mod lifetime;
 mod limits;

@@ -500,6 +500,9 @@ fn describe_lock(
         age_s: age.map(|a| a.as_secs()),
         long_held: age.is_some_and(|a| a > long_held),
         problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        // Another host's holder: its liveness is etcd's lease, not a judgement of this one.
+        holder_is: None,
+        holder_unresolvable: None,
         queue: (kind == LockKind::Named).then(|| {
             snap.queue
                 .iter()
