@@ -30,6 +30,15 @@ fn host_of(uid: u32) -> tempfile::TempDir {
 
 /// `ccci-run run` as user `uid` with at most `nproc` processes and threads.
 fn limited_run(uid: u32, dir: &Path, nproc: u32, run_id: &str, script: &str) -> Command {
+    let mut cmd = limited(uid, dir, nproc, None);
+    cmd.args(["run", "--recipe", "custom-html", "--no-fetch"])
+        .args(["--run-id", run_id, "--", "sh", "-c", script]);
+    cmd
+}
+
+/// `ccci-run` with the global options of host `dir` (and etcd at `etcd`, if any), as user
+/// `uid` with at most `nproc` processes and threads; the subcommand is for the caller to add.
+fn limited(uid: u32, dir: &Path, nproc: u32, etcd: Option<&str>) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args([
         &format!("--reuid={uid}"),
@@ -47,15 +56,10 @@ fn limited_run(uid: u32, dir: &Path, nproc: u32, run_id: &str, script: &str) -> 
     .arg(dir.join("locks"))
     .arg("--state-dir")
     .arg(dir.join("state"))
-    .args([
-        "--docker",
-        "off",
-        "run",
-        "--recipe",
-        "custom-html",
-        "--no-fetch",
-    ])
-    .args(["--run-id", run_id, "--", "sh", "-c", script]);
+    .args(["--docker", "off"]);
+    if let Some(endpoints) = etcd {
+        cmd.args(["--etcd-endpoints", endpoints]);
+    }
     for (key, _) in std::env::vars() {
         if key.starts_with("CCCI_") {
             cmd.env_remove(key);
@@ -177,4 +181,78 @@ impl Drop for Blocker {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// With etcd, every subcommand that takes or reads locks needs a thread for the etcd client:
+/// one that cannot be had is the subcommand's documented error naming the limit (125 for `run`
+/// and `lock`, 1 for `janitor` and `locks`), never the runtime's panic (101), and nothing is
+/// left in etcd or on disk. One process and no more: the main thread is all there is.
+#[cfg(feature = "etcd")]
+#[test]
+fn with_etcd_a_thread_that_cannot_be_created_is_an_error_naming_the_limit_not_a_panic() {
+    let Some(cluster) = crate::etcd_cluster::Cluster::start() else {
+        return;
+    };
+    let endpoints = cluster.endpoints();
+    let dir = host_of(61_010);
+    let cases: [(&[&str], i32); 4] = [
+        (
+            &[
+                "run",
+                "--recipe",
+                "custom-html",
+                "--no-fetch",
+                "--run-id",
+                "nothread",
+                "--",
+                "echo",
+                "command-ran",
+            ],
+            125,
+        ),
+        (&["lock", "cache", "--", "echo", "command-ran"], 125),
+        (&["janitor"], 1),
+        (&["locks"], 1),
+    ];
+    for (args, code) in cases {
+        let mut cmd = limited(61_010, dir.path(), 1, Some(&endpoints));
+        cmd.args(args);
+        let done = run(cmd);
+        done.assert_code(code);
+        // The janitor reports its errors in its report, on stdout.
+        let said = format!("{}\n{}", done.out.join("\n"), done.stderr());
+        assert!(
+            said.contains("failed to start the etcd client thread")
+                && said.contains("RLIMIT_NPROC"),
+            "{args:?}: {}",
+            done.transcript()
+        );
+        assert!(
+            !said.contains("panicked"),
+            "{args:?}: {}",
+            done.transcript()
+        );
+        assert!(
+            !done.out.iter().any(|l| l == "command-ran"),
+            "{args:?}: {}",
+            done.transcript()
+        );
+    }
+    // Refused before it began, as when etcd cannot be reached: no run directory.
+    assert!(!dir.path().join("runs/nothread").exists());
+    assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
+    no_lock_held(dir.path());
+
+    // The same host with room for the threads: every one of them works, so the errors above
+    // were the limit's.
+    for (args, _) in cases {
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| if *a == "nothread" { "withroom" } else { a })
+            .collect();
+        let mut cmd = limited(61_010, dir.path(), 64, Some(&endpoints));
+        cmd.args(&args);
+        run(cmd).assert_code(0);
+    }
+    assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
 }

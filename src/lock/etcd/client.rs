@@ -10,6 +10,7 @@ use etcd_client::{Client, GetOptions, GetResponse, Txn, TxnResponse};
 
 use super::lease::Session;
 use crate::lock::LockError;
+use crate::supervise::linux;
 
 /// How long connecting, and any one request of the main thread, may take.
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -22,10 +23,75 @@ pub(super) const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
 /// A pause before retrying after a failed watch or keepalive, so a dead member is not hammered.
 pub(super) const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
+/// The one thread that drives the runtime (its I/O, timers and tasks: the keepalive, the
+/// guards); the main thread's own calls go through [`Driver::handle`].
+///
+/// The thread is ours rather than the runtime's, so that a thread the host will not let us
+/// have (RLIMIT_NPROC, pids.max, RLIMIT_AS) is an error to report, not a panic inside the
+/// runtime's builder.
+pub(super) struct Driver {
+    pub(super) handle: tokio::runtime::Handle,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Driver {
+    /// Build the runtime and start its thread; the error says which limit was reached.
+    pub(super) fn start() -> Result<Self, (&'static str, String)> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                (
+                    "build the etcd client runtime",
+                    format!("{e}{}", limit_hint(&e)),
+                )
+            })?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("etcd".to_owned())
+            .spawn(move || {
+                // Signals are the main thread's: the funnel must see every one of them.
+                linux::block_all_signals_but_kick();
+                let _ = runtime.block_on(stopped);
+                runtime.shutdown_timeout(RELEASE_TIMEOUT);
+            })
+            .map_err(|e| {
+                (
+                    "start the etcd client thread",
+                    format!("{e}{}", limit_hint(&e)),
+                )
+            })?;
+        Ok(Self {
+            handle,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stop the runtime (its tasks are dropped) and wait for its thread.
+    fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+/// What a failure to create a thread or map its stack points at.
+fn limit_hint(err: &std::io::Error) -> &'static str {
+    match err.raw_os_error() {
+        Some(nix::libc::EAGAIN | nix::libc::ENOMEM) => {
+            " — a limit on the processes or threads this user may have (RLIMIT_NPROC, \
+             pids.max) or on memory (RLIMIT_AS) was reached"
+        }
+        _ => "",
+    }
+}
+
 /// What the backend and every lock it handed out share; the last of them to go revokes the
 /// lease and stops the runtime.
 pub(super) struct Shared {
-    pub(super) runtime: Option<tokio::runtime::Runtime>,
+    pub(super) driver: Option<Driver>,
     pub(super) pool: Arc<Pool>,
     /// The endpoints, comma-separated, for messages.
     pub(super) endpoints: String,
@@ -111,8 +177,8 @@ pub(super) fn member_failed(err: &etcd_client::Error) -> bool {
 impl Drop for Shared {
     fn drop(&mut self) {
         self.end_session();
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(RELEASE_TIMEOUT);
+        if let Some(driver) = self.driver.take() {
+            driver.stop();
         }
     }
 }

@@ -56,10 +56,9 @@ use crate::lock::{Holder, LockError};
 use crate::names::AppDomain;
 use crate::names::etcd as keys;
 use crate::report;
-use crate::supervise::linux;
 use crate::supervise::signals::Awaited;
 
-use client::{ATTEMPT_TIMEOUT, Pool, REQUEST_TIMEOUT, Shared};
+use client::{ATTEMPT_TIMEOUT, Driver, Pool, REQUEST_TIMEOUT, Shared};
 use queue::{Obstacle, PendingTake, Snapshot, Turn, WaiterValue, wait_turn, waiting_line};
 
 /// Locks as etcd keys bound to this process's lease.
@@ -77,20 +76,14 @@ impl Etcd {
             what: what.to_owned(),
             detail,
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("etcd")
-            .enable_all()
-            // Signals are the main thread's: the funnel must see every one of them.
-            .on_thread_start(linux::block_all_signals_but_kick)
-            .build()
-            .map_err(|e| fail("start the etcd client", e.to_string()))?;
+        let driver = Driver::start().map_err(|(what, detail)| fail(what, detail))?;
+        let handle = driver.handle.clone();
         let options = ConnectOptions::new()
             .with_connect_timeout(ATTEMPT_TIMEOUT)
             .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
             // A member cut off from the others refuses at once instead of waiting.
             .with_require_leader(true);
-        let clients = runtime
+        let clients = handle
             .block_on(async {
                 let mut clients = Vec::new();
                 for endpoint in &settings.endpoints {
@@ -103,8 +96,8 @@ impl Etcd {
             .map_err(|e| fail("connect", e.to_string()))?;
         Ok(Self {
             shared: Arc::new(Shared {
-                handle: runtime.handle().clone(),
-                runtime: Some(runtime),
+                handle,
+                driver: Some(driver),
                 pool: Arc::new(Pool {
                     clients,
                     next: AtomicUsize::new(0),
