@@ -12,7 +12,10 @@
 //!   sequence number.
 //! - Only the head ticket enters ONE blocking flock on `ccci-<NAME>.lock` for its remaining
 //!   budget; everyone else sleeps until the queue directory changes (inotify, no polling) or the
-//!   owner of the ticket right ahead dies (its pidfd).
+//!   owner of the ticket right ahead dies (its pidfd). Where the host has no inotify instance or
+//!   watch left for us (EMFILE, ENOSPC: the user's share is used up), the waiter looks at the
+//!   queue every 20–50 ms instead (jittered, so waiters do not look in step) and says so once;
+//!   order and fairness are the tickets', not the wake-up's, so they hold either way.
 //! - A ticket holds its owner's identity ([`ProcessIdentity`]): a ticket whose owner is judged
 //!   dead (gone, or its pid now names another process) is removed by whoever looks, at once.
 //!   Every waiter touches its ticket every 2 s (the head too, while parked — from the main
@@ -37,6 +40,7 @@ use nix::sys::signal::Signal;
 use nix::sys::stat::{UtimensatFlags, utimensat};
 use nix::sys::time::TimeSpec;
 use nix::unistd::Pid;
+use rand::RngExt;
 
 use crate::lock::backend::{Taken, Wait};
 use crate::lock::local::FileLease;
@@ -56,6 +60,9 @@ const STALE_AGE: Duration = Duration::from_secs(1800);
 const KEEPALIVE: Duration = Duration::from_secs(2);
 /// How soon a waiter looks again when the owner of the ticket ahead is already gone.
 const DEAD_AHEAD_RETRY: Duration = Duration::from_millis(20);
+/// Without inotify, a waiter looks at the queue again after a pause drawn from this range
+/// (milliseconds): short enough for a prompt handoff, jittered so waiters spread their looks.
+const POLL_MS: std::ops::RangeInclusive<u64> = 20..=50;
 /// How often a waiter repeats its waiting line.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
@@ -376,14 +383,21 @@ pub(crate) fn acquire(
     wait: &Wait<'_>,
 ) -> Result<Taken, LockError> {
     let queue = Queue::open(lock_dir, name)?;
-    let mut inotify = Inotify::init().map_err(queue.io_err("watch"))?;
-    inotify
-        .watches()
-        .add(
-            &queue.dir,
-            WatchMask::CREATE | WatchMask::DELETE | WatchMask::MOVED_FROM | WatchMask::MOVED_TO,
-        )
-        .map_err(queue.io_err("watch"))?;
+    let mut inotify = match watch_queue(&queue.dir) {
+        Ok(inotify) => Some(inotify),
+        Err(err) if inotify_exhausted(&err) => {
+            report::line(&format!(
+                "== lock {name}: cannot watch the queue {} ({err}: this user's inotify \
+                 instances or watches are used up, fs.inotify.max_user_instances, \
+                 max_user_watches); looking at it every {}–{} ms instead ==",
+                queue.dir.display(),
+                POLL_MS.start(),
+                POLL_MS.end()
+            ));
+            None
+        }
+        Err(err) => return Err(queue.io_err("watch")(err)),
+    };
     let Some(ticket) = queue.take_ticket(wait.class, wait.funnel)? else {
         return Ok(Taken::Stopped(first_shutdown(wait.funnel)));
     };
@@ -397,10 +411,29 @@ pub(crate) fn acquire(
         started: Instant::now(),
         last_report: None,
     };
-    let taken = waiter.run(&mut inotify);
+    let taken = waiter.run(inotify.as_mut());
     // Held, timed out, stopped or failed: the ticket goes (a second removal is harmless).
     queue.remove(&waiter.ticket);
     taken
+}
+
+/// An inotify instance watching the queue directory `dir` for tickets coming and going.
+fn watch_queue(dir: &Path) -> io::Result<Inotify> {
+    let inotify = Inotify::init()?;
+    inotify.watches().add(
+        dir,
+        WatchMask::CREATE | WatchMask::DELETE | WatchMask::MOVED_FROM | WatchMask::MOVED_TO,
+    )?;
+    Ok(inotify)
+}
+
+/// The host will not give us an instance or a watch (the user's share, or memory): the queue
+/// can still be looked at, only not waited on.
+fn inotify_exhausted(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOSPC | nix::libc::ENOMEM)
+    )
 }
 
 /// One waiter's place in the queue while it waits.
@@ -424,15 +457,16 @@ enum Round {
 }
 
 impl Waiter<'_> {
-    fn run(&mut self, inotify: &mut Inotify) -> Result<Taken, LockError> {
+    /// Wait in line; without `inotify`, by looking again every [`POLL_MS`].
+    fn run(&mut self, mut inotify: Option<&mut Inotify>) -> Result<Taken, LockError> {
         let mut buffer = [0u8; 4096];
         let mut watch: Option<(Ticket, OwnerWatch)> = None;
         loop {
             // Drain what changed so far; whatever changes after this wakes the wait below.
-            while inotify
-                .read_events(&mut buffer)
-                .is_ok_and(|mut e| e.next().is_some())
-            {}
+            while inotify.as_mut().is_some_and(|i| {
+                i.read_events(&mut buffer)
+                    .is_ok_and(|mut e| e.next().is_some())
+            }) {}
             if let Round::Done(taken) = self.round()? {
                 return Ok(taken);
             }
@@ -450,7 +484,15 @@ impl Waiter<'_> {
                 // Its owner is gone already: look again soon, without spinning.
                 timeout = timeout.min(DEAD_AHEAD_RETRY);
             }
-            let fds: Vec<BorrowedFd<'_>> = std::iter::once(inotify.as_fd())
+            if inotify.is_none() {
+                timeout = timeout.min(Duration::from_millis(
+                    rand::rng().random_range(POLL_MS.clone()),
+                ));
+            }
+            let fds: Vec<BorrowedFd<'_>> = inotify
+                .as_ref()
+                .map(|i| i.as_fd())
+                .into_iter()
                 .chain(owner.map(AsFd::as_fd))
                 .collect();
             let (arrived, _) = self.wait.funnel.wait_on(&fds, Some(timeout));

@@ -256,3 +256,83 @@ fn with_etcd_a_thread_that_cannot_be_created_is_an_error_naming_the_limit_not_a_
     }
     assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
 }
+
+/// Opens inotify instances until the kernel refuses one, prints `ready <count> <errno>`, and
+/// holds them until its stdin closes.
+const EXHAUST_INOTIFY: &str = r#"
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while True:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    held.append(fd)
+print("ready", len(held), ctypes.get_errno(), flush=True)
+sys.stdin.read()
+"#;
+
+/// With the user's inotify instances used up by another of its processes, the named lock
+/// still works: every waiter says once that it looks at the queue instead of watching it, and
+/// 50 of them are served one at a time, in the order they arrived.
+#[test]
+fn without_inotify_the_named_lock_queue_is_polled_and_serves_every_waiter_in_order() {
+    const UID: u32 = 61_011;
+    const WAITERS: usize = 50;
+    let dir = host_of(UID);
+    let mut exhaust = Proc::spawn({
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            &format!("--reuid={UID}"),
+            &format!("--regid={UID}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            EXHAUST_INOTIFY,
+        ]);
+        cmd
+    });
+    let ready = exhaust.wait_for(Stream::Out, "ready");
+    let fields: Vec<&str> = ready.split_whitespace().collect();
+    assert_eq!(fields[2], "24", "the instances end in EMFILE: {ready}");
+    assert!(fields[1].parse::<u32>().unwrap() > 0, "{ready}");
+
+    let log = dir.path().join("order.log");
+    let lock = |script: &str| {
+        let mut cmd = limited(UID, dir.path(), 1000, None);
+        cmd.args(["lock", "shared", "--", "sh", "-c", script]);
+        cmd
+    };
+    let mut holder = Proc::spawn(lock("echo ready $$; read line || :"));
+    holder.wait_ready();
+    let waiters: Vec<Proc> = (1..=WAITERS)
+        .map(|n| {
+            let mut w = Proc::spawn(lock(&format!("echo w{n} >> '{}'", log.display())));
+            w.wait_for(Stream::Err, "looking at it every 20–50 ms instead");
+            w.wait_for(Stream::Err, "waiting as queue ticket");
+            w
+        })
+        .collect();
+    holder.close_stdin();
+    holder.finish().assert_code(0);
+    for w in waiters {
+        let done = w.finish();
+        done.assert_code(0);
+        let said = done
+            .err
+            .iter()
+            .filter(|l| l.contains("cannot watch the queue"))
+            .count();
+        assert_eq!(said, 1, "said once: {}", done.transcript());
+        done.assert_stderr_has("inotify instances or watches are used up");
+    }
+    let served: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let arrived: Vec<String> = (1..=WAITERS).map(|n| format!("w{n}")).collect();
+    assert_eq!(served, arrived);
+    exhaust.close_stdin();
+    exhaust.finish();
+}
