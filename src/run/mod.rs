@@ -22,6 +22,7 @@ pub(crate) mod state;
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::unistd::Pid;
@@ -169,6 +170,12 @@ fn supervisor<'a>(
 
 /// `shutdown_reason` when a teardown step ran out of its budget.
 const TEARDOWN_TIMEOUT: &str = "teardown-timeout";
+
+/// Held while the run record is written. The watchdog takes it for good before its last
+/// words, so a main thread that wakes at the same moment (a supervisor SIGSTOPped past its
+/// whole bound, then SIGCONTed) cannot write over the watchdog's record before the process
+/// ends: the record says what the exit code says.
+static RECORD_WRITES: Mutex<()> = Mutex::new(());
 
 struct Run<'a> {
     funnel: SignalFunnel,
@@ -435,6 +442,7 @@ impl Run<'_> {
     /// Write the run record, or fail the run: before its command starts, a run must be able
     /// to record itself.
     fn save_checked(&self, durable: bool) -> Result<(), RunError> {
+        let _writing = RECORD_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
         let written = if durable {
             self.record.write_durably(&self.record_path)
         } else {
@@ -581,7 +589,9 @@ impl Run<'_> {
             self.teardown_error(err);
         }
         self.teardown(stopped.teardown_until);
-        if self.teardown_timed_out {
+        // Past the whole bound (a supervisor stopped that long): ended as the watchdog would
+        // have ended it, whichever thread gets there first.
+        if self.teardown_timed_out || Instant::now() >= self.hard_end {
             self.record.shutdown_reason = Some(TEARDOWN_TIMEOUT.to_owned());
         }
         crate::supervise::summarise_ignored();
@@ -728,6 +738,9 @@ pub(crate) const REMOVAL_RESERVE: Duration = Duration::from_secs(120);
 
 /// The watchdog's note in the run record before it ends the process.
 fn record_watchdog_end(path: &std::path::Path, code: u8) {
+    // Kept until the process ends (in a moment, at this thread's `_exit`): no write of the
+    // main thread's comes after this one.
+    std::mem::forget(RECORD_WRITES.lock().unwrap_or_else(PoisonError::into_inner));
     if let Ok(mut rec) = RunRecord::read(path) {
         rec.shutdown_reason = Some(TEARDOWN_TIMEOUT.to_owned());
         rec.teardown_errors
@@ -741,6 +754,7 @@ fn record_watchdog_end(path: &std::path::Path, code: u8) {
 /// Write the run record; a failure is reported but stops nothing (after the command started,
 /// a record that cannot be written must not cut a teardown short).
 fn save_or_warn(record: &RunRecord, path: &Path) {
+    let _writing = RECORD_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
     if let Err(err) = record.write(path) {
         tracing::warn!(path = %path.display(), "failed to write run record: {err}");
     }

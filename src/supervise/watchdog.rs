@@ -38,7 +38,11 @@ impl Watchdog {
         cgroup: Option<PathBuf>,
         last_words: impl FnOnce(u8) + Send + 'static,
     ) -> Self {
-        let code = Arc::new(AtomicU8::new(exit::INTERNAL));
+        // Until the main thread names a reason, the deadline is the first: the hard end comes
+        // only after it, so a main thread that never saw it (stopped, or stuck) ends with its
+        // code. (Not INTERNAL: which code a stopped supervisor ends with must not depend on
+        // which thread runs first once it is continued.)
+        let code = Arc::new(AtomicU8::new(exit::DEADLINE));
         let exit_code = Arc::clone(&code);
         let span = tracing::Span::current();
         let spawned = std::thread::Builder::new()

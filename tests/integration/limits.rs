@@ -336,3 +336,65 @@ fn without_inotify_the_named_lock_queue_is_polled_and_serves_every_waiter_in_ord
     exhaust.close_stdin();
     exhaust.finish();
 }
+
+/// A supervisor SIGSTOPped past its whole bound (deadline + kill grace + teardown timeout) and
+/// then continued wakes its main thread and its watchdog at once: whichever ends the process,
+/// the exit is the deadline's 142 (the first reason: the hard end comes only after it), the
+/// record says so with `teardown-timeout`, and nothing is left. Before, 1 run in 6 was 125.
+/// Several stop lengths, so SIGCONT lands at different points of the watchdog's clock.
+#[test]
+fn a_supervisor_stopped_past_its_whole_bound_ends_142_teardown_timeout_every_time() {
+    use nix::sys::signal::Signal;
+
+    use crate::util::{Sandbox, process_alive, signal, wait_exited};
+
+    for (round, stop_ms) in [4_100u64, 4_300, 4_700, 5_200, 6_000, 4_050, 4_500, 5_600]
+        .into_iter()
+        .enumerate()
+    {
+        let sandbox = Sandbox::new();
+        let run_id = format!("stopped{round}");
+        let mut cmd = sandbox.run_sh(
+            &run_id,
+            &[
+                "--deadline",
+                "2",
+                "--kill-grace",
+                "1",
+                "--teardown-timeout",
+                "1",
+            ],
+            "echo ready $$; exec sleep 100000",
+        );
+        cmd.env_remove("CCCI_TIE_TO");
+        let mut proc = Proc::spawn(cmd);
+        let command = proc.wait_ready();
+        signal(proc.pid(), Signal::SIGSTOP);
+        // The length of the stop is what this test varies.
+        std::thread::sleep(std::time::Duration::from_millis(stop_ms));
+        signal(proc.pid(), Signal::SIGCONT);
+        let done = proc.finish();
+        assert_eq!(
+            done.status.code(),
+            Some(142),
+            "round {round} (stopped {stop_ms} ms): {}",
+            done.transcript()
+        );
+        let record = sandbox.record(&run_id);
+        assert_eq!(record["exit_code"], 142, "round {round}: {record:#}");
+        assert_eq!(
+            record["shutdown_reason"], "teardown-timeout",
+            "round {round}: {record:#}"
+        );
+        assert!(wait_exited(command), "round {round}: the command lives on");
+        assert!(!process_alive(command));
+        let domain = record["domain"].as_str().unwrap();
+        let free = Command::new("flock")
+            .arg("-n")
+            .arg(sandbox.lock_file(domain))
+            .arg("true")
+            .status()
+            .unwrap();
+        assert!(free.success(), "round {round}: the app lock must be free");
+    }
+}
