@@ -394,8 +394,16 @@ fn a_flood_of_ignored_signals_is_summarised() {
     proc.wait_ready();
     signal(proc.pid(), Signal::SIGTERM);
     proc.wait_for(Stream::Err, "hook-started");
+    // One ignored SIGTERM seen through before the flood: a standard signal is not queued (the
+    // kernel merges a SIGTERM sent while one is pending), so only this makes sure the total
+    // counts at least two deliveries however the flood is scheduled.
+    signal(proc.pid(), Signal::SIGTERM);
+    proc.wait_for(
+        Stream::Err,
+        "== SIGTERM received during teardown — ignored ==",
+    );
     let pid = nix::unistd::Pid::from_raw(proc.pid());
-    let mut sent = 0;
+    let mut sent = 1;
     while sent < 10_000 && nix::sys::signal::kill(pid, Signal::SIGTERM).is_ok() {
         sent += 1;
     }
@@ -411,13 +419,6 @@ fn a_flood_of_ignored_signals_is_summarised() {
         lines.len() <= 7,
         "{sent} signals gave {} lines: {lines:#?}",
         lines.len()
-    );
-    assert!(
-        done.err
-            .iter()
-            .any(|l| l == "== SIGTERM received during teardown — ignored =="),
-        "{}",
-        done.transcript()
     );
     let total = done
         .err
