@@ -47,12 +47,17 @@ pub(crate) fn script(shell: Shell) -> Vec<u8> {
 /// Make the fish script's "needs a subcommand" test answer yes when the words before the cursor
 /// fail to parse as global options (one still lacks its value).
 fn repair_fish(script: &str, bin_name: &str) -> String {
-    let function = format!("function __fish_{}_needs_command\n", bin_name.replace('-', "_"));
+    let function = format!(
+        "function __fish_{}_needs_command\n",
+        bin_name.replace('-', "_")
+    );
     let Some(start) = script.find(&function) else {
         return script.to_owned();
     };
     let body = start + function.len();
-    let end = script[body..].find("\nend\n").map_or(script.len(), |e| body + e);
+    let end = script[body..]
+        .find("\nend\n")
+        .map_or(script.len(), |e| body + e);
     match script[body..end].find("\n    or return\n") {
         Some(at) => {
             let at = body + at + "\n    or return".len();
@@ -125,7 +130,10 @@ mod tests {
     fn states_without_arm(script: &str) -> Vec<String> {
         let assigned = regex::Regex::new(r#"(?m)^\s*cmd="([A-Za-z0-9_]+)"$"#).unwrap();
         let arm = regex::Regex::new(r"(?m)^\s*([A-Za-z0-9_]+)\)$").unwrap();
-        let arms: Vec<&str> = arm.captures_iter(script).map(|c| c.get(1).unwrap().as_str()).collect();
+        let arms: Vec<&str> = arm
+            .captures_iter(script)
+            .map(|c| c.get(1).unwrap().as_str())
+            .collect();
         let mut missing: Vec<String> = assigned
             .captures_iter(script)
             .map(|c| c[1].to_owned())
@@ -149,7 +157,10 @@ mod tests {
         }
         // Every subcommand, and the top level, has its state.
         for sub in Cli::command().get_subcommands() {
-            let state = format!("ccci__run__subcmd__{}", sub.get_name().replace('-', "__subcmd__"));
+            let state = format!(
+                "ccci__run__subcmd__{}",
+                sub.get_name().replace('-', "__subcmd__")
+            );
             assert!(repaired.contains(&format!("cmd=\"{state}\"")), "{state}");
         }
     }

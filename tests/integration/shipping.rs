@@ -409,19 +409,22 @@ printf '%s\n' "${COMPREPLY[@]}"
             .arg(script)
             .arg(line),
     );
-    offered(&out.stdout, |l| Some(l))
+    offered(&out.stdout)
 }
 
 /// What fish offers at the end of `line` (`complete -C`), the script sourced.
 fn fish_offers(script: &Path, line: &str) -> Vec<String> {
     let out = succeeds(
         Command::new("fish")
-            .args(["--no-config", "-c", r#"source $argv[1]; complete -C $argv[2]"#])
+            .args([
+                "--no-config",
+                "-c",
+                r#"source $argv[1]; complete -C $argv[2]"#,
+            ])
             .arg(script)
             .arg(line),
     );
-    // Each candidate, then a tab and its description.
-    offered(&out.stdout, |l| l.split('\t').next())
+    offered(&out.stdout)
 }
 
 /// What zsh offers when Tab is pressed at the end of `line`, in an interactive zsh on a pty
@@ -461,10 +464,11 @@ print -r -- "$out"
     offers
 }
 
-fn offered(stdout: &[u8], candidate: impl Fn(&str) -> Option<&str>) -> Vec<String> {
+/// One candidate a line, each perhaps followed by a tab and its description (fish's).
+fn offered(stdout: &[u8]) -> Vec<String> {
     let mut offers: Vec<String> = String::from_utf8_lossy(stdout)
         .lines()
-        .filter_map(|l| candidate(l))
+        .filter_map(|l| l.split('\t').next())
         .filter(|c| !c.is_empty())
         .map(str::to_owned)
         .collect();
@@ -517,12 +521,19 @@ fn completes_every_subcommand(shell: &str, offers: fn(&Path, &str) -> Vec<String
         .into_iter()
         .filter(|o| !o.starts_with('-'))
         .collect();
-    assert_eq!(shells, ["bash", "elvish", "fish", "powershell", "zsh"], "{shell}");
+    assert_eq!(
+        shells,
+        ["bash", "elvish", "fish", "powershell", "zsh"],
+        "{shell}"
+    );
     let subcommands = subcommands();
     assert!(subcommands.len() >= 8, "{subcommands:?}");
     let top = offers(&script, "ccci-run ");
     for sub in &subcommands {
-        assert!(top.contains(sub), "{shell}: `ccci-run <TAB>` lacks {sub}: {top:?}");
+        assert!(
+            top.contains(sub),
+            "{shell}: `ccci-run <TAB>` lacks {sub}: {top:?}"
+        );
     }
     for sub in subcommands.iter().filter(|s| *s != "help") {
         let got: Vec<String> = offers(&script, &format!("ccci-run {sub} --"))
@@ -879,5 +890,145 @@ fn the_janitor_unit_is_hardened_alike_with_and_without_nix() {
             have_sorted, want_sorted,
             "{key} differs between the unit and nix/lib.nix"
         );
+    }
+}
+
+/// `rust-version` is no lower than any crate of the build declares for itself, and the README
+/// names it. (Crates that declare nothing can still need more: git2 0.21 calls the inherent
+/// `str::from_utf8` of Rust 1.87 and declares no rust-version. Only a build with that
+/// toolchain tells, which .ci/run does.)
+#[test]
+fn rust_version_is_at_least_every_dependency_s() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = succeeds(Command::new(cargo).current_dir(repo()).args([
+        "metadata",
+        "--locked",
+        "--format-version",
+        "1",
+        "--all-features",
+        "--filter-platform",
+        "x86_64-unknown-linux-gnu",
+    ]));
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let version = |v: &serde_json::Value| -> Option<(u64, u64)> {
+        let mut parts = v.as_str()?.split('.').map(|n| n.parse::<u64>().ok());
+        Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+    };
+    let in_build: Vec<&str> = metadata["resolve"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    let root = metadata["resolve"]["root"].as_str().unwrap();
+    let packages = metadata["packages"].as_array().unwrap();
+    let ours = packages.iter().find(|p| p["id"] == root).unwrap();
+    let ours = version(&ours["rust_version"]).expect("Cargo.toml declares a rust-version");
+    let mut needed: Vec<((u64, u64), String)> = packages
+        .iter()
+        .filter(|p| p["id"] != root && in_build.contains(&p["id"].as_str().unwrap()))
+        .filter_map(|p| {
+            Some((
+                version(&p["rust_version"])?,
+                format!("{} {}", p["name"], p["version"]),
+            ))
+        })
+        .collect();
+    assert!(needed.len() > 50, "{needed:?}");
+    needed.sort();
+    let (highest, by) = needed.last().unwrap();
+    assert!(
+        ours >= *highest,
+        "rust-version {ours:?} is below the {highest:?} that {by} declares"
+    );
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let named = format!("Needs Rust {}.{} or later", ours.0, ours.1);
+    assert!(readme.contains(&named), "the README does not say {named:?}");
+}
+
+/// What a dynamically linked binary asks of the host, by readelf: the libraries it loads
+/// (NEEDED) and the newest glibc symbol version it needs (from its version-needs section).
+/// None for a static binary (no NEEDED, no program interpreter).
+fn host_needs(binary: &Path) -> Option<(Vec<String>, (u32, u32))> {
+    let dynamic = succeeds(Command::new("readelf").arg("-d").arg(binary));
+    let needed: Vec<String> = String::from_utf8_lossy(&dynamic.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_owned()))
+        .collect();
+    let headers = succeeds(Command::new("readelf").arg("-l").arg(binary));
+    let interpreted = String::from_utf8_lossy(&headers.stdout).contains("INTERP");
+    if needed.is_empty() && !interpreted {
+        return None;
+    }
+    let versions = succeeds(Command::new("readelf").arg("-V").arg(binary));
+    let glibc = regex::Regex::new(r"Name: GLIBC_(\d+)\.(\d+)").unwrap();
+    let newest = glibc
+        .captures_iter(&String::from_utf8_lossy(&versions.stdout))
+        .map(|c| (c[1].parse().unwrap(), c[2].parse().unwrap()))
+        .max()
+        .expect("a dynamic binary that needs no glibc symbol version");
+    Some((needed, newest))
+}
+
+/// What the README promises the shipped binary needs of a host: these libraries and glibc
+/// symbols of at most this version (what a build on Debian 12 gives).
+const SHIPPED_LOADS: &[&str] = &[
+    "ld-linux-x86-64.so.2",
+    "libc.so.6",
+    "libgcc_s.so.1",
+    "libm.so.6",
+];
+const SHIPPED_GLIBC: (u32, u32) = (2, 34);
+
+/// The README says what the shipped binary needs of a host, and it is so. The suite's own
+/// binary is the same program without `vendored`: it loads the system's OpenSSL and zlib too,
+/// and the glibc symbols of those libraries' code are theirs, not its own; what is left must
+/// be within the promise. `CCCI_SHIP_BIN` names a binary to ship (target/dist/ccci-run, or the
+/// static musl build) to check it exactly: the libraries named and the glibc version reached,
+/// or, static, nothing at all.
+#[test]
+fn the_binary_needs_of_a_host_what_the_readme_says() {
+    if !need("readelf") {
+        return;
+    }
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let promise = format!(
+        "glibc {}.{} or later (its newest symbol version is `GLIBC_{}.{}`) and `libgcc_s.so.1`",
+        SHIPPED_GLIBC.0, SHIPPED_GLIBC.1, SHIPPED_GLIBC.0, SHIPPED_GLIBC.1
+    );
+    assert!(
+        readme.contains(&promise),
+        "the README does not say {promise:?}"
+    );
+    let (needed, newest) = host_needs(Path::new(BIN)).expect("the suite's binary is dynamic");
+    let built_in_by_vendored = ["libssl.so.3", "libcrypto.so.3", "libz.so.1"];
+    for library in &needed {
+        assert!(
+            SHIPPED_LOADS.contains(&library.as_str())
+                || built_in_by_vendored.contains(&library.as_str()),
+            "{BIN} loads {library}, which the README does not name"
+        );
+    }
+    assert!(
+        newest <= SHIPPED_GLIBC,
+        "{BIN} needs GLIBC_{}.{}",
+        newest.0,
+        newest.1
+    );
+    let Some(shipped) = std::env::var_os("CCCI_SHIP_BIN") else {
+        return;
+    };
+    match host_needs(Path::new(&shipped)) {
+        None => {}
+        Some((mut needed, newest)) => {
+            needed.sort();
+            assert_eq!(needed, SHIPPED_LOADS, "{shipped:?} loads");
+            assert_eq!(
+                newest, SHIPPED_GLIBC,
+                "{shipped:?} needs GLIBC_{}.{}",
+                newest.0, newest.1
+            );
+        }
     }
 }

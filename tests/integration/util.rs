@@ -290,6 +290,7 @@ pub fn etcd_cluster() -> Option<crate::etcd_cluster::Cluster> {
 /// script, chattr, mount, sha1sum) are not here: without them a test fails.
 const PACKAGES: &[(&str, &str)] = &[
     ("bash", "bash"),
+    ("readelf", "binutils"),
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
     ("fish", "fish"),
@@ -394,8 +395,7 @@ mod skips {
         tests.sort_unstable();
         tests.dedup();
         let mut text = format!(
-            "\nskipped here, not passed ({} of the tests reported `ok` above did not run, \
-             in all or in part):\n",
+            "\nskipped: {} of the tests reported `ok` above did not run, in all or in part:\n",
             tests.len()
         );
         for (why, hint, tests) in reasons {
