@@ -516,7 +516,7 @@ const RECORDS_START: &str = r#"date +%s%N > "$STARTED"; echo ready $$ $CCCI_FENC
 #[test]
 fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_only_after_it_ended() {
     // The issue this guards: the holder never noticed, the next one started beside it.
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
@@ -575,7 +575,7 @@ fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_onl
 
 #[test]
 fn an_owner_key_replaced_by_hand_is_a_loss_and_junk_to_the_next_holder() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
@@ -607,7 +607,7 @@ fn an_owner_key_replaced_by_hand_is_a_loss_and_junk_to_the_next_holder() {
 
 #[test]
 fn a_wiped_cluster_is_a_loss_to_its_holder_and_never_hands_out_a_smaller_token() {
-    let Some(mut cluster) = Cluster::start() else {
+    let Some(mut cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let ttl = 3;
@@ -659,7 +659,7 @@ fn a_wiped_cluster_is_a_loss_to_its_holder_and_never_hands_out_a_smaller_token()
 
 #[test]
 fn a_cluster_restored_from_before_the_claim_is_a_loss_and_the_lineage_begins_again() {
-    let Some(mut cluster) = Cluster::start() else {
+    let Some(mut cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let ttl = 3;
@@ -716,7 +716,7 @@ fn lock_entry(host: &Host, name: &str) -> Value {
 
 #[test]
 fn keys_without_a_lease_never_wedge_an_app_lock_and_the_janitor_removes_them() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let host = Host::on(&cluster, 3);
@@ -759,7 +759,7 @@ fn keys_without_a_lease_never_wedge_an_app_lock_and_the_janitor_removes_them() {
 
 #[test]
 fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let host = Host::on(&cluster, 3);
