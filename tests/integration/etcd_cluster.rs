@@ -32,14 +32,16 @@ pub(crate) struct Cluster {
 /// Whether an etcd cluster can be started and read here: `etcd` and `etcdctl` installed. The
 /// suite asks `util::etcd_cluster`, which says why it skips.
 pub(crate) fn etcd_available() -> bool {
-    ["etcd", "etcdctl"].iter().all(|tool| {
-        Command::new(tool)
-            .arg("version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok()
-    })
+    [("etcd", "--version"), ("etcdctl", "version")]
+        .iter()
+        .all(|(tool, version)| {
+            Command::new(tool)
+                .arg(version)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
 }
 
 pub(crate) fn free_port() -> u16 {

@@ -290,12 +290,12 @@ pub fn etcd_cluster() -> Option<crate::etcd_cluster::Cluster> {
 /// script, chattr, mount, sha1sum) are not here: without them a test fails.
 const PACKAGES: &[(&str, &str)] = &[
     ("bash", "bash"),
-    ("readelf", "binutils"),
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
     ("fish", "fish"),
     ("groff", "groff-base"),
     ("nix-instantiate", "nix-bin"),
+    ("readelf", "binutils"),
     ("strace", "strace"),
     ("systemd-analyze", "systemd"),
     ("yamllint", "yamllint"),
