@@ -6,6 +6,7 @@
 
 pub(crate) mod app;
 pub(crate) mod cli;
+mod completions;
 pub(crate) mod config;
 mod config_file;
 pub(crate) mod docker;
@@ -164,11 +165,7 @@ fn command(
 ) -> Result<u8, Error> {
     match command {
         Command::Config(args) => show_config(&args, resolved),
-        Command::Completions { shell } => {
-            let mut out = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "ccci-run", &mut out);
-            emit(&out).map(|()| 0)
-        }
+        Command::Completions { shell } => emit(&completions::script(shell)).map(|()| 0),
         Command::Man { command, dir } => man_pages(command.as_deref(), dir.as_deref()),
         Command::AppDomain(args) => {
             let identity = args.identity.validate(&global.suffix)?;

@@ -21,11 +21,10 @@ impl SmallDisk {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true but a tmpfs cannot be mounted here"
+            crate::util::skip(
+                "a tmpfs cannot be mounted here",
+                "run the suite as root, where mount(8) may mount a tmpfs",
             );
-            eprintln!("skipping: cannot mount a tmpfs (not root?)");
             return None;
         }
         Some(Self { dir })

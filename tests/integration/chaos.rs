@@ -899,7 +899,7 @@ fn chaos_schedules_with_docker_keep_every_invariant() {
 #[cfg(feature = "etcd")]
 #[test]
 fn chaos_schedules_on_two_hosts_over_etcd_keep_every_invariant() {
-    if EtcdCluster::start().is_none() {
+    if crate::util::etcd_cluster().is_none() {
         return;
     }
     let count = std::env::var("CCCI_CHAOS_ETCD_SCHEDULES")

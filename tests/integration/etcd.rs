@@ -108,7 +108,7 @@ fn token_of(line: &str) -> i64 {
 
 #[test]
 fn same_domain_runs_on_two_hosts_serialise_visibly_and_other_domains_do_not_wait() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
@@ -154,7 +154,7 @@ fn same_domain_runs_on_two_hosts_serialise_visibly_and_other_domains_do_not_wait
 
 #[test]
 fn a_sigkilled_holders_domain_goes_to_the_other_hosts_waiter_within_the_ttl() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let ttl = 3;
@@ -183,7 +183,7 @@ fn a_sigkilled_holders_domain_goes_to_the_other_hosts_waiter_within_the_ttl() {
 
 #[test]
 fn a_run_keeps_its_lock_when_the_leader_dies_and_loses_it_when_etcd_goes_silent() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     // Long enough to ride out an election (etcd's default election timeout is 1 s).
@@ -256,7 +256,7 @@ fn an_unreachable_etcd_fails_the_run_and_the_janitor_and_never_falls_back_to_flo
 
 #[test]
 fn named_lock_waiters_across_hosts_are_served_in_order_and_a_killed_one_drops_out() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
@@ -309,7 +309,7 @@ fn named_lock_waiters_across_hosts_are_served_in_order_and_a_killed_one_drops_ou
 
 #[test]
 fn a_named_lock_timeout_names_its_ticket_and_the_holder() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
@@ -325,7 +325,7 @@ fn a_named_lock_timeout_names_its_ticket_and_the_holder() {
 
 #[test]
 fn a_dead_hosts_app_is_reaped_from_another_host_and_a_live_one_is_left_alone() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let ttl = 3;
@@ -394,7 +394,7 @@ fn a_dead_hosts_app_is_reaped_from_another_host_and_a_live_one_is_left_alone() {
 
 #[test]
 fn named_lock_classes_and_promotion_hold_across_hosts() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
@@ -436,7 +436,7 @@ fn named_lock_classes_and_promotion_hold_across_hosts() {
 
 #[test]
 fn a_named_lock_whose_lease_runs_out_stops_its_command_with_76() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let host = Host::on(&cluster, 2);
@@ -455,7 +455,7 @@ fn a_named_lock_whose_lease_runs_out_stops_its_command_with_76() {
 
 #[test]
 fn a_signal_ends_a_wait_on_etcd_at_once_and_leaves_no_place_in_line() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
@@ -516,7 +516,7 @@ const RECORDS_START: &str = r#"date +%s%N > "$STARTED"; echo ready $$ $CCCI_FENC
 #[test]
 fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_only_after_it_ended() {
     // The issue this guards: the holder never noticed, the next one started beside it.
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
@@ -575,7 +575,7 @@ fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_onl
 
 #[test]
 fn an_owner_key_replaced_by_hand_is_a_loss_and_junk_to_the_next_holder() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
@@ -607,7 +607,7 @@ fn an_owner_key_replaced_by_hand_is_a_loss_and_junk_to_the_next_holder() {
 
 #[test]
 fn a_wiped_cluster_is_a_loss_to_its_holder_and_never_hands_out_a_smaller_token() {
-    let Some(mut cluster) = Cluster::start() else {
+    let Some(mut cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let ttl = 3;
@@ -659,7 +659,7 @@ fn a_wiped_cluster_is_a_loss_to_its_holder_and_never_hands_out_a_smaller_token()
 
 #[test]
 fn a_cluster_restored_from_before_the_claim_is_a_loss_and_the_lineage_begins_again() {
-    let Some(mut cluster) = Cluster::start() else {
+    let Some(mut cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let ttl = 3;
@@ -716,7 +716,7 @@ fn lock_entry(host: &Host, name: &str) -> Value {
 
 #[test]
 fn keys_without_a_lease_never_wedge_an_app_lock_and_the_janitor_removes_them() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let host = Host::on(&cluster, 3);
@@ -759,7 +759,7 @@ fn keys_without_a_lease_never_wedge_an_app_lock_and_the_janitor_removes_them() {
 
 #[test]
 fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let host = Host::on(&cluster, 3);

@@ -29,23 +29,19 @@ pub(crate) struct Cluster {
     dir: tempfile::TempDir,
 }
 
-/// Whether `etcd` can be started here; outside CI a missing server skips the test (with a
-/// message), in CI it fails it.
+/// Whether an etcd cluster can be started and read here: `etcd` and `etcdctl` installed. The
+/// suite asks `util::etcd_cluster`, which says why it skips.
 pub(crate) fn etcd_available() -> bool {
-    let found = Command::new("etcd")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but no etcd server is installed: the etcd tests must run in CI"
-        );
-        eprintln!("skipping an etcd test: no etcd server (apt install etcd-server)");
-    }
-    found
+    [("etcd", "--version"), ("etcdctl", "version")]
+        .iter()
+        .all(|(tool, version)| {
+            Command::new(tool)
+                .arg(version)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
 }
 
 pub(crate) fn free_port() -> u16 {

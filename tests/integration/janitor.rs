@@ -450,6 +450,10 @@ fn run_start_sweeps_orphans_and_survives_a_broken_sweep() {
 
 #[test]
 fn waiting_run_blocks_until_a_reap_under_the_probe_lock_is_over() {
+    // strace stops the janitor at the one system call after its probe flock.
+    if !crate::util::need("strace") {
+        return;
+    }
     let sandbox = Sandbox::new();
     let domain = sandbox.domain("custom-html", None);
     let env = sandbox.plant_env("ci", &domain, SECRET);

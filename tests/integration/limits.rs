@@ -190,7 +190,7 @@ impl Drop for Blocker {
 #[cfg(feature = "etcd")]
 #[test]
 fn with_etcd_a_thread_that_cannot_be_created_is_an_error_naming_the_limit_not_a_panic() {
-    let Some(cluster) = crate::etcd_cluster::Cluster::start() else {
+    let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
     let endpoints = cluster.endpoints();

@@ -6,7 +6,6 @@
 //! the binary itself. Without a nixpkgs (CI has none) each test prints why it skipped.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -24,20 +23,20 @@ struct ModuleSystem {
     nixpkgs: PathBuf,
 }
 
-/// Past the test harness's capture, so that a skip reads as one in the summary, not as a pass.
-fn say_skipped(test: &str, why: &str) {
-    let _ = writeln!(std::io::stderr(), "skipped: nixos::{test} because {why}");
+/// The one skip CI takes too: CI's machine cannot reach a nixpkgs.
+fn no_module_system(why: &str) {
+    crate::util::skip_even_in_ci(
+        why,
+        "set CCCI_NIXPKGS to a nixpkgs checkout, and CCCI_NIX_BIN to a nix-instantiate of Nix \
+         2.18 or later unless the one on PATH is, to evaluate the module for real",
+    );
 }
 
 /// The module system named by the environment, or None (with a line saying why) when there is
 /// none. A variable that is set but names something unusable is a failure, not a skip.
-fn module_system(test: &str) -> Option<ModuleSystem> {
+fn module_system() -> Option<ModuleSystem> {
     let Some(nixpkgs) = std::env::var_os("CCCI_NIXPKGS").map(PathBuf::from) else {
-        say_skipped(
-            test,
-            "CCCI_NIXPKGS names no nixpkgs checkout (set it, and CCCI_NIX_BIN to a nix-instantiate \
-             of Nix 2.18 or later, to evaluate the module for real)",
-        );
+        no_module_system("CCCI_NIXPKGS names no nixpkgs checkout");
         return None;
     };
     assert!(
@@ -59,7 +58,7 @@ fn module_system(test: &str) -> Option<ModuleSystem> {
             "CCCI_NIX_BIN={} does not run",
             nix.display()
         );
-        say_skipped(test, "no nix-instantiate is on PATH (set CCCI_NIX_BIN)");
+        no_module_system("no nix-instantiate is on PATH");
         return None;
     };
     let numbers: Vec<u32> = version
@@ -75,13 +74,9 @@ fn module_system(test: &str) -> Option<ModuleSystem> {
             "CCCI_NIX_BIN={} is {version}; nixpkgs needs Nix 2.18 or later",
             nix.display()
         );
-        say_skipped(
-            test,
-            &format!(
-                "the nix-instantiate on PATH is {version}, and nixpkgs needs Nix 2.18 or later \
-                 (set CCCI_NIX_BIN)"
-            ),
-        );
+        no_module_system(&format!(
+            "the nix-instantiate on PATH is {version}, and nixpkgs needs Nix 2.18 or later"
+        ));
         return None;
     }
     Some(ModuleSystem { nix, nixpkgs })
@@ -316,12 +311,7 @@ fn binary_reads(toml: &str, keys: &[&str]) {
 /// `systemd-analyze verify` of the module's units, their programs and man pages pointed at the
 /// built binary and the pages it renders (nothing else changed).
 fn systemd_verifies(units: &[(&str, &str)]) {
-    if Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        say_skipped("systemd-analyze verify", "systemd-analyze is not installed");
+    if !crate::util::need("systemd-analyze") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -367,7 +357,7 @@ fn shipped(file: &str) -> String {
 /// file's settings, the runner's drop-in; systemd accepts every unit and the binary the file.
 #[test]
 fn nixos_module_writes_what_systemd_ships() {
-    let Some(nix) = module_system("nixos_module_writes_what_systemd_ships") else {
+    let Some(nix) = module_system() else {
         return;
     };
     let results = nix.evaluate(&[
@@ -524,7 +514,7 @@ fn nixos_module_writes_what_systemd_ships() {
 /// a set-up that would break ccci-run fails the evaluation with a message saying what to do.
 #[test]
 fn nixos_module_merges_with_the_hosts_runner() {
-    let Some(nix) = module_system("nixos_module_merges_with_the_hosts_runner") else {
+    let Some(nix) = module_system() else {
         return;
     };
     const RUNNER_FILE: &str = r#"
@@ -791,7 +781,7 @@ fn nixos_module_merges_with_the_hosts_runner() {
 /// configuration is evaluated, with the option's name and the rule it breaks.
 #[test]
 fn nixos_module_refuses_bad_values_at_evaluation() {
-    let Some(nix) = module_system("nixos_module_refuses_bad_values_at_evaluation") else {
+    let Some(nix) = module_system() else {
         return;
     };
     let path_rule = "an absolute path (not \"/\")";

@@ -7,27 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
 
-use crate::util::{BIN, Proc, Sandbox, run, signal};
+use crate::util::{BIN, Proc, Sandbox, need, run, signal};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// True when `tool` is on PATH. In CI (`CI=true`) a missing tool fails the test; elsewhere the
-/// test skips with a message.
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but {tool} is not installed (.ci/run installs it)"
-        );
-        eprintln!("skipping: {tool} is not installed");
-    }
-    found
 }
 
 /// Run `cmd` and return what it printed; a failure shows the command and both streams.
@@ -79,7 +62,7 @@ fn drone_yml_runs_the_step_script() {
         !yml.contains("concurrency:"),
         "capacity is the runner's knob, not the pipeline's"
     );
-    if have("yamllint") {
+    if need("yamllint") {
         succeeds(Command::new("yamllint").current_dir(repo()).args([
             "--strict",
             ".drone.yml",
@@ -127,7 +110,7 @@ fn nix_eval(expr: &str) -> serde_json::Value {
 /// nixpkgs: nixos::nixos_module_* evaluate it on the real module system.
 #[test]
 fn every_nix_file_parses_and_the_helpers_evaluate() {
-    if !have("nix-instantiate") {
+    if !need("nix-instantiate") {
         return;
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("nix"))
@@ -258,7 +241,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
             assert_eq!(got, want, "{rule} {value:?}");
         }
         // What the interval rule takes, systemd takes too.
-        if *rule == "isInterval" && have("systemd-analyze") {
+        if *rule == "isInterval" && need("systemd-analyze") {
             for (value, _) in cases.iter().filter(|(_, ok)| *ok) {
                 succeeds(Command::new("systemd-analyze").args(["timespan", value]));
             }
@@ -344,7 +327,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
 
 #[test]
 fn systemd_units_verify() {
-    if !have("systemd-analyze") {
+    if !need("systemd-analyze") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -386,13 +369,199 @@ fn completions_parse_in_their_shells() {
     ] {
         let out = succeeds(Command::new(BIN).args(["completions", shell]));
         assert!(String::from_utf8_lossy(&out.stdout).contains("ccci-run"));
-        if !have(check[0]) {
+        if !need(check[0]) {
             continue;
         }
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join(format!("ccci-run.{shell}"));
         std::fs::write(&file, &out.stdout).unwrap();
         succeeds(Command::new(check[0]).args(&check[1..]).arg(&file));
+    }
+}
+
+/// The completion script for `shell`, written to a file of `dir`.
+fn completion_script(dir: &Path, shell: &str) -> PathBuf {
+    let out = succeeds(Command::new(BIN).args(["completions", shell]));
+    let file = dir.join(format!("ccci-run.{shell}"));
+    std::fs::write(&file, &out.stdout).unwrap();
+    file
+}
+
+/// What bash offers at the end of `line`: the script sourced, the function that
+/// `complete -F` registered for ccci-run called as readline calls it.
+fn bash_offers(script: &Path, line: &str) -> Vec<String> {
+    const DRIVER: &str = r#"
+source "$1" || exit 3
+spec=$(complete -p ccci-run) || exit 4
+fn=${spec#*-F }; fn=${fn%% *}
+COMP_LINE=$2
+COMP_POINT=${#COMP_LINE}
+read -ra COMP_WORDS <<< "$COMP_LINE"
+[[ $COMP_LINE == *' ' ]] && COMP_WORDS+=("")
+COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+COMPREPLY=()
+"$fn" ccci-run "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+printf '%s\n' "${COMPREPLY[@]}"
+"#;
+    let out = succeeds(
+        Command::new("bash")
+            .args(["--norc", "--noprofile", "-c", DRIVER, "bash"])
+            .arg(script)
+            .arg(line),
+    );
+    offered(&out.stdout)
+}
+
+/// What fish offers at the end of `line` (`complete -C`), the script sourced.
+fn fish_offers(script: &Path, line: &str) -> Vec<String> {
+    let out = succeeds(
+        Command::new("fish")
+            .args([
+                "--no-config",
+                "-c",
+                r#"source $argv[1]; complete -C $argv[2]"#,
+            ])
+            .arg(script)
+            .arg(line),
+    );
+    offered(&out.stdout)
+}
+
+/// What zsh offers when Tab is pressed at the end of `line`, in an interactive zsh on a pty
+/// (zpty) with compinit and the script loaded; `compadd` is wrapped to print each match it
+/// adds.
+fn zsh_offers(script: &Path, line: &str) -> Vec<String> {
+    const DRIVER: &str = r#"
+zmodload zsh/zpty || exit 3
+zpty z zsh -f -i
+zpty -w z "PS1='ZP%% '; LISTMAX=100000; autoload -Uz compinit; compinit -u -D; source ${(q)1}"
+zpty -w z 'compadd() { if (( ${@[(I)-[OAD]]} )); then builtin compadd "$@"; return; fi; local -a __h; builtin compadd -O __h "$@"; local h; for h in $__h; do print -r -- "<<offer>> $h"; done; builtin compadd "$@"; }'
+zpty -w z 'echo RE""ADY'
+# Typed only once the line editor prompts: typeahead before it is not edited.
+zpty -r z out '*READY*ZP% *'
+zpty -w -n z "$2"$'\t'
+zpty -w -n z $'\C-u'
+zpty -w z 'echo DO""NE'
+zpty -r z out '*DONE*'
+zpty -d z
+print -r -- "$out"
+"#;
+    let out = succeeds(
+        Command::new("timeout")
+            .args(["60", "zsh", "-f", "-c", DRIVER, "zsh"])
+            .arg(script)
+            .arg(line),
+    );
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let mut offers: Vec<String> = text
+        .split("<<offer>> ")
+        .skip(1)
+        .filter_map(|rest| rest.lines().next())
+        .map(|offer| offer.trim().to_owned())
+        .collect();
+    offers.sort();
+    offers.dedup();
+    offers
+}
+
+/// One candidate a line, each perhaps followed by a tab and its description (fish's).
+fn offered(stdout: &[u8]) -> Vec<String> {
+    let mut offers: Vec<String> = String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| l.split('\t').next())
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned)
+        .collect();
+    offers.sort();
+    offers.dedup();
+    offers
+}
+
+/// The subcommands `ccci-run --help` lists.
+fn subcommands() -> Vec<String> {
+    let help = succeeds(Command::new(BIN).arg("--help"));
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    let list = help.split("Commands:\n").nth(1).unwrap();
+    let mut names: Vec<String> = list
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The long options `ccci-run SUBCOMMAND --help` lists.
+fn long_options(subcommand: &str) -> Vec<String> {
+    let help = succeeds(Command::new(BIN).args([subcommand, "--help"]));
+    let option = regex::Regex::new(r"^\s+(?:-[A-Za-z], )?(--[a-z][a-z0-9-]*)").unwrap();
+    let mut options: Vec<String> = String::from_utf8_lossy(&help.stdout)
+        .lines()
+        .filter_map(|l| option.captures(l).map(|c| c[1].to_owned()))
+        .collect();
+    options.sort();
+    options.dedup();
+    options
+}
+
+/// Tab after every subcommand offers that subcommand's options and values, not only the
+/// subcommands: in a real bash, fish and zsh, through each one's own completion machinery.
+fn completes_every_subcommand(shell: &str, offers: fn(&Path, &str) -> Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = completion_script(dir.path(), shell);
+    let check = |line: &str, want: &[&str]| {
+        assert_eq!(offers(&script, line), want, "{shell}: `{line}<TAB>`");
+    };
+    check("ccci-run run --re", &["--recipe", "--recipe-url", "--ref"]);
+    check("ccci-run lock --class ", &["fast", "normal"]);
+    check("ccci-run --docker ", &["auto", "off", "required"]);
+    check("ccci-run janitor --docker ", &["auto", "off", "required"]);
+    check("ccci-run run --log-format ", &["json", "text"]);
+    let shells: Vec<String> = offers(&script, "ccci-run completions ")
+        .into_iter()
+        .filter(|o| !o.starts_with('-'))
+        .collect();
+    assert_eq!(
+        shells,
+        ["bash", "elvish", "fish", "powershell", "zsh"],
+        "{shell}"
+    );
+    let subcommands = subcommands();
+    assert!(subcommands.len() >= 8, "{subcommands:?}");
+    let top = offers(&script, "ccci-run ");
+    for sub in &subcommands {
+        assert!(
+            top.contains(sub),
+            "{shell}: `ccci-run <TAB>` lacks {sub}: {top:?}"
+        );
+    }
+    for sub in subcommands.iter().filter(|s| *s != "help") {
+        let got: Vec<String> = offers(&script, &format!("ccci-run {sub} --"))
+            .into_iter()
+            .filter(|o| o.starts_with("--"))
+            .collect();
+        assert_eq!(got, long_options(sub), "{shell}: `ccci-run {sub} --<TAB>`");
+    }
+}
+
+#[test]
+fn bash_completes_every_subcommand_s_options() {
+    if need("bash") {
+        completes_every_subcommand("bash", bash_offers);
+    }
+}
+
+#[test]
+fn fish_completes_every_subcommand_s_options() {
+    if need("fish") {
+        completes_every_subcommand("fish", fish_offers);
+    }
+}
+
+#[test]
+fn zsh_completes_every_subcommand_s_options() {
+    if need("zsh") {
+        completes_every_subcommand("zsh", zsh_offers);
     }
 }
 
@@ -420,7 +589,7 @@ fn groff_text(file: &Path) -> String {
 #[test]
 fn man_page_renders() {
     let page = succeeds(Command::new(BIN).arg("man"));
-    if !have("groff") {
+    if !need("groff") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -593,7 +762,7 @@ fn every_man_page_renders_with_its_sections() {
         one.stdout == std::fs::read(dir.path().join("ccci-run-janitor.1")).unwrap(),
         "`man janitor` is not the page --dir wrote"
     );
-    if !have("groff") {
+    if !need("groff") {
         return;
     }
     for name in &names {
@@ -656,7 +825,7 @@ fn custom_builds_run_their_pr_or_are_refused() {
 #[test]
 fn the_janitor_unit_is_hardened_alike_with_and_without_nix() {
     let unit = std::fs::read_to_string(repo().join("systemd/ccci-run-janitor.service")).unwrap();
-    if have("systemd-analyze") {
+    if need("systemd-analyze") {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ccci-run-janitor.service"), &unit).unwrap();
         let out = Command::new("systemd-analyze")
@@ -671,7 +840,7 @@ fn the_janitor_unit_is_hardened_alike_with_and_without_nix() {
             String::from_utf8_lossy(&out.stdout)
         );
     }
-    if !have("nix-instantiate") {
+    if !need("nix-instantiate") {
         return;
     }
     let out = succeeds(Command::new("nix-instantiate").current_dir(repo()).args([
@@ -720,6 +889,148 @@ fn the_janitor_unit_is_hardened_alike_with_and_without_nix() {
         assert_eq!(
             have_sorted, want_sorted,
             "{key} differs between the unit and nix/lib.nix"
+        );
+    }
+}
+
+/// `rust-version` is no lower than any crate of the build declares for itself, and the README
+/// names it. (Crates that declare nothing can still need more: git2 0.21 calls the inherent
+/// `str::from_utf8` of Rust 1.87 and declares no rust-version. Only a build with that
+/// toolchain tells, which .ci/run does.)
+#[test]
+fn rust_version_is_at_least_every_dependency_s() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = succeeds(Command::new(cargo).current_dir(repo()).args([
+        "metadata",
+        "--locked",
+        "--format-version",
+        "1",
+        "--all-features",
+        "--filter-platform",
+        "x86_64-unknown-linux-gnu",
+    ]));
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let version = |v: &serde_json::Value| -> Option<(u64, u64)> {
+        let mut parts = v.as_str()?.split('.').map(|n| n.parse::<u64>().ok());
+        Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+    };
+    let in_build: Vec<&str> = metadata["resolve"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    let root = metadata["resolve"]["root"].as_str().unwrap();
+    let packages = metadata["packages"].as_array().unwrap();
+    let ours = packages.iter().find(|p| p["id"] == root).unwrap();
+    let ours = version(&ours["rust_version"]).expect("Cargo.toml declares a rust-version");
+    let mut needed: Vec<((u64, u64), String)> = packages
+        .iter()
+        .filter(|p| p["id"] != root && in_build.contains(&p["id"].as_str().unwrap()))
+        .filter_map(|p| {
+            Some((
+                version(&p["rust_version"])?,
+                format!("{} {}", p["name"], p["version"]),
+            ))
+        })
+        .collect();
+    assert!(needed.len() > 50, "{needed:?}");
+    needed.sort();
+    let (highest, by) = needed.last().unwrap();
+    assert!(
+        ours >= *highest,
+        "rust-version {ours:?} is below the {highest:?} that {by} declares"
+    );
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let named = format!("Needs Rust {}.{} or later", ours.0, ours.1);
+    assert!(readme.contains(&named), "the README does not say {named:?}");
+}
+
+/// What a dynamically linked binary asks of the host, by readelf: the libraries it loads
+/// (NEEDED) and the newest glibc symbol version it needs (from its version-needs section).
+/// None for a static binary (no NEEDED, no program interpreter).
+fn host_needs(binary: &Path) -> Option<(Vec<String>, (u32, u32))> {
+    let dynamic = succeeds(Command::new("readelf").arg("-d").arg(binary));
+    let needed: Vec<String> = String::from_utf8_lossy(&dynamic.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_owned()))
+        .collect();
+    let headers = succeeds(Command::new("readelf").arg("-l").arg(binary));
+    let interpreted = String::from_utf8_lossy(&headers.stdout).contains("INTERP");
+    if needed.is_empty() && !interpreted {
+        return None;
+    }
+    let versions = succeeds(Command::new("readelf").arg("-V").arg(binary));
+    let glibc = regex::Regex::new(r"Name: GLIBC_(\d+)\.(\d+)").unwrap();
+    let newest = glibc
+        .captures_iter(&String::from_utf8_lossy(&versions.stdout))
+        .map(|c| (c[1].parse().unwrap(), c[2].parse().unwrap()))
+        .max()
+        .expect("a dynamic binary that needs no glibc symbol version");
+    Some((needed, newest))
+}
+
+/// What the README promises the shipped binary (`--profile dist --features vendored`, built on
+/// Debian 12) needs of a host: these libraries (through glibc's loader), and glibc symbols of
+/// at most this version.
+const SHIPPED_LOADS: &[&str] = &["libc.so.6", "libgcc_s.so.1"];
+const SHIPPED_GLIBC: (u32, u32) = (2, 34);
+
+/// The README says what the shipped binary needs of a host, and the binaries are so. The
+/// suite's own binary is the same Rust code (std and every crate), so what that code asks of
+/// glibc shows in it: no library but glibc's own (libc, libm, the loader) and libgcc_s, beside
+/// the system OpenSSL and zlib that `vendored` builds in instead, and no glibc symbol newer than
+/// promised. What `vendored` adds, the C code of OpenSSL, libgit2 and zlib, shows only in a
+/// binary to ship: `CCCI_SHIP_BIN` names one (target/dist/ccci-run, or the static musl build),
+/// checked exactly: the libraries named and the glibc version reached, or, static, nothing
+/// loaded at all (docs/operations.md, "Install").
+#[test]
+fn the_binary_needs_of_a_host_what_the_readme_says() {
+    if !need("readelf") {
+        return;
+    }
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let promise = format!(
+        "glibc {}.{} or later (its newest symbol version is `GLIBC_{}.{}`) and `libgcc_s.so.1`",
+        SHIPPED_GLIBC.0, SHIPPED_GLIBC.1, SHIPPED_GLIBC.0, SHIPPED_GLIBC.1
+    );
+    assert!(
+        readme.contains(&promise),
+        "the README does not say {promise:?}"
+    );
+    let (needed, newest) = host_needs(Path::new(BIN)).expect("the suite's binary is dynamic");
+    let allowed = [
+        "ld-linux-x86-64.so.2",
+        "libm.so.6",
+        // What `vendored` builds in.
+        "libssl.so.3",
+        "libcrypto.so.3",
+        "libz.so.1",
+    ];
+    for library in &needed {
+        assert!(
+            SHIPPED_LOADS.contains(&library.as_str()) || allowed.contains(&library.as_str()),
+            "{BIN} loads {library}, which the README does not name"
+        );
+    }
+    assert!(
+        newest <= SHIPPED_GLIBC,
+        "{BIN} needs GLIBC_{}.{}",
+        newest.0,
+        newest.1
+    );
+    let Some(shipped) = std::env::var_os("CCCI_SHIP_BIN") else {
+        return;
+    };
+    if let Some((mut needed, newest)) = host_needs(Path::new(&shipped)) {
+        needed.sort();
+        assert_eq!(needed, SHIPPED_LOADS, "{shipped:?} loads");
+        assert_eq!(
+            newest, SHIPPED_GLIBC,
+            "{shipped:?} needs GLIBC_{}.{}",
+            newest.0, newest.1
         );
     }
 }

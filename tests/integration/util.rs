@@ -1,7 +1,11 @@
-//! Test helpers: a sandbox of directories for one test, and a spawned process whose stdout and
-//! stderr are read line by line so tests wait for readiness lines instead of sleeping.
+//! Test helpers: a sandbox of directories for one test, a spawned process whose stdout and
+//! stderr are read line by line so tests wait for readiness lines instead of sleeping, and the
+//! one way a test says it cannot run here ([`skip`]).
 //!
-//! Every assertion failure prints the command line, its status and everything it printed.
+//! Every assertion failure prints the command line, its status and everything it printed. Every
+//! skip is printed past the harness's capture when it happens and listed again when the suite
+//! ends, so a skipped test never reads as a pass; under `CI=true` a skip is a failure (CI has
+//! every tool), but for the few things CI cannot have ([`skip_even_in_ci`]).
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -259,19 +263,146 @@ pub fn docker_available() -> bool {
             .is_ok_and(|s| s.success())
     });
     if !available {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but no Docker engine answers at DOCKER_HOST={:?}: the Docker tests must run in CI \
-             (scripts/docker-engine.sh start)",
-            std::env::var("DOCKER_HOST").ok()
-        );
-        eprintln!(
-            "skipping a Docker test: no engine answers at DOCKER_HOST={:?} \
-             (start one with scripts/docker-engine.sh start)",
-            std::env::var("DOCKER_HOST").ok()
+        let host = std::env::var("DOCKER_HOST");
+        skip(
+            &format!(
+                "no Docker engine answers at DOCKER_HOST={}",
+                host.as_deref().unwrap_or("(unset)")
+            ),
+            "start one with `scripts/docker-engine.sh start` and export the DOCKER_HOST it prints",
         );
     }
     available
+}
+
+/// A 3-member etcd cluster of the test's own, or None where etcd is not installed (the test
+/// skipped, saying so; in CI a failure).
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub fn etcd_cluster() -> Option<crate::etcd_cluster::Cluster> {
+    if !(need("etcd") && need("etcdctl")) {
+        return None;
+    }
+    Some(crate::etcd_cluster::Cluster::start().expect("etcd and etcdctl are installed"))
+}
+
+/// The Debian package of each program a test may go without, for the install hint of its skip.
+/// The programs of Debian's base system the suite also drives (flock, setsid, setpriv, unshare,
+/// script, chattr, mount, sha1sum) are not here: without them a test fails.
+const PACKAGES: &[(&str, &str)] = &[
+    ("bash", "bash"),
+    ("etcd", "etcd-server"),
+    ("etcdctl", "etcd-client"),
+    ("fish", "fish"),
+    ("groff", "groff-base"),
+    ("nix-instantiate", "nix-bin"),
+    ("readelf", "binutils"),
+    ("strace", "strace"),
+    ("systemd-analyze", "systemd"),
+    ("yamllint", "yamllint"),
+    ("zsh", "zsh"),
+];
+
+/// True when the program `tool` is on PATH; otherwise the calling test is skipped with the
+/// package that installs it (a failure under `CI=true`, where .ci/run installs it).
+#[track_caller]
+pub fn need(tool: &str) -> bool {
+    let package = PACKAGES
+        .iter()
+        .find(|(name, _)| *name == tool)
+        .map(|(_, package)| *package)
+        .unwrap_or_else(|| panic!("{tool} has no install hint in util::PACKAGES"));
+    let found = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(dir.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    });
+    if !found {
+        skip(
+            &format!("{tool} is not installed"),
+            &format!("apt install {package}"),
+        );
+    }
+    found
+}
+
+/// The calling test does not run (all of it, or the part that needs what is missing) because
+/// of `why`; `hint` says how to make it run. Under `CI=true` this fails the test instead: CI's
+/// machine has everything the suite uses (.ci/run installs it).
+#[track_caller]
+pub fn skip(why: &str, hint: &str) {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true but {why}: in CI every test runs ({hint})"
+    );
+    skips::record(why, hint);
+}
+
+/// [`skip`], in CI too: only for what CI's machine cannot have (a nixpkgs checkout).
+pub fn skip_even_in_ci(why: &str, hint: &str) {
+    skips::record(why, hint);
+}
+
+/// Every skip of this run of the suite, listed once more when the process exits: after the
+/// harness's `test result:` line, where the skips read as what they are.
+mod skips {
+    use std::io::Write as _;
+    use std::sync::{Mutex, Once};
+
+    /// (test, why, hint), in the order they happened.
+    static SKIPS: Mutex<Vec<(String, String, String)>> = Mutex::new(Vec::new());
+    static AT_EXIT: Once = Once::new();
+
+    pub(super) fn record(why: &str, hint: &str) {
+        // The harness runs each test on a thread named after it.
+        let thread = std::thread::current();
+        let test = match thread.name() {
+            Some(name) if name != "main" => name.to_owned(),
+            _ => "a test".to_owned(),
+        };
+        let mut skips = SKIPS.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = (test, why.to_owned(), hint.to_owned());
+        if skips.contains(&entry) {
+            return;
+        }
+        // Written to the process's stderr, not through eprintln!: the harness captures what
+        // eprintln! prints and shows it only for a failed test.
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {} because {why} ({hint})",
+            entry.0
+        );
+        skips.push(entry);
+        AT_EXIT.call_once(|| {
+            // SAFETY: atexit registers a function that takes and returns nothing; `summary`
+            // is one and never unwinds.
+            unsafe { nix::libc::atexit(summary) };
+        });
+    }
+
+    /// One line saying how many tests were skipped, then one per reason naming its tests.
+    extern "C" fn summary() {
+        let skips = SKIPS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reasons: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+        for (test, why, hint) in skips.iter() {
+            match reasons.iter_mut().find(|(w, h, _)| w == why && h == hint) {
+                Some((_, _, tests)) => tests.push(test),
+                None => reasons.push((why, hint, vec![test])),
+            }
+        }
+        let mut tests: Vec<&str> = skips.iter().map(|(test, _, _)| test.as_str()).collect();
+        tests.sort_unstable();
+        tests.dedup();
+        let mut text = format!(
+            "\nskipped: {} of the tests reported `ok` above did not run, in all or in part:\n",
+            tests.len()
+        );
+        for (why, hint, tests) in reasons {
+            text.push_str(&format!("  {why} ({hint}): {}\n", tests.join(", ")));
+        }
+        let _ = std::io::stderr().write_all(text.as_bytes());
+    }
 }
 
 /// Run the docker CLI; panics with its output when it fails.
@@ -583,11 +714,10 @@ impl TestCgroup {
             Some(Self { dir })
         })();
         if made.is_none() {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true but cgroup v2 is not writable here"
+            skip(
+                "cgroup v2 is not writable here",
+                "run the suite as root on a host with the unified cgroup v2 hierarchy",
             );
-            eprintln!("skipping: cgroup v2 is not writable here");
         }
         made
     }

@@ -1,0 +1,206 @@
+//! Shell completion scripts: clap_complete's, with its bash script repaired so that every
+//! subcommand completes its own options and values.
+//!
+//! clap_complete's bash generator names the completion state of a subcommand two ways when the
+//! binary's name has a hyphen. The loop over the typed words sets `cmd` to
+//! `ccci__run__subcmd__lock` (the binary's hyphen becomes `__`), while the arms of
+//! `case "${cmd}"` that hold each subcommand's options are labelled
+//! `ccci__subcmd__run__subcmd__lock` (every hyphen of the whole path becomes `__subcmd__`). No
+//! arm matches once a subcommand is typed, so bash falls back to file names: only the
+//! subcommands themselves ever complete (clap-rs/clap#6421 and #6386). The repair relabels those
+//! arms with the names the loop assigns. Its invariant, tested: every state the loop can reach
+//! has an arm, and a script that already has one for each is left as it is.
+//!
+//! The fish script decides "no subcommand typed yet" by parsing the words with `argparse`, and
+//! answers no when that fails, which it does while a global option still lacks its value: so
+//! `ccci-run --docker <TAB>` offered file names, not `auto off required`. `argparse -s` stops at
+//! the first word that is not an option, so a failure means the words are all before any
+//! subcommand: the repair answers yes then. And the fish generator completes named options
+//! only, never a positional argument's values (`ccci-run completions <TAB>` offered file
+//! names): the repair adds a line for each positional with a fixed set of values.
+
+use clap::CommandFactory;
+use clap_complete::Shell;
+
+use crate::cli::Cli;
+
+/// The name the scripts complete, as installed.
+const BIN_NAME: &str = "ccci-run";
+
+/// The completion script for `shell`.
+pub(crate) fn script(shell: Shell) -> Vec<u8> {
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), BIN_NAME, &mut out);
+    // The generator writes the help texts it was given, which are Rust strings: UTF-8.
+    let text = String::from_utf8_lossy(&out);
+    match shell {
+        Shell::Bash => repair_bash(&text, BIN_NAME).into_bytes(),
+        Shell::Fish => {
+            let mut text = repair_fish(&text, BIN_NAME);
+            text.push_str(&fish_positional_values(&Cli::command(), BIN_NAME));
+            text.into_bytes()
+        }
+        _ => out,
+    }
+}
+
+/// Make the fish script's "needs a subcommand" test answer yes when the words before the cursor
+/// fail to parse as global options (one still lacks its value).
+fn repair_fish(script: &str, bin_name: &str) -> String {
+    let function = format!(
+        "function __fish_{}_needs_command\n",
+        bin_name.replace('-', "_")
+    );
+    let Some(start) = script.find(&function) else {
+        return script.to_owned();
+    };
+    let body = start + function.len();
+    let end = script[body..]
+        .find("\nend\n")
+        .map_or(script.len(), |e| body + e);
+    match script[body..end].find("\n    or return\n") {
+        Some(at) => {
+            let at = body + at + "\n    or return".len();
+            format!("{} 0{}", &script[..at], &script[at..])
+        }
+        None => script.to_owned(),
+    }
+}
+
+/// Relabel the per-subcommand arms of the generated bash function with the state names its
+/// word loop assigns.
+fn repair_bash(script: &str, bin_name: &str) -> String {
+    const SEP: &str = "__subcmd__";
+    let generated = bin_name.replace('-', SEP);
+    let assigned = bin_name.replace('-', "__");
+    if generated == assigned {
+        return script.to_owned();
+    }
+    let mut out = String::with_capacity(script.len());
+    for line in script.split_inclusive('\n') {
+        let label = line.trim_start();
+        let indent = &line[..line.len() - label.len()];
+        match label.strip_prefix(&generated) {
+            // An arm label: the state name alone, then `)`.
+            Some(rest)
+                if (rest.starts_with(')') || rest.starts_with(SEP))
+                    && rest.trim_end().ends_with(')')
+                    && !rest.contains([' ', ',', '"']) =>
+            {
+                out.push_str(indent);
+                out.push_str(&assigned);
+                out.push_str(rest);
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out
+}
+
+/// `complete` lines offering the values of every positional argument of a subcommand that
+/// takes one of a fixed set, once that subcommand is typed.
+fn fish_positional_values(cmd: &clap::Command, bin_name: &str) -> String {
+    let condition = format!("__fish_{}_using_subcommand", bin_name.replace('-', "_"));
+    let mut lines = String::new();
+    for sub in cmd.get_subcommands() {
+        for arg in sub.get_positionals().filter(|a| !a.is_hide_set()) {
+            let possible = arg.get_possible_values();
+            let values: Vec<&str> = possible
+                .iter()
+                .filter(|v| !v.is_hide_set())
+                .map(|v| v.get_name())
+                .collect();
+            if !values.is_empty() {
+                lines.push_str(&format!(
+                    "complete -c {bin_name} -n \"{condition} {}\" -f -a \"{}\"\n",
+                    sub.get_name(),
+                    values.join(" ")
+                ));
+            }
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The states the word loop assigns (`cmd="…"`) that no arm of `case "${cmd}"` handles.
+    fn states_without_arm(script: &str) -> Vec<String> {
+        let assigned = regex::Regex::new(r#"(?m)^\s*cmd="([A-Za-z0-9_]+)"$"#).unwrap();
+        let arm = regex::Regex::new(r"(?m)^\s*([A-Za-z0-9_]+)\)$").unwrap();
+        let arms: Vec<&str> = arm
+            .captures_iter(script)
+            .map(|c| c.get(1).unwrap().as_str())
+            .collect();
+        let mut missing: Vec<String> = assigned
+            .captures_iter(script)
+            .map(|c| c[1].to_owned())
+            .filter(|state| !arms.contains(&state.as_str()))
+            .collect();
+        missing.sort();
+        missing.dedup();
+        missing
+    }
+
+    #[test]
+    fn every_state_of_the_bash_script_has_its_arm() {
+        let mut generated = Vec::new();
+        clap_complete::generate(Shell::Bash, &mut Cli::command(), BIN_NAME, &mut generated);
+        let generated = String::from_utf8(generated).unwrap();
+        let repaired = String::from_utf8(script(Shell::Bash)).unwrap();
+        assert_eq!(states_without_arm(&repaired), Vec::<String>::new());
+        // Once the generator names its states one way, the repair changes nothing.
+        if states_without_arm(&generated).is_empty() {
+            assert_eq!(repaired, generated);
+        }
+        // Every subcommand, and the top level, has its state.
+        for sub in Cli::command().get_subcommands() {
+            let state = format!(
+                "ccci__run__subcmd__{}",
+                sub.get_name().replace('-', "__subcmd__")
+            );
+            assert!(repaired.contains(&format!("cmd=\"{state}\"")), "{state}");
+        }
+    }
+
+    #[test]
+    fn the_fish_script_needs_a_subcommand_while_a_global_option_lacks_its_value() {
+        let script = String::from_utf8(script(Shell::Fish)).unwrap();
+        let function = script
+            .split("function __fish_ccci_run_needs_command\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\nend\n").next())
+            .unwrap();
+        assert!(function.contains("argparse -s"), "{function}");
+        assert!(function.contains("\n    or return 0\n"), "{function}");
+        assert!(!function.contains("\n    or return\n"), "{function}");
+    }
+
+    #[test]
+    fn the_fish_script_offers_the_values_of_positional_arguments() {
+        let script = String::from_utf8(script(Shell::Fish)).unwrap();
+        assert!(
+            script.contains(
+                "complete -c ccci-run -n \"__fish_ccci_run_using_subcommand completions\" -f -a \"bash elvish fish powershell zsh\"\n"
+            ),
+            "{script}"
+        );
+    }
+
+    #[test]
+    fn a_name_without_a_hyphen_is_left_alone() {
+        let text = "    case \"${cmd}\" in\n        tool__subcmd__run)\n";
+        assert_eq!(repair_bash(text, "tool"), text);
+    }
+
+    #[test]
+    fn only_arm_labels_are_relabelled() {
+        let text = "        a__subcmd__b__subcmd__run)\n            opts=\"a__subcmd__b)\"\n        a__subcmd__b)\n";
+        assert_eq!(
+            repair_bash(text, "a-b"),
+            "        a__b__subcmd__run)\n            opts=\"a__subcmd__b)\"\n        a__b)\n"
+        );
+    }
+}
