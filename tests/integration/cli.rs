@@ -137,11 +137,7 @@ fn config_file_precedence_origins_and_absolute_paths() {
     )
     .unwrap();
     let mut cmd = std::process::Command::new(crate::util::BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("CCCI_") {
-            cmd.env_remove(key);
-        }
-    }
+    crate::util::without_ccci_env(&mut cmd);
     cmd.current_dir(sandbox.path())
         .env("CCCI_CONFIG", &file)
         .env("CCCI_STATE_DIR", "/srv/from-env")
@@ -381,11 +377,7 @@ fn the_example_configuration_file_sets_every_run_setting() {
     let file = dir.path().join("config.toml");
     std::fs::write(&file, uncommented).unwrap();
     let mut cmd = Command::new(crate::util::BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("CCCI_") {
-            cmd.env_remove(key);
-        }
-    }
+    crate::util::without_ccci_env(&mut cmd);
     cmd.arg("--config")
         .arg(&file)
         .args(["config", "--json"])

@@ -587,17 +587,7 @@ fn recipe_origin(sandbox: &Sandbox) -> PathBuf {
     }
     std::fs::create_dir_all(&repo_dir).unwrap();
     let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("-C")
-            .arg(&repo_dir)
-            .args(args)
-            .env("GIT_AUTHOR_NAME", "ci")
-            .env("GIT_AUTHOR_EMAIL", "ci@example.org")
-            .env("GIT_COMMITTER_NAME", "ci")
-            .env("GIT_COMMITTER_EMAIL", "ci@example.org")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {out:?}");
+        crate::fetch::git(&repo_dir, args);
     };
     git(&["init", "-q", "-b", "main"]);
     std::fs::write(repo_dir.join("compose.yml"), "version: '3.8'\n").unwrap();
@@ -726,13 +716,10 @@ fn assert_nothing_of_the_run_left(sandbox: &Sandbox, build: &BuildInfo, pids: &[
     );
     let lock = sandbox.lock_file(&domain);
     if lock.exists() {
-        let free = Command::new("flock")
-            .arg("-n")
-            .arg(&lock)
-            .arg("true")
-            .status()
-            .unwrap();
-        assert!(free.success(), "the app lock is still held");
+        assert!(
+            crate::util::lock_is_free(&lock),
+            "the app lock is still held"
+        );
     }
     if build.docker {
         assert_gone_now(record["stack"].as_str().unwrap());

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use crate::util::{Proc, Sandbox, Stream, list, run, signal};
 
 /// Run git in `dir`; panics with its output when it fails.
-fn git(dir: &Path, args: &[&str]) -> String {
+pub fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)

@@ -60,11 +60,7 @@ fn limited(uid: u32, dir: &Path, nproc: u32, etcd: Option<&str>) -> Command {
     if let Some(endpoints) = etcd {
         cmd.args(["--etcd-endpoints", endpoints]);
     }
-    for (key, _) in std::env::vars() {
-        if key.starts_with("CCCI_") {
-            cmd.env_remove(key);
-        }
-    }
+    crate::util::without_ccci_env(&mut cmd);
     cmd.env("CCCI_CONFIG", "/dev/null").env("HOME", dir);
     cmd
 }
@@ -78,13 +74,11 @@ fn record(dir: &Path, run_id: &str) -> serde_json::Value {
 fn no_lock_held(dir: &Path) {
     for entry in std::fs::read_dir(dir.join("locks")).unwrap() {
         let path = entry.unwrap().path();
-        let free = Command::new("flock")
-            .arg("-n")
-            .arg(&path)
-            .arg("true")
-            .status()
-            .unwrap();
-        assert!(free.success(), "{} is held", path.display());
+        assert!(
+            crate::util::lock_is_free(&path),
+            "{} is held",
+            path.display()
+        );
     }
 }
 
@@ -389,12 +383,9 @@ fn a_supervisor_stopped_past_its_whole_bound_ends_142_teardown_timeout_every_tim
         assert!(wait_exited(command), "round {round}: the command lives on");
         assert!(!process_alive(command));
         let domain = record["domain"].as_str().unwrap();
-        let free = Command::new("flock")
-            .arg("-n")
-            .arg(sandbox.lock_file(domain))
-            .arg("true")
-            .status()
-            .unwrap();
-        assert!(free.success(), "round {round}: the app lock must be free");
+        assert!(
+            crate::util::lock_is_free(&sandbox.lock_file(domain)),
+            "round {round}: the app lock must be free"
+        );
     }
 }

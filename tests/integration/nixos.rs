@@ -282,11 +282,7 @@ fn binary_reads(toml: &str, keys: &[&str]) {
     let file = dir.path().join("config.toml");
     std::fs::write(&file, toml).unwrap();
     let mut cmd = Command::new(BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("CCCI_") {
-            cmd.env_remove(key);
-        }
-    }
+    crate::util::without_ccci_env(&mut cmd);
     let out = cmd
         .arg("--config")
         .arg(&file)

@@ -297,11 +297,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
     let file = dir.path().join("config.toml");
     std::fs::write(&file, toml.as_str().unwrap()).unwrap();
     let mut cmd = Command::new(BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("CCCI_") {
-            cmd.env_remove(key);
-        }
-    }
+    crate::util::without_ccci_env(&mut cmd);
     let out = succeeds(cmd.arg("--config").arg(&file).args(["config", "--json"]));
     let settings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let setting = |key: &str| {
@@ -622,11 +618,7 @@ fn cli_reference_matches_help() {
     ] {
         let mut cmd = Command::new(BIN);
         cmd.env("COLUMNS", "100").env_remove("DRONE_BUILD_NUMBER");
-        for (key, _) in std::env::vars() {
-            if key.starts_with("CCCI_") {
-                cmd.env_remove(key);
-            }
-        }
+        crate::util::without_ccci_env(&mut cmd);
         cmd.args(sub).arg("--help");
         let out = cmd.output().unwrap();
         assert!(out.status.success());

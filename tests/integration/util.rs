@@ -617,6 +617,28 @@ impl Proc {
     }
 }
 
+/// Take every `CCCI_*` variable of the test's own environment out of `cmd`'s: no setting of
+/// the machine the suite runs on leaks into a test.
+pub fn without_ccci_env(cmd: &mut Command) -> &mut Command {
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("CCCI_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+/// Whether nobody holds the flock on `path`: a `flock -n` of our own gets it (and lets go).
+pub fn lock_is_free(path: &Path) -> bool {
+    Command::new("flock")
+        .arg("-n")
+        .arg(path)
+        .arg("true")
+        .status()
+        .unwrap()
+        .success()
+}
+
 /// Read stdout until a line `<prefix><pid>` has come for every prefix, in whatever order the
 /// processes printed them; returns the pids in the order of `prefixes`.
 pub fn pids_by_prefix(proc: &mut Proc, prefixes: &[&str]) -> Vec<i32> {
