@@ -95,7 +95,8 @@ pub(crate) struct GlobalArgs {
     #[arg(long, value_name = "DURATION", env = "CCCI_LEASE_TTL", value_parser = lease_ttl)]
     pub lease_ttl: Option<Duration>,
     /// Diagnostics format: text, or json (then all of stderr is JSON, one object a line, status
-    /// lines included) [default: text].
+    /// lines and errors included, also a refused command line: this flag wherever it stands,
+    /// else CCCI_LOG_FORMAT, else the file's log_format) [default: text].
     #[arg(long, value_name = "F", env = "CCCI_LOG_FORMAT", value_parser = choice::<LogFormat>())]
     pub log_format: Option<LogFormat>,
     /// More diagnostics (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
@@ -564,6 +565,38 @@ fn unique_pids(pids: &[i32]) -> Result<Vec<i32>, NameError> {
     Ok(pids.to_vec())
 }
 
+/// What a command line says of `--log-format` and `--config` (the last of each, before `--`),
+/// read from the raw arguments: for an error clap found before it parsed them. A value that is
+/// no format counts as not given.
+pub(crate) fn log_format_before_parsing(
+    args: impl IntoIterator<Item = OsString>,
+) -> (Option<LogFormat>, Option<PathBuf>) {
+    let (mut format, mut config) = (None, None);
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let Some(text) = arg.to_str() else { continue };
+        if text == "--" {
+            break;
+        }
+        let (name, inline) = match text.split_once('=') {
+            Some((name, value)) => (name, Some(OsString::from(value))),
+            None => (text, None),
+        };
+        if !matches!(name, "--log-format" | "--config") {
+            continue;
+        }
+        let Some(value) = inline.or_else(|| args.next()) else {
+            break;
+        };
+        if name == "--config" {
+            config = Some(PathBuf::from(value));
+        } else if let Some(given) = value.to_str().and_then(LogFormat::from_name) {
+            format = Some(given);
+        }
+    }
+    (format, config)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -593,6 +626,23 @@ mod tests {
         for bad in ["-1", "soon", "NaN", "inf", "", "5x"] {
             assert!(kill_grace(bad).is_err(), "{bad}");
         }
+    }
+
+    #[rstest::rstest]
+    #[case(&["--log-format", "json", "run", "--bogus"], Some(LogFormat::Json), None)]
+    #[case(&["run", "--bogus", "--log-format=json"], Some(LogFormat::Json), None)]
+    #[case(&["--log-format", "json", "--log-format", "text"], Some(LogFormat::Text), None)]
+    #[case(&["--log-format", "xml"], None, None)]
+    #[case(&["--config", "/c.toml", "lock"], None, Some("/c.toml"))]
+    #[case(&["lock", "x", "--", "--log-format", "json"], None, None)]
+    #[case(&["--log-format"], None, None)]
+    fn the_log_format_is_read_before_parsing(
+        #[case] args: &[&str],
+        #[case] format: Option<LogFormat>,
+        #[case] config: Option<&str>,
+    ) {
+        let got = log_format_before_parsing(args.iter().map(OsString::from));
+        assert_eq!(got, (format, config.map(PathBuf::from)));
     }
 
     #[test]
