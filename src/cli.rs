@@ -142,9 +142,19 @@ pub(crate) enum Command {
 pub(crate) struct LockArgs {
     /// The lock's name: `<lock-dir>/ccci-<NAME>.lock`.
     pub name: String,
-    /// Give up after DURATION (exit 75) [default: wait as long as it takes].
-    #[arg(long, value_name = "DURATION", value_parser = any_duration)]
+    /// Give up after DURATION (exit 75, or -E's code) [default: wait as long as it takes];
+    /// flock(1)'s -w SECS, fractions too.
+    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = any_duration)]
     pub wait: Option<Duration>,
+    /// Do not wait: give up at once (exit 75, or -E's code) when the lock is held or others
+    /// queue ahead, as --wait 0 does (flock(1)'s -n, which exits 1).
+    #[arg(short = 'n', long, visible_alias = "nb", conflicts_with = "wait")]
+    pub nonblock: bool,
+    /// The exit code when the lock is not acquired (--wait ran out, -n found it taken)
+    /// [default: 75]: 1, 3-75 or 77-124, since ccci-run gives the others their own meaning
+    /// (flock(1)'s -E, whose default is 1).
+    #[arg(short = 'E', long, value_name = "CODE", value_parser = conflict_exit_code)]
+    pub conflict_exit_code: Option<u8>,
     /// Queue class: fast tickets go before normal ones.
     #[arg(long, value_name = "CLASS", default_value = "normal", value_parser = choice::<Class>())]
     pub class: Class,
@@ -342,6 +352,27 @@ fn lease_ttl(value: &str) -> Result<Duration, String> {
     crate::duration::parse(value, &crate::config::LEASE_TTL_SPEC)
 }
 
+/// The exit code of a lock not acquired: any that ccci-run gives no other meaning, so a script
+/// can tell "not acquired" from what else the command or ccci-run ended with.
+fn conflict_exit_code(value: &str) -> Result<u8, String> {
+    let allowed = "choose 1, 3-75 or 77-124";
+    let code: u32 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not an exit code (a number, {allowed})"))?;
+    let meaning = match code {
+        0 => "0 would say the command ran and succeeded",
+        2 => "2 means invalid input",
+        76 => "76 means a held lock was lost",
+        125 => "125 means ccci-run itself failed",
+        126 | 127 => "126 and 127 mean the command could not be executed or found",
+        128..=255 => "128-255 mean a signal (128+N) or the hard deadline (142)",
+        256.. => "exit codes go up to 255",
+        _ => return Ok(code as u8),
+    };
+    Err(format!("{meaning}: {allowed}"))
+}
+
 /// A process id: a positive number. (Whether 1 makes sense depends on who our parent is: the
 /// guards decide.)
 fn parse_pid(value: &str) -> Result<i32, String> {
@@ -524,7 +555,12 @@ impl LockArgs {
         let t = &global.timings;
         Ok(LockConfig {
             name: LockName::parse(&self.name)?,
-            wait: self.wait,
+            wait: if self.nonblock {
+                Some(Duration::ZERO)
+            } else {
+                self.wait
+            },
+            conflict_exit: self.conflict_exit_code.unwrap_or(crate::exit::LOCK_TIMEOUT),
             class: self.class,
             promote_after: t.value(Timing::PromoteAfter),
             kill_grace: t.value(Timing::KillGrace),
@@ -643,6 +679,17 @@ mod tests {
     ) {
         let got = log_format_before_parsing(args.iter().map(OsString::from));
         assert_eq!(got, (format, config.map(PathBuf::from)));
+    }
+
+    #[test]
+    fn conflict_exit_codes_avoid_the_ones_already_taken() {
+        for ok in [1, 3, 9, 75, 77, 124] {
+            assert_eq!(conflict_exit_code(&ok.to_string()), Ok(ok as u8));
+        }
+        for bad in ["0", "2", "76", "125", "126", "127", "128", "143", "255", "256", "-1", "x"] {
+            let err = conflict_exit_code(bad).unwrap_err();
+            assert!(err.contains("choose 1, 3-75 or 77-124"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -532,6 +532,8 @@ fn parse_boolish(var: &'static str, value: &str) -> Result<bool, NameError> {
 pub(crate) struct LockConfig {
     pub name: LockName,
     pub wait: Option<Duration>,
+    /// The exit code when the lock is not acquired within `wait`.
+    pub conflict_exit: u8,
     pub class: crate::lock::queue::Class,
     pub promote_after: Duration,
     pub kill_grace: Duration,
