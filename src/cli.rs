@@ -686,7 +686,9 @@ mod tests {
         for ok in [1, 3, 9, 75, 77, 124] {
             assert_eq!(conflict_exit_code(&ok.to_string()), Ok(ok as u8));
         }
-        for bad in ["0", "2", "76", "125", "126", "127", "128", "143", "255", "256", "-1", "x"] {
+        for bad in [
+            "0", "2", "76", "125", "126", "127", "128", "143", "255", "256", "-1", "x",
+        ] {
             let err = conflict_exit_code(bad).unwrap_err();
             assert!(err.contains("choose 1, 3-75 or 77-124"), "{bad}: {err}");
         }

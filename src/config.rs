@@ -879,7 +879,10 @@ pub(crate) fn log_format_from_env() -> Option<LogFormat> {
 /// The log format of an error that came before the configuration could be resolved: `given`
 /// (the flag, else the environment), else the configuration file's `log_format` when that
 /// file can be read and parsed, else text.
-pub(crate) fn log_format_for_errors(given: Option<LogFormat>, config: Option<PathBuf>) -> LogFormat {
+pub(crate) fn log_format_for_errors(
+    given: Option<LogFormat>,
+    config: Option<PathBuf>,
+) -> LogFormat {
     given
         .or_else(|| load(config.as_deref()).ok()?.0.log_format)
         .unwrap_or(LogFormat::Text)
@@ -977,7 +980,10 @@ mod tests {
         );
         assert_eq!(lines[1], "  |", "{err}");
         assert_eq!(lines[2], format!("1 | {}", text.trim_end()), "{err}");
-        assert!(lines[3].starts_with("  | ") && lines[3].ends_with('^'), "{err}");
+        assert!(
+            lines[3].starts_with("  | ") && lines[3].ends_with('^'),
+            "{err}"
+        );
         assert!(lines[4].contains(&format!("`{given}`")), "{err}");
         match near {
             Some(near) => assert_eq!(

@@ -147,7 +147,11 @@ pub fn main() -> ExitCode {
     match dispatch(cli, &matches, start_ppid) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            report::failure(&format!("ccci-run: error: {err}"), err.kind(), err.exit_code());
+            report::failure(
+                &format!("ccci-run: error: {err}"),
+                err.kind(),
+                err.exit_code(),
+            );
             ExitCode::from(err.exit_code())
         }
     }

@@ -570,7 +570,11 @@ fn command_line_errors_stay_text_unless_json_is_asked_for() {
     let done = run(cmd);
     done.assert_code(0);
     assert!(done.err.is_empty(), "{}", done.transcript());
-    assert!(done.out[0].contains("Probe every run app's lock"), "{}", done.transcript());
+    assert!(
+        done.out[0].contains("Probe every run app's lock"),
+        "{}",
+        done.transcript()
+    );
 }
 
 /// A mistyped key in the configuration file: the parser's snippet stays on its own lines, the
@@ -610,7 +614,10 @@ fn a_configuration_file_error_keeps_its_snippet_names_the_key_and_follows_json()
         config.display()
     ));
     done.assert_stderr_has("unknown field `run_dir`, expected one of `lock_dir`");
-    for done in [text(&["--log-format", "json"], None), text(&[], Some("json"))] {
+    for done in [
+        text(&["--log-format", "json"], None),
+        text(&[], Some("json")),
+    ] {
         let message = assert_one_json_error(&done, "invalid-input", "did you mean `runs_dir`?");
         for line in lines {
             assert!(message.lines().any(|l| l == line), "{line:?}: {message}");
