@@ -798,7 +798,7 @@ fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() 
 
 /// Named-lock holders on two hosts, one after another, get strictly increasing fencing tokens
 /// (`CCCI_FENCING_TOKEN`), each the lineage's base plus the etcd revision that created the
-/// holder's owner key.
+/// holder's owner key; meanwhile `-n` on the other host gives up at once with `-E`'s code.
 #[test]
 fn named_lock_holders_across_hosts_see_strictly_increasing_fencing_tokens() {
     let Some(cluster) = crate::util::etcd_cluster() else {
@@ -816,6 +816,11 @@ fn named_lock_holders_across_hosts_see_strictly_increasing_fencing_tokens() {
             .as_i64()
             .unwrap_or_else(|| panic!("no owner key: {got}"));
         seen.push((token, created));
+        // flock(1)'s -n and -E hold across hosts too: the other host gives up at once.
+        let other = if std::ptr::eq(host, &a) { &b } else { &a };
+        let done = run(other.lock(&["-n", "-E", "9"], "echo never"));
+        done.assert_code(9);
+        assert!(done.out.is_empty(), "{}", done.transcript());
         holder.close_stdin();
         holder.finish().assert_code(0);
     }
