@@ -67,17 +67,12 @@ enum Error {
 }
 
 impl Error {
-    /// What kind of error this is, as a JSON error event names it.
+    /// What kind of error this is, as a JSON error event names it: its exit code in a word.
     fn kind(&self) -> &'static str {
-        match self {
-            Self::Invalid(_) => "invalid-input",
-            Self::Run(_) | Self::NamedLock(_) => "internal",
-            Self::Metrics { .. }
-            | Self::LockDir { .. }
-            | Self::Locks(_)
-            | Self::Output(_)
-            | Self::ManDir { .. } => "failure",
-            Self::Located { source, .. } => source.kind(),
+        match self.exit_code() {
+            exit::USAGE => "invalid-input",
+            exit::INTERNAL => "internal",
+            _ => "failure",
         }
     }
 
