@@ -564,9 +564,9 @@ fn fencing_token(line: &str) -> i64 {
 }
 
 /// Successive holders of a named lock get strictly increasing fencing tokens
-/// (`CCCI_FENCING_TOKEN`): one after another, through the queue, after the queue directory
-/// (and its counter) is gone as after a reboot with the lock dir on tmpfs, and when the
-/// counter is ahead of the clock.
+/// (`CCCI_FENCING_TOKEN`): one after another, through the queue, after the lock file is
+/// removed, after the queue directory (and its counter) is gone as after a reboot with the lock
+/// dir on tmpfs, and when the counter is ahead of the clock.
 #[test]
 fn successive_holders_see_strictly_increasing_fencing_tokens() {
     let sandbox = Sandbox::new();
@@ -601,6 +601,13 @@ fn successive_holders_see_strictly_increasing_fencing_tokens() {
     }
     seen.extend(order(&log).iter().map(|l| fencing_token(l)));
 
+    // The lock file removed (by hand: nothing of ccci-run removes a named lock's files): the
+    // counter beside it carries on.
+    std::fs::remove_file(sandbox.locks().join("ccci-shared.lock")).unwrap();
+    let before = std::fs::read_to_string(queue(&sandbox).join(".fencing")).unwrap();
+    seen.push(token());
+    assert_eq!(before.trim().parse::<i64>().unwrap(), seen[seen.len() - 2]);
+
     // The queue directory gone with its counter: the next token is still above the last.
     std::fs::remove_dir_all(queue(&sandbox)).unwrap();
     seen.push(token());
@@ -610,6 +617,16 @@ fn successive_holders_see_strictly_increasing_fencing_tokens() {
     std::fs::write(queue(&sandbox).join(".fencing"), format!("{ahead}\n")).unwrap();
     assert_eq!(token(), ahead + 1);
     assert_eq!(token(), ahead + 2);
+    // A nested `lock` of the same name is granted its ancestor's hold, and its token.
+    let nested = format!(
+        "echo token=$CCCI_FENCING_TOKEN; {} --lock-dir {} lock shared -- sh -c 'echo token=$CCCI_FENCING_TOKEN'",
+        crate::util::BIN,
+        sh_quote(sandbox.locks())
+    );
+    let done = run(lock_cmd(&sandbox, &[], &nested));
+    done.assert_code(0);
+    let tokens: Vec<i64> = done.out.iter().map(|l| fencing_token(l)).collect();
+    assert_eq!(tokens, [ahead + 3, ahead + 3], "{}", done.transcript());
     assert!(
         seen.windows(2).all(|w| w[0] < w[1]),
         "tokens must rise with every holder: {seen:?}"
