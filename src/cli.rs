@@ -95,7 +95,8 @@ pub(crate) struct GlobalArgs {
     #[arg(long, value_name = "DURATION", env = "CCCI_LEASE_TTL", value_parser = lease_ttl)]
     pub lease_ttl: Option<Duration>,
     /// Diagnostics format: text, or json (then all of stderr is JSON, one object a line, status
-    /// lines included) [default: text].
+    /// lines and errors included, also a refused command line: this flag wherever it stands,
+    /// else CCCI_LOG_FORMAT, else the file's log_format) [default: text].
     #[arg(long, value_name = "F", env = "CCCI_LOG_FORMAT", value_parser = choice::<LogFormat>())]
     pub log_format: Option<LogFormat>,
     /// More diagnostics (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
@@ -141,9 +142,19 @@ pub(crate) enum Command {
 pub(crate) struct LockArgs {
     /// The lock's name: `<lock-dir>/ccci-<NAME>.lock`.
     pub name: String,
-    /// Give up after DURATION (exit 75) [default: wait as long as it takes].
-    #[arg(long, value_name = "DURATION", value_parser = any_duration)]
+    /// Give up after DURATION (exit 75, or -E's code) [default: wait as long as it takes];
+    /// flock(1)'s -w SECS, fractions too.
+    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = any_duration)]
     pub wait: Option<Duration>,
+    /// Do not wait: give up at once (exit 75, or -E's code) when the lock is held or others
+    /// queue ahead, as --wait 0 does (flock(1)'s -n, which exits 1).
+    #[arg(short = 'n', long, visible_alias = "nb", conflicts_with = "wait")]
+    pub nonblock: bool,
+    /// The exit code when the lock is not acquired (--wait ran out, -n found it taken)
+    /// [default: 75]: 1, 3-75 or 77-124, since ccci-run gives the others their own meaning
+    /// (flock(1)'s -E, whose default is 1).
+    #[arg(short = 'E', long, value_name = "CODE", value_parser = conflict_exit_code)]
+    pub conflict_exit_code: Option<u8>,
     /// Queue class: fast tickets go before normal ones.
     #[arg(long, value_name = "CLASS", default_value = "normal", value_parser = choice::<Class>())]
     pub class: Class,
@@ -341,6 +352,27 @@ fn lease_ttl(value: &str) -> Result<Duration, String> {
     crate::duration::parse(value, &crate::config::LEASE_TTL_SPEC)
 }
 
+/// The exit code of a lock not acquired: any that ccci-run gives no other meaning, so a script
+/// can tell "not acquired" from what else the command or ccci-run ended with.
+fn conflict_exit_code(value: &str) -> Result<u8, String> {
+    let allowed = "choose 1, 3-75 or 77-124";
+    let code: u32 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not an exit code (a number, {allowed})"))?;
+    let meaning = match code {
+        0 => "0 would say the command ran and succeeded",
+        2 => "2 means invalid input",
+        76 => "76 means a held lock was lost",
+        125 => "125 means ccci-run itself failed",
+        126 | 127 => "126 and 127 mean the command could not be executed or found",
+        128..=255 => "128-255 mean a signal (128+N) or the hard deadline (142)",
+        256.. => "exit codes go up to 255",
+        _ => return Ok(code as u8),
+    };
+    Err(format!("{meaning}: {allowed}"))
+}
+
 /// A process id: a positive number. (Whether 1 makes sense depends on who our parent is: the
 /// guards decide.)
 fn parse_pid(value: &str) -> Result<i32, String> {
@@ -523,7 +555,12 @@ impl LockArgs {
         let t = &global.timings;
         Ok(LockConfig {
             name: LockName::parse(&self.name)?,
-            wait: self.wait,
+            wait: if self.nonblock {
+                Some(Duration::ZERO)
+            } else {
+                self.wait
+            },
+            conflict_exit: self.conflict_exit_code.unwrap_or(crate::exit::LOCK_TIMEOUT),
             class: self.class,
             promote_after: t.value(Timing::PromoteAfter),
             kill_grace: t.value(Timing::KillGrace),
@@ -564,6 +601,38 @@ fn unique_pids(pids: &[i32]) -> Result<Vec<i32>, NameError> {
     Ok(pids.to_vec())
 }
 
+/// What a command line says of `--log-format` and `--config` (the last of each, before `--`),
+/// read from the raw arguments: for an error clap found before it parsed them. A value that is
+/// no format counts as not given.
+pub(crate) fn log_format_before_parsing(
+    args: impl IntoIterator<Item = OsString>,
+) -> (Option<LogFormat>, Option<PathBuf>) {
+    let (mut format, mut config) = (None, None);
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let Some(text) = arg.to_str() else { continue };
+        if text == "--" {
+            break;
+        }
+        let (name, inline) = match text.split_once('=') {
+            Some((name, value)) => (name, Some(OsString::from(value))),
+            None => (text, None),
+        };
+        if !matches!(name, "--log-format" | "--config") {
+            continue;
+        }
+        let Some(value) = inline.or_else(|| args.next()) else {
+            break;
+        };
+        if name == "--config" {
+            config = Some(PathBuf::from(value));
+        } else if let Some(given) = value.to_str().and_then(LogFormat::from_name) {
+            format = Some(given);
+        }
+    }
+    (format, config)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -592,6 +661,36 @@ mod tests {
         );
         for bad in ["-1", "soon", "NaN", "inf", "", "5x"] {
             assert!(kill_grace(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[rstest::rstest]
+    #[case(&["--log-format", "json", "run", "--bogus"], Some(LogFormat::Json), None)]
+    #[case(&["run", "--bogus", "--log-format=json"], Some(LogFormat::Json), None)]
+    #[case(&["--log-format", "json", "--log-format", "text"], Some(LogFormat::Text), None)]
+    #[case(&["--log-format", "xml"], None, None)]
+    #[case(&["--config", "/c.toml", "lock"], None, Some("/c.toml"))]
+    #[case(&["lock", "x", "--", "--log-format", "json"], None, None)]
+    #[case(&["--log-format"], None, None)]
+    fn the_log_format_is_read_before_parsing(
+        #[case] args: &[&str],
+        #[case] format: Option<LogFormat>,
+        #[case] config: Option<&str>,
+    ) {
+        let got = log_format_before_parsing(args.iter().map(OsString::from));
+        assert_eq!(got, (format, config.map(PathBuf::from)));
+    }
+
+    #[test]
+    fn conflict_exit_codes_avoid_the_ones_already_taken() {
+        for ok in [1, 3, 9, 75, 77, 124] {
+            assert_eq!(conflict_exit_code(&ok.to_string()), Ok(ok as u8));
+        }
+        for bad in [
+            "0", "2", "76", "125", "126", "127", "128", "143", "255", "256", "-1", "x",
+        ] {
+            let err = conflict_exit_code(bad).unwrap_err();
+            assert!(err.contains("choose 1, 3-75 or 77-124"), "{bad}: {err}");
         }
     }
 

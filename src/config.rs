@@ -532,6 +532,8 @@ fn parse_boolish(var: &'static str, value: &str) -> Result<bool, NameError> {
 pub(crate) struct LockConfig {
     pub name: LockName,
     pub wait: Option<Duration>,
+    /// The exit code when the lock is not acquired within `wait`.
+    pub conflict_exit: u8,
     pub class: crate::lock::queue::Class,
     pub promote_after: Duration,
     pub kill_grace: Duration,
@@ -867,14 +869,70 @@ fn load(config: Option<&Path>) -> Result<(FileConfig, Option<PathBuf>), NameErro
     parse(&text, &path).map(|config| (config, Some(path)))
 }
 
-/// Parse a configuration file's text; errors name the file and, from the TOML parser, the key
-/// and line.
+/// `CCCI_LOG_FORMAT`, when it names a format.
+pub(crate) fn log_format_from_env() -> Option<LogFormat> {
+    std::env::var("CCCI_LOG_FORMAT")
+        .ok()
+        .and_then(|v| LogFormat::from_name(&v))
+}
+
+/// The log format of an error that came before the configuration could be resolved: `given`
+/// (the flag, else the environment), else the configuration file's `log_format` when that
+/// file can be read and parsed, else text.
+pub(crate) fn log_format_for_errors(
+    given: Option<LogFormat>,
+    config: Option<PathBuf>,
+) -> LogFormat {
+    given
+        .or_else(|| load(config.as_deref()).ok()?.0.log_format)
+        .unwrap_or(LogFormat::Text)
+}
+
+/// Parse a configuration file's text; errors name the file and, from the TOML parser, the line
+/// and column with the line itself and a caret under the fault (several lines, kept as the
+/// parser drew them), and for a mistyped key or value the nearest one that is known.
 pub(crate) fn parse(text: &str, path: &Path) -> Result<FileConfig, NameError> {
-    toml::from_str(text).map_err(|e| NameError {
-        what: "configuration file",
-        value: path.display().to_string(),
-        rule: e.to_string().trim().replace('\n', " "),
+    toml::from_str(text).map_err(|e| {
+        // The snippet quotes the file: a control character in it must not reach a terminal.
+        let mut rule: String = e
+            .to_string()
+            .trim_end()
+            .chars()
+            .map(|c| match c {
+                '\n' | '\t' => c.to_string(),
+                c if c.is_control() => c.escape_default().to_string(),
+                c => c.to_string(),
+            })
+            .collect();
+        if let Some(near) = nearest_known(e.message()) {
+            rule.push_str(&format!("\ndid you mean `{near}`?"));
+        }
+        NameError {
+            what: "configuration file",
+            value: path.display().to_string(),
+            rule,
+        }
     })
+}
+
+/// For serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown variant ..."), the
+/// expected name nearest to `x`, if one is near enough to be what was meant. The names come
+/// from the message, so they are always the ones the file really accepts.
+fn nearest_known(message: &str) -> Option<String> {
+    let rest = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("unknown variant `"))?;
+    let (given, expected) = rest.split_once('`')?;
+    let (_, expected) = expected.split_once("expected")?;
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|known| (strsim::jaro(given, known), known))
+        // The threshold clap uses for its own suggestions.
+        .filter(|(score, _)| *score > 0.7)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, known)| known.to_owned())
 }
 
 #[cfg(test)]
@@ -896,6 +954,45 @@ mod tests {
         let err = parse("lock_dri = \"/x\"\n", path).unwrap_err();
         assert!(err.to_string().contains("lock_dri"), "{err}");
         assert!(parse("docker = \"sometimes\"\n", path).is_err());
+    }
+
+    /// The parser's snippet stays as it drew it, on its own lines, and a near miss is named.
+    #[rstest::rstest]
+    #[case("run_dir = \"/r\"\n", "run_dir", Some("runs_dir"))]
+    #[case("lock_dri = \"/x\"\n", "lock_dri", Some("lock_dir"))]
+    #[case("docker = \"requird\"\n", "requird", Some("required"))]
+    #[case("zzz = 1\n", "zzz", None)]
+    fn a_toml_error_keeps_its_snippet_and_names_the_nearest_key(
+        #[case] text: &str,
+        #[case] given: &str,
+        #[case] near: Option<&str>,
+    ) {
+        let err = parse(text, Path::new("/etc/ccci-run/config.toml"))
+            .unwrap_err()
+            .to_string();
+        let lines: Vec<&str> = err.lines().collect();
+        assert!(
+            lines[0].starts_with(
+                "invalid configuration file \"/etc/ccci-run/config.toml\": \
+                 TOML parse error at line 1, column "
+            ),
+            "{err}"
+        );
+        assert_eq!(lines[1], "  |", "{err}");
+        assert_eq!(lines[2], format!("1 | {}", text.trim_end()), "{err}");
+        assert!(
+            lines[3].starts_with("  | ") && lines[3].ends_with('^'),
+            "{err}"
+        );
+        assert!(lines[4].contains(&format!("`{given}`")), "{err}");
+        match near {
+            Some(near) => assert_eq!(
+                lines.last().copied(),
+                Some(format!("did you mean `{near}`?").as_str()),
+                "{err}"
+            ),
+            None => assert!(!err.contains("did you mean"), "{err}"),
+        }
     }
 
     #[test]

@@ -67,6 +67,15 @@ enum Error {
 }
 
 impl Error {
+    /// What kind of error this is, as a JSON error event names it: its exit code in a word.
+    fn kind(&self) -> &'static str {
+        match self.exit_code() {
+            exit::USAGE => "invalid-input",
+            exit::INTERNAL => "internal",
+            _ => "failure",
+        }
+    }
+
     fn exit_code(&self) -> u8 {
         match self {
             Self::Invalid(_) => exit::USAGE,
@@ -123,15 +132,60 @@ pub fn main() -> ExitCode {
     // parent-death signal is armed.
     let start_ppid = nix::unistd::getppid();
     // The matches are kept: they say whether a setting came from a flag or the environment.
-    let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
+        Err(err) => return command_line_error(&err),
+    };
     match dispatch(cli, &matches, start_ppid) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            report::error(&format!("ccci-run: error: {err}"));
+            report::failure(
+                &format!("ccci-run: error: {err}"),
+                err.kind(),
+                err.exit_code(),
+            );
             ExitCode::from(err.exit_code())
         }
     }
+}
+
+/// A command line clap refused. In the log format the command line would have chosen, though
+/// it could not be parsed ([`cli::log_format_before_parsing`], [`config::log_format_for_errors`]):
+/// one JSON error event, or clap's own text. `--help` and `--version` print as always.
+fn command_line_error(err: &clap::Error) -> ExitCode {
+    let (flag, config_flag) = cli::log_format_before_parsing(std::env::args_os().skip(1));
+    let given = flag.or_else(config::log_format_from_env);
+    let config = config_flag.or_else(|| {
+        std::env::var_os("CCCI_CONFIG")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    });
+    if !err.use_stderr() || config::log_format_for_errors(given, config) != LogFormat::Json {
+        err.exit();
+    }
+    init_logging(0, 0, LogFormat::Json);
+    let code = u8::try_from(err.exit_code()).unwrap_or(exit::USAGE);
+    report::failure(
+        err.render().to_string().trim_end(),
+        &kebab(&format!("{:?}", err.kind())),
+        code,
+    );
+    ExitCode::from(code)
+}
+
+/// `UnknownArgument` → `unknown-argument`.
+fn kebab(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.chars() {
+        if c.is_ascii_uppercase() && !out.is_empty() {
+            out.push('-');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
 }
 
 /// Resolve the configuration and run the command. `start_ppid` is our parent pid as read first
@@ -146,8 +200,14 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
     };
     let mut inputs = globals.inputs();
     inputs.timings = cli.command.timing_flags();
-    let resolved = config::resolve(&inputs)?;
     let (quiet, verbose) = globals.verbosity();
+    let resolved = config::resolve(&inputs).inspect_err(|_| {
+        // The error goes out in the format asked for, by the flag, the environment, or a file
+        // that at least parses.
+        let given = inputs.log_format.as_ref().map(|(format, _)| *format);
+        let format = config::log_format_for_errors(given, inputs.config.clone());
+        init_logging(quiet, verbose, format);
+    })?;
     init_logging(quiet, verbose, resolved.log_format);
     for s in &resolved.settings {
         tracing::debug!(key = s.key, value = %s.value, origin = %s.origin, "setting");

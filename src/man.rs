@@ -54,7 +54,8 @@ const EXIT_STATUS: &[(&str, &str)] = &[
     ("2", "Invalid input: an option, a name, a duration."),
     (
         "75",
-        "The app lock or the named lock was not acquired within its budget.",
+        "The app lock or the named lock was not acquired within its budget (lock: at once \
+         with -n; -E CODE chooses another code).",
     ),
     (
         "76",
@@ -186,18 +187,30 @@ fn extra(command: &str) -> Extra {
                      is granted instead of waiting for itself.",
                 ),
                 ("CCCI_RUN_ID", "Recorded as the holder's run, when set."),
+                (
+                    "CCCI_FENCING_TOKEN",
+                    "Set for COMMAND: larger for every later holder of the lock (etcd: the \
+                     lineage's base plus the owner key's create revision; one host: the \
+                     counter in the queue directory, at least the clock in microseconds).",
+                ),
             ],
             files: &[
                 CONFIG_FILE,
                 (
                     "<lock-dir>/ccci-<NAME>.lock, <lock-dir>/ccci-<NAME>.lock.queue/",
-                    "The lock file and its ticket queue.",
+                    "The lock file and its ticket queue, with the fencing token counter .fencing.",
                 ),
             ],
-            examples: &[(
-                "Regenerate the catalogue, one step at a time on this host:",
-                "ccci-run lock abra-catalogue --wait 600 -- abra catalogue generate",
-            )],
+            examples: &[
+                (
+                    "Regenerate the catalogue, one step at a time on this host:",
+                    "ccci-run lock abra-catalogue --wait 600 -- abra catalogue generate",
+                ),
+                (
+                    "As flock -n -E 9 would: skip the write-back (exit 9) when another step has it:",
+                    "ccci-run lock cache -n -E 9 -- ./write-back.sh",
+                ),
+            ],
         },
         "locks" => Extra {
             environment: &[],

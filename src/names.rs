@@ -420,6 +420,8 @@ pub(crate) const ABRA_RECIPES: &str = "recipes";
 pub(crate) const RUN_ABRA_DIR: &str = "abra";
 /// The sequence counter in a named lock's queue directory.
 pub(crate) const QUEUE_COUNTER_FILE: &str = ".seq";
+/// The last fencing token given to a holder, in a named lock's queue directory.
+pub(crate) const FENCING_COUNTER_FILE: &str = ".fencing";
 
 /// `<abra>/recipes/<recipe>`.
 pub(crate) fn recipe_dir(abra: &std::path::Path, recipe: &Recipe) -> std::path::PathBuf {

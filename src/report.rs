@@ -26,10 +26,12 @@ pub(crate) fn line(text: &str) {
     plain(text);
 }
 
-/// Write an error line: like [`line`], at error level in JSON mode.
-pub(crate) fn error(text: &str) {
+/// Write the error a command ends with: like [`line`], at error level in JSON mode, where the
+/// event also says what kind of error it was and the exit code it ends with, for a script to
+/// branch on.
+pub(crate) fn failure(text: &str, kind: &str, exit_code: u8) {
     if JSON.load(Ordering::SeqCst) {
-        tracing::error!(target: STATUS_TARGET, status = true, "{text}");
+        tracing::error!(target: STATUS_TARGET, status = true, kind, exit_code, "{text}");
         return;
     }
     plain(text);

@@ -98,6 +98,12 @@ pub(crate) struct RemovedNames {
     pub configs: Vec<String>,
 }
 
+/// What to do when `--docker required` finds no engine: every refusal of that mode ends with it.
+pub(crate) const REQUIRED_HINT: &str = "start the Docker engine, or point DOCKER_HOST at one \
+    (unix:///PATH, tcp://HOST:PORT); or, to go on without it, set --docker auto (Docker apps are \
+    left alone while it is unreachable) or --docker off (also CCCI_DOCKER, or docker in the \
+    configuration file)";
+
 /// A failed Docker request, in words.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]

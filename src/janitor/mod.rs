@@ -126,7 +126,10 @@ impl<'a> DockerState<'a> {
             None => Some(Self::Off),
             Some(Ok(seam)) => Some(Self::On(seam)),
             Some(Err(err)) if link.mode() == DockerMode::Required => {
-                report.errors.push(format!("Docker is required: {err}"));
+                report.errors.push(format!(
+                    "Docker is required (--docker required): {err}; {}",
+                    crate::docker::REQUIRED_HINT
+                ));
                 None
             }
             Some(Err(err)) => {
@@ -459,8 +462,8 @@ impl Sweep<'_> {
                 line.error = Some(why.clone());
             }
             (_, Decision::LongHeld, _) => status::line(&format!(
-                "!! lock for {domain} held >{}min — possible leaked run; inspect with lslocks",
-                self.opts.long_held.as_secs() / 60
+                "!! lock for {domain} held >{} — possible leaked run; inspect with lslocks",
+                crate::duration::show(self.opts.long_held)
             )),
             _ => {}
         }

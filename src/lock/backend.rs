@@ -100,9 +100,10 @@ pub(crate) trait Lease {
     /// whether it was removed. The lock is released when the lease is dropped.
     fn remove(&self) -> Result<bool, LockError>;
     /// A number larger for every later holder of this lock, on every host (for etcd: the
-    /// lineage's base plus the owner key's creation revision, so also across a wipe): what a
-    /// resource shared beyond one host can check to refuse a holder that lost its lock. `None`
-    /// where the lock cannot be lost behind its holder.
+    /// lineage's base plus the owner key's creation revision, so also across a wipe; for a
+    /// named lock on one host: its counter, [`crate::lock::queue`]): what a shared resource
+    /// can check to refuse a holder that lost its lock, or one that came before. `None` where
+    /// no token is kept (an app lock on one host).
     fn fencing_token(&self) -> Option<i64> {
         None
     }

@@ -277,6 +277,7 @@ impl LockBackend for Local {
         Ok(Taken::Held(Box::new(FileLease {
             locks: held,
             predecessors,
+            fencing: None,
         })))
     }
 
@@ -332,6 +333,8 @@ pub(crate) struct FileLease {
     locks: Vec<HeldLock>,
     /// The holder lines found when they were taken.
     predecessors: Vec<Holder>,
+    /// A named lock's fencing token ([`crate::lock::queue`]); app locks on one host keep none.
+    fencing: Option<i64>,
 }
 
 impl FileLease {
@@ -339,6 +342,7 @@ impl FileLease {
         Self {
             locks: vec![lock],
             predecessors: Vec::new(),
+            fencing: None,
         }
     }
 
@@ -347,6 +351,14 @@ impl FileLease {
         Self {
             locks: vec![lock],
             predecessors: before.into_iter().collect(),
+            fencing: None,
+        }
+    }
+
+    pub(crate) fn with_fencing_token(self, token: i64) -> Self {
+        Self {
+            fencing: Some(token),
+            ..self
         }
     }
 }
@@ -381,5 +393,9 @@ impl Lease for FileLease {
 
     fn predecessors(&self) -> Vec<Holder> {
         self.predecessors.clone()
+    }
+
+    fn fencing_token(&self) -> Option<i64> {
+        self.fencing
     }
 }

@@ -30,6 +30,9 @@ use crate::supervise::shutdown::Event;
 use crate::supervise::signals::SignalFunnel;
 use crate::supervise::{Supervisor, cgroup};
 
+/// The variable that carries the holder's fencing token to the command.
+pub(crate) const FENCING_VAR: &str = "CCCI_FENCING_TOKEN";
+
 /// The variable that carries the locks an ancestor holds: `NAME:PID:MAJOR:MINOR:INODE:DEPTH`,
 /// comma-separated.
 pub(crate) const HELD_VAR: &str = "CCCI_HELD_LOCKS";
@@ -88,7 +91,8 @@ pub(crate) fn run(
     let cgroups = cgroup::run_cgroup(opts.cgroup, "lock", opts.name.as_str(), owner);
     let key = LockKey::Named(&opts.name);
     let mut held = HeldLocks::inherited(std::env::var(HELD_VAR).unwrap_or_default());
-    let _lease = match held.grant(backend, &opts.name)? {
+    let lease = match held.grant(backend, &opts.name)? {
+        // The command inherits the ancestor's token with the rest of its environment.
         Some(depth) => {
             tracing::info!(depth, "lock already held by an ancestor; granted");
             None
@@ -137,7 +141,7 @@ pub(crate) fn run(
                         (waited.as_secs_f64() * 10.0).round() / 10.0,
                     ));
                     remove_cgroup(&opts.name, cgroups.as_ref());
-                    return Ok(exit::LOCK_TIMEOUT);
+                    return Ok(opts.conflict_exit);
                 }
                 Taken::Stopped(event) => {
                     remove_cgroup(&opts.name, cgroups.as_ref());
@@ -146,7 +150,8 @@ pub(crate) fn run(
             }
         }
     };
-    Ok(run_holding(&funnel, opts, &held, cgroups.as_ref()))
+    let token = lease.as_ref().and_then(|lease| lease.fencing_token());
+    Ok(run_holding(&funnel, opts, &held, token, cgroups.as_ref()))
 }
 
 /// Remove the (empty) cgroup made for a command that never started.
@@ -174,13 +179,16 @@ fn run_holding(
     funnel: &SignalFunnel,
     opts: &LockOptions,
     held: &HeldLocks,
+    fencing_token: Option<i64>,
     cgroups: Option<&cgroup::Cgroups>,
 ) -> u8 {
     let (program, args) = opts.command.split_first().expect("clap requires a command");
+    let mut env = vec![(HELD_VAR.to_owned(), held.to_string().into())];
+    env.extend(fencing_token.map(|token| (FENCING_VAR.to_owned(), token.to_string().into())));
     let spec = CommandSpec {
         program: program.clone(),
         args: args.to_vec(),
-        env: vec![(HELD_VAR.to_owned(), held.to_string().into())],
+        env,
         cwd: None,
     };
     let supervisor = Supervisor {

@@ -247,6 +247,46 @@ impl Queue {
         Ok(Some(ticket))
     }
 
+    /// The next holder's fencing token: above the last one given out here, and at least the
+    /// wall clock in microseconds since the epoch. The counter is read and rewritten under its
+    /// own flock, so no two holders get the same token even if exclusion broke (a lock file
+    /// replaced by hand); the clock is the floor for a counter lost with the lock dir (a tmpfs
+    /// after a reboot, the queue directory removed), so the next token is still above every
+    /// earlier one unless the clock was set back past it.
+    fn next_fencing_token(&self) -> Result<i64, LockError> {
+        let path = self.dir.join(crate::names::FENCING_COUNTER_FILE);
+        let mut counter = LockFile::open(&path)?;
+        let held = loop {
+            match counter.lock_briefly() {
+                Ok(held) => break held,
+                // Held for an instant by whoever writes it: a signal is seen once we hold the
+                // lock, by the command's supervision.
+                Err((file, LockError::Io { source, .. }))
+                    if source.raw_os_error() == Some(Errno::EINTR as i32) =>
+                {
+                    counter = file;
+                }
+                Err((_, err)) => return Err(err),
+            }
+        };
+        let mut file = held.file();
+        let mut text = String::new();
+        let _ = file
+            .rewind()
+            .and_then(|_| file.take(64).read_to_string(&mut text));
+        let last = text.trim().parse::<i64>().unwrap_or(0);
+        let clock = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let token = last.saturating_add(1).max(clock);
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(format!("{token}\n").as_bytes()))
+            .and_then(|()| file.sync_data())
+            .map_err(self.io_err("advance the fencing counter"))?;
+        Ok(token)
+    }
+
     /// Every ticket in the queue, in queue order.
     pub(crate) fn scan(&self) -> Vec<QueuedTicket> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
@@ -609,7 +649,10 @@ impl Waiter<'_> {
     fn held(&self, mut lock: HeldLock) -> Result<Taken, LockError> {
         let before = lock::Holder::parse(&lock.read_holder());
         lock.write_holder(&self.wait.holder.to_line())?;
-        Ok(Taken::Held(Box::new(FileLease::taken_over(lock, before))))
+        let token = self.queue.next_fencing_token()?;
+        Ok(Taken::Held(Box::new(
+            FileLease::taken_over(lock, before).with_fencing_token(token),
+        )))
     }
 
     /// Leave the queue and say where we were, and who holds the lock.

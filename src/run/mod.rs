@@ -65,7 +65,7 @@ pub(crate) enum RunError {
     RunDir(#[from] RunDirError),
     #[error(transparent)]
     Lock(#[from] LockError),
-    #[error("Docker is required (--docker required): {0}")]
+    #[error("Docker is required (--docker required): {0}; {hint}", hint = crate::docker::REQUIRED_HINT)]
     DockerRequired(DockerError),
     #[error(transparent)]
     State(#[from] StateError),

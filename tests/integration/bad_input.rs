@@ -492,3 +492,146 @@ fn an_unprivileged_user_is_told_which_option_names_the_path() {
         done.transcript()
     );
 }
+
+/// Every line of stderr parsed as JSON; panics (with the transcript) on a line that is not.
+fn json_lines(done: &crate::util::Finished) -> Vec<serde_json::Value> {
+    done.err
+        .iter()
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}\n{}", done.transcript()))
+        })
+        .collect()
+}
+
+/// The one error event a refused command line or configuration leaves in JSON mode: the
+/// shape of every other event (timestamp, level, fields), with the kind and the exit code.
+#[track_caller]
+fn assert_one_json_error(done: &crate::util::Finished, kind: &str, needle: &str) -> String {
+    done.assert_code(2);
+    assert!(done.out.is_empty(), "{}", done.transcript());
+    let events = json_lines(done);
+    assert_eq!(events.len(), 1, "{}", done.transcript());
+    let event = &events[0];
+    assert_eq!(event["level"], "ERROR", "{event}");
+    assert!(event["timestamp"].is_string(), "{event}");
+    assert_eq!(event["fields"]["status"], true, "{event}");
+    assert_eq!(event["fields"]["kind"], kind, "{event}");
+    assert_eq!(event["fields"]["exit_code"], 2, "{event}");
+    let message = event["fields"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains(needle), "{message}");
+    message
+}
+
+/// A bad command line under `--log-format json` was clap's plain text, whatever the format
+/// asked for: now it is one JSON event, whether the format comes before the bad argument,
+/// after it, from the environment or from the configuration file.
+#[rstest::rstest]
+#[case::flag_before(&["--log-format", "json", "janitor", "--bogus"], None, false)]
+#[case::flag_after(&["janitor", "--bogus", "--log-format=json"], None, false)]
+#[case::environment(&["janitor", "--bogus"], Some("json"), false)]
+#[case::file(&["janitor", "--bogus"], None, true)]
+fn command_line_errors_follow_log_format_json(
+    #[case] args: &[&str],
+    #[case] env: Option<&str>,
+    #[case] file: bool,
+) {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    if let Some(format) = env {
+        cmd.env("CCCI_LOG_FORMAT", format);
+    }
+    if file {
+        let config = sandbox.path().join("config.toml");
+        std::fs::write(&config, "log_format = \"json\"\n").unwrap();
+        cmd.env("CCCI_CONFIG", &config);
+    }
+    cmd.args(args);
+    let done = run(cmd);
+    let message = assert_one_json_error(&done, "unknown-argument", "unexpected argument '--bogus'");
+    assert!(message.contains("Usage: ccci-run janitor"), "{message}");
+}
+
+/// Without JSON asked for, clap's text stays as it was; `--help` is help, on stdout, exit 0.
+#[test]
+fn command_line_errors_stay_text_unless_json_is_asked_for() {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--bogus"]);
+    let done = run(cmd);
+    done.assert_code(2);
+    assert!(
+        done.err[0].starts_with("error: unexpected argument '--bogus'"),
+        "{}",
+        done.transcript()
+    );
+    let mut cmd = sandbox.ccci();
+    cmd.args(["--log-format", "json", "janitor", "--help"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    assert!(done.err.is_empty(), "{}", done.transcript());
+    assert!(
+        done.out[0].contains("Probe every run app's lock"),
+        "{}",
+        done.transcript()
+    );
+}
+
+/// A mistyped key in the configuration file: the parser's snippet stays on its own lines, the
+/// nearest key is named; under JSON (flag or environment) it is one event whose message holds
+/// the same lines.
+#[test]
+fn a_configuration_file_error_keeps_its_snippet_names_the_key_and_follows_json() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.path().join("config.toml");
+    std::fs::write(&config, "docker = \"off\"\nrun_dir = \"/srv/runs\"\n").unwrap();
+    let text = |extra: &[&str], env: Option<&str>| {
+        let mut cmd = sandbox.ccci();
+        cmd.env("CCCI_CONFIG", &config);
+        if let Some(format) = env {
+            cmd.env("CCCI_LOG_FORMAT", format);
+        }
+        cmd.args(extra).arg("config");
+        run(cmd)
+    };
+    let done = text(&[], None);
+    done.assert_code(2);
+    let lines = [
+        "  |",
+        "2 | run_dir = \"/srv/runs\"",
+        "  | ^^^^^^^",
+        "did you mean `runs_dir`?",
+    ];
+    for line in lines {
+        assert!(
+            done.err.iter().any(|l| l == line),
+            "no line {line:?}\n{}",
+            done.transcript()
+        );
+    }
+    done.assert_stderr_has(&format!(
+        "ccci-run: error: invalid configuration file \"{}\": TOML parse error at line 2, column 1",
+        config.display()
+    ));
+    done.assert_stderr_has("unknown field `run_dir`, expected one of `lock_dir`");
+    for done in [
+        text(&["--log-format", "json"], None),
+        text(&[], Some("json")),
+    ] {
+        let message = assert_one_json_error(&done, "invalid-input", "did you mean `runs_dir`?");
+        for line in lines {
+            assert!(message.lines().any(|l| l == line), "{line:?}: {message}");
+        }
+    }
+}
+
+/// A file that parses but holds a bad value says so in the format the file itself asks for.
+#[test]
+fn a_bad_value_in_a_json_configuration_file_is_reported_as_json() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.path().join("config.toml");
+    std::fs::write(&config, "log_format = \"json\"\ndeadline = \"5x\"\n").unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.env("CCCI_CONFIG", &config).arg("config");
+    assert_one_json_error(&run(cmd), "invalid-input", "invalid deadline \"5x\"");
+}

@@ -795,3 +795,42 @@ fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() 
     );
     assert!(cluster.keys().is_empty(), "{}", cluster.keys());
 }
+
+/// Named-lock holders on two hosts, one after another, get strictly increasing fencing tokens
+/// (`CCCI_FENCING_TOKEN`), each the lineage's base plus the etcd revision that created the
+/// holder's owner key; meanwhile `-n` on the other host gives up at once with `-E`'s code.
+#[test]
+fn named_lock_holders_across_hosts_see_strictly_increasing_fencing_tokens() {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
+    let mut seen: Vec<(i64, i64)> = Vec::new();
+    for host in [&a, &b, &a, &b, &b] {
+        let mut holder = Proc::spawn(host.lock(&[], HOLD));
+        let token = token_of(&holder.wait_for(Stream::Out, "ready"));
+        let out = cluster.etcdctl(&["get", "/ccci-run/named/cache/owner", "--write-out=json"]);
+        assert!(out.status.success(), "{out:?}");
+        let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let created = got["kvs"][0]["create_revision"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no owner key: {got}"));
+        seen.push((token, created));
+        // flock(1)'s -n and -E hold across hosts too: the other host gives up at once.
+        let other = if std::ptr::eq(host, &a) { &b } else { &a };
+        let done = run(other.lock(&["-n", "-E", "9"], "echo never"));
+        done.assert_code(9);
+        assert!(done.out.is_empty(), "{}", done.transcript());
+        holder.close_stdin();
+        holder.finish().assert_code(0);
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0].0 < w[1].0),
+        "tokens must rise with every holder: {seen:?}"
+    );
+    let base = seen[0].0 - seen[0].1;
+    assert!(
+        seen.iter().all(|(token, created)| token - created == base),
+        "every token is the base plus its owner key's create revision: {seen:?}"
+    );
+}

@@ -75,8 +75,12 @@ fn live_run_is_never_touched() {
     holder.finish().assert_code(0);
 }
 
-#[test]
-fn long_held_lock_is_flagged_never_stolen() {
+/// The warning names the threshold as given: `--long-held 5` once printed `held >0min`.
+#[rstest::rstest]
+#[case::default(&[], "2h")]
+#[case::seconds(&["--long-held", "5"], "5s")]
+#[case::mixed(&["--long-held", "90m"], "1h30m")]
+fn long_held_lock_is_flagged_never_stolen(#[case] extra: &[&str], #[case] shown: &str) {
     let sandbox = Sandbox::new();
     let domain = orphan(2);
     let env = sandbox.plant_env("ci", &domain, SECRET);
@@ -89,13 +93,13 @@ fn long_held_lock_is_flagged_never_stolen() {
         .unwrap()
         .set_modified(three_hours_ago)
         .unwrap();
-    let (report, done) = sandbox.janitor(&[]);
+    let (report, done) = sandbox.janitor(extra);
     done.assert_code(0);
     let c = candidate(&report, &domain);
     assert_eq!(c["decision"], "long-held");
     assert!(c["lock_age_s"].as_u64().unwrap() >= 3 * 3600);
     done.assert_stderr_has(&format!(
-        "!! lock for {domain} held >120min — possible leaked run; inspect with lslocks"
+        "!! lock for {domain} held >{shown} — possible leaked run; inspect with lslocks"
     ));
     assert!(env.exists() && lock.exists());
     holder.close_stdin();
@@ -550,8 +554,15 @@ fn unreachable_docker_is_never_a_reason_to_lose_an_env() {
     cmd.env("DOCKER_HOST", &nowhere).args(["janitor", "--json"]);
     let done = run(cmd);
     done.assert_code(1);
+    // Both refusals say what to do: start or name an engine, or choose another mode.
+    let hint = "start the Docker engine, or point DOCKER_HOST at one";
+    let modes = "set --docker auto (Docker apps are left alone while it is unreachable) or \
+                 --docker off (also CCCI_DOCKER, or docker in the configuration file)";
+    let out = done.out.join("\n");
     assert!(
-        done.out.join("\n").contains("Docker is required"),
+        out.contains("Docker is required (--docker required)")
+            && out.contains(hint)
+            && out.contains(modes),
         "{}",
         done.transcript()
     );
@@ -562,6 +573,8 @@ fn unreachable_docker_is_never_a_reason_to_lose_an_env() {
     let done = run(cmd);
     done.assert_code(125);
     done.assert_stderr_has("Docker is required (--docker required)");
+    done.assert_stderr_has(hint);
+    done.assert_stderr_has(modes);
     assert!(done.out.is_empty());
 
     // auto: the run goes on; its teardown keeps its .env and says why.

@@ -491,3 +491,144 @@ fn a_sigkilled_waiter_s_ticket_is_skipped_at_once() {
     assert_eq!(order(&log), ["behind"]);
     assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
 }
+
+/// flock(1)'s -n, -w and -E: a lock not acquired ends in exit 75 (or -E's code) at once with
+/// -n, after the budget with -w, and the command never runs; a free lock is taken with -n.
+#[test]
+fn flock_s_nonblock_timeout_and_conflict_exit_code_are_understood() {
+    let sandbox = Sandbox::new();
+    let ran = sandbox.path().join("ran");
+    let script = format!("echo ran >> {}", sh_quote(&ran));
+    run(lock_cmd(&sandbox, &["-n"], &script)).assert_code(0);
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
+    let mut h = holder(&sandbox);
+    let cases: [(&[&str], i32, f64); 6] = [
+        (&["-n"], 75, 0.0),
+        (&["--nonblock", "-E", "9"], 9, 0.0),
+        (&["--nb", "--conflict-exit-code=100"], 100, 0.0),
+        (&["-w", "0.3", "-E", "9"], 9, 0.3),
+        (&["--timeout", "0.3"], 75, 0.3),
+        (&["--wait", "0.2", "-E", "1"], 1, 0.2),
+    ];
+    for (extra, code, budget) in cases {
+        let started = std::time::Instant::now();
+        let done = run(lock_cmd(&sandbox, extra, &script));
+        let took = started.elapsed().as_secs_f64();
+        done.assert_code(code);
+        done.assert_stderr_has("ccci-run: lock shared not acquired within");
+        assert!(took >= budget, "{extra:?}: gave up after {took} s");
+        assert!(took < budget + 5.0, "{extra:?}: waited {took} s");
+    }
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
+    h.close_stdin();
+    h.finish().assert_code(0);
+    assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
+}
+
+/// A conflict exit code ccci-run already gives a meaning to (success, invalid input, a lost
+/// lock, its own failure, a command not found, a signal), or no exit code at all, is refused
+/// before anything is waited for.
+#[rstest]
+#[case("0", "0 would say the command ran and succeeded")]
+#[case("2", "2 means invalid input")]
+#[case("76", "76 means a held lock was lost")]
+#[case("125", "125 means ccci-run itself failed")]
+#[case("127", "126 and 127 mean the command could not be executed or found")]
+#[case("143", "128-255 mean a signal")]
+#[case("256", "exit codes go up to 255")]
+#[case("x", "is not an exit code")]
+fn conflict_exit_codes_already_taken_are_refused(#[case] code: &str, #[case] why: &str) {
+    let sandbox = Sandbox::new();
+    let ran = sandbox.path().join("ran");
+    let script = format!("echo ran >> {}", sh_quote(&ran));
+    let done = run(lock_cmd(&sandbox, &["-E", code], &script));
+    done.assert_code(2);
+    done.assert_stderr_has(&format!(
+        "invalid value '{code}' for '--conflict-exit-code <CODE>'"
+    ));
+    done.assert_stderr_has(why);
+    done.assert_stderr_has("choose 1, 3-75 or 77-124");
+    assert!(!ran.exists());
+    let done = run(lock_cmd(&sandbox, &["-n", "--wait", "5"], &script));
+    done.assert_code(2);
+    done.assert_stderr_has("cannot be used with");
+    assert!(!ran.exists());
+}
+
+/// The fencing token a holder's command was given, from its `token=N` line.
+fn fencing_token(line: &str) -> i64 {
+    line.trim()
+        .strip_prefix("token=")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no fencing token in {line:?}"))
+}
+
+/// Successive holders of a named lock get strictly increasing fencing tokens
+/// (`CCCI_FENCING_TOKEN`): one after another, through the queue, after the lock file is
+/// removed, after the queue directory (and its counter) is gone as after a reboot with the lock
+/// dir on tmpfs, and when the counter is ahead of the clock.
+#[test]
+fn successive_holders_see_strictly_increasing_fencing_tokens() {
+    let sandbox = Sandbox::new();
+    let token = || {
+        let done = run(lock_cmd(&sandbox, &[], "echo token=$CCCI_FENCING_TOKEN"));
+        done.assert_code(0);
+        fencing_token(&done.out[0])
+    };
+    let mut seen: Vec<i64> = (0..3).map(|_| token()).collect();
+
+    // Holders served through the queue, in the order they held it.
+    let log = sandbox.path().join("tokens.log");
+    let mut h = Proc::spawn(lock_cmd(
+        &sandbox,
+        &[],
+        "echo ready $$; echo token=$CCCI_FENCING_TOKEN; read line || :",
+    ));
+    h.wait_ready();
+    seen.push(fencing_token(&h.wait_for(Stream::Out, "token=")));
+    let waiters: Vec<Proc> = (0..3)
+        .map(|_| {
+            let script = format!("echo token=$CCCI_FENCING_TOKEN >> {}", sh_quote(&log));
+            let mut w = Proc::spawn(lock_cmd(&sandbox, &[], &script));
+            w.wait_for(Stream::Err, WAITING);
+            w
+        })
+        .collect();
+    h.close_stdin();
+    h.finish().assert_code(0);
+    for w in waiters {
+        w.finish().assert_code(0);
+    }
+    seen.extend(order(&log).iter().map(|l| fencing_token(l)));
+
+    // The lock file removed (by hand: nothing of ccci-run removes a named lock's files): the
+    // counter beside it carries on.
+    std::fs::remove_file(sandbox.locks().join("ccci-shared.lock")).unwrap();
+    let before = std::fs::read_to_string(queue(&sandbox).join(".fencing")).unwrap();
+    seen.push(token());
+    assert_eq!(before.trim().parse::<i64>().unwrap(), seen[seen.len() - 2]);
+
+    // The queue directory gone with its counter: the next token is still above the last.
+    std::fs::remove_dir_all(queue(&sandbox)).unwrap();
+    seen.push(token());
+
+    // A counter ahead of the clock (tokens given faster than one a microsecond) still rules.
+    let ahead = seen.last().unwrap() + 10_000_000_000;
+    std::fs::write(queue(&sandbox).join(".fencing"), format!("{ahead}\n")).unwrap();
+    assert_eq!(token(), ahead + 1);
+    assert_eq!(token(), ahead + 2);
+    // A nested `lock` of the same name is granted its ancestor's hold, and its token.
+    let nested = format!(
+        "echo token=$CCCI_FENCING_TOKEN; {} --lock-dir {} lock shared -- sh -c 'echo token=$CCCI_FENCING_TOKEN'",
+        crate::util::BIN,
+        sh_quote(sandbox.locks())
+    );
+    let done = run(lock_cmd(&sandbox, &[], &nested));
+    done.assert_code(0);
+    let tokens: Vec<i64> = done.out.iter().map(|l| fencing_token(l)).collect();
+    assert_eq!(tokens, [ahead + 3, ahead + 3], "{}", done.transcript());
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "tokens must rise with every holder: {seen:?}"
+    );
+}

@@ -491,9 +491,17 @@ fn subcommands() -> Vec<String> {
 fn long_options(subcommand: &str) -> Vec<String> {
     let help = succeeds(Command::new(BIN).args([subcommand, "--help"]));
     let option = regex::Regex::new(r"^\s+(?:-[A-Za-z], )?(--[a-z][a-z0-9-]*)").unwrap();
+    // A visible alias (flock(1)'s --timeout for --wait) is completed as well.
+    let aliases = regex::Regex::new(r"^\s+\[alias(?:es)?: (.*)\]$").unwrap();
     let mut options: Vec<String> = String::from_utf8_lossy(&help.stdout)
         .lines()
-        .filter_map(|l| option.captures(l).map(|c| c[1].to_owned()))
+        .flat_map(|l| {
+            let named = option.captures(l).map(|c| c[1].to_owned());
+            let aka: Vec<String> = aliases
+                .captures(l)
+                .map_or_else(Vec::new, |c| c[1].split(", ").map(str::to_owned).collect());
+            named.into_iter().chain(aka)
+        })
         .collect();
     options.sort();
     options.dedup();
