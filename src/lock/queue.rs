@@ -457,6 +457,37 @@ pub(crate) fn acquire(
     taken
 }
 
+/// Note that the holder of lock `name` waited `waited` for it, for the metrics. Written in place
+/// at a fixed width (not renamed into place): the queue's waiters watch for names coming and
+/// going, and a record of the wait must not wake them all.
+pub(crate) fn record_last_wait(
+    lock_dir: &Path,
+    name: &LockName,
+    waited: Duration,
+) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let dir = Queue::dir_for(lock_dir, name);
+    lock::prepare_private_dir(&dir).map_err(io::Error::other)?;
+    let line = format!("{:015.3}\n", waited.as_secs_f64().min(99_999_999_999.0));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(dir.join(crate::names::QUEUE_LAST_WAIT_FILE))
+        .and_then(|file| file.write_all_at(line.as_bytes(), 0))
+}
+
+/// The last holder's wait recorded in the queue directory `dir`, in seconds.
+pub(crate) fn last_wait(dir: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join(crate::names::QUEUE_LAST_WAIT_FILE)).ok()?;
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+}
+
 /// An inotify instance watching the queue directory `dir` for tickets coming and going.
 fn watch_queue(dir: &Path) -> io::Result<Inotify> {
     let inotify = Inotify::init()?;
