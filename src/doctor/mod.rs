@@ -200,10 +200,19 @@ fn settings(inputs: &Inputs, checks: &mut Vec<Check>) -> Global {
         config: Some(PathBuf::from("/dev/null")),
         ..inputs.clone()
     };
-    let resolved = if file_ok {
-        config::resolve(inputs)
-    } else {
-        config::resolve(&without_file)
+    let resolved = match config::resolve(if file_ok { inputs } else { &without_file }) {
+        // A value in the file that does not hold (a bad duration): the file's fault when the
+        // settings without it resolve.
+        Err(err) if file_ok && config::resolve(&without_file).is_ok() => {
+            if let Some(c) = checks.iter_mut().find(|c| c.name == "config-file") {
+                *c = check("config-file", State::Fail, err.to_string()).fix(format!(
+                    "correct {}; the checks below use the settings without it",
+                    path.display()
+                ));
+            }
+            config::resolve(&without_file)
+        }
+        other => other,
     };
     let global = resolved
         .map_err(|e| e.to_string())
