@@ -138,6 +138,14 @@ pub(crate) enum Command {
     Config(ConfigArgs),
     /// Check this host: configuration, directories, cgroups, the runner unit, Docker, etcd,
     /// inotify and the step's PATH; one line per check (exit 1 when any fails).
+    ///
+    /// Every check is listed, in one of four states: ok; warn (runs work, less well: a
+    /// fallback is in use or a limit is near); fail (a run, lock or sweep will not work as
+    /// configured); skip (the check cannot be made here: no systemd, or Docker or etcd not in
+    /// use). Each line that is not ok says how to fix it. A bad configuration file fails its
+    /// check and the rest run on the settings without it. Doctor changes nothing it does not
+    /// undo (a probe cgroup, a probe lease), and each Docker, etcd and systemd question has a
+    /// time limit. Exit 0 when nothing failed, 1 otherwise.
     Doctor(DoctorArgs),
 }
 

@@ -69,10 +69,7 @@ fn doctor_of(cmd: Command) -> (Value, Finished) {
     assert!(names.iter().any(|n| n.starts_with("etcd")), "{report:#}");
     for c in report["checks"].as_array().unwrap() {
         let state = c["state"].as_str().unwrap();
-        assert!(
-            ["ok", "warn", "fail", "skip"].contains(&state),
-            "{c:#}"
-        );
+        assert!(["ok", "warn", "fail", "skip"].contains(&state), "{c:#}");
         if state != "ok" {
             assert!(c["fix"].is_string(), "a {state} without a fix: {c:#}");
         }
@@ -172,8 +169,18 @@ fn doctor_judges_directory_modes_and_warns_of_a_lock_dir_not_on_tmpfs() {
         cmd.args(["doctor", "--json", "--lock-dir"]).arg(dir);
         doctor_of(cmd).0
     };
-    assert_state(&lock_dir(on_disk.path()), "lock_dir on tmpfs", "warn", "not on tmpfs");
-    assert_state(&lock_dir(on_tmpfs.path()), "lock_dir on tmpfs", "ok", "on tmpfs");
+    assert_state(
+        &lock_dir(on_disk.path()),
+        "lock_dir on tmpfs",
+        "warn",
+        "not on tmpfs",
+    );
+    assert_state(
+        &lock_dir(on_tmpfs.path()),
+        "lock_dir on tmpfs",
+        "ok",
+        "on tmpfs",
+    );
     // A lock dir yet to be made is judged where it would be made.
     assert_state(
         &lock_dir(&on_tmpfs.path().join("later")),
@@ -243,7 +250,12 @@ fn doctor_judges_the_runner_unit_file_and_its_drop_ins() {
     assert_state(&report, "unit KillMode", "fail", "KillMode=process");
     assert_state(&report, "unit TimeoutStopSec", "fail", "shorter than");
     for program in ["abra", "git", "setsid", "ccci-run"] {
-        assert_state(&report, &format!("step PATH {program}"), "ok", &bin.display().to_string());
+        assert_state(
+            &report,
+            &format!("step PATH {program}"),
+            "ok",
+            &bin.display().to_string(),
+        );
     }
 
     // The bare unit with the drop-in this project ships.
@@ -272,7 +284,12 @@ fn doctor_judges_the_runner_unit_file_and_its_drop_ins() {
     assert_state(&report, "unit TimeoutStopSec", "fail", "shorter than");
 
     let (report, _) = doctor(&sandbox, &["--unit-file", "/nonexistent/runner.service"]);
-    assert_state(&report, "unit Delegate", "fail", "/nonexistent/runner.service");
+    assert_state(
+        &report,
+        "unit Delegate",
+        "fail",
+        "/nonexistent/runner.service",
+    );
 }
 
 /// Opens inotify instances until the kernel refuses one, prints `ready <count> <errno>`, and
@@ -329,7 +346,10 @@ fn doctor_fails_when_the_users_inotify_instances_are_used_up() {
     exhaust.args(["-c", EXHAUST_INOTIFY]);
     let mut exhaust = Proc::spawn(exhaust);
     let ready = exhaust.wait_for(Stream::Out, "ready");
-    assert!(ready.ends_with(" 24"), "the instances end in EMFILE: {ready}");
+    assert!(
+        ready.ends_with(" 24"),
+        "the instances end in EMFILE: {ready}"
+    );
     let report = doctor_as_user();
     assert_state(&report, "inotify instances", "fail", "used up");
     assert!(
@@ -497,7 +517,8 @@ fn lock_and_janitor_metrics_parse_and_count_queues_waits_and_runs() {
     std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
     let mut live = Proc::spawn(sandbox.run_sh("81", &[], "echo ready $$; read line || :"));
     live.wait_ready();
-    let script = "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; exec sleep 1000";
+    let script =
+        "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; exec sleep 1000";
     let mut dying = Proc::spawn({
         let mut cmd = sandbox.ccci();
         cmd.args(["run", "--recipe", "other", "--run-id", "82", "--no-fetch"])
@@ -518,15 +539,29 @@ fn lock_and_janitor_metrics_parse_and_count_queues_waits_and_runs() {
         return;
     };
     let depth = "ccci_named_lock_queue_depth{class=";
-    assert_eq!(sample(&samples, &format!("{depth}fast,lock=m,source=lock}}")), 1.0);
-    assert_eq!(sample(&samples, &format!("{depth}normal,lock=m,source=lock}}")), 1.0);
+    assert_eq!(
+        sample(&samples, &format!("{depth}fast,lock=m,source=lock}}")),
+        1.0
+    );
+    assert_eq!(
+        sample(&samples, &format!("{depth}normal,lock=m,source=lock}}")),
+        1.0
+    );
     let oldest = sample(&samples, "ccci_named_lock_oldest_waiter_age_seconds{lock=m");
     assert!(
         oldest >= 0.3 && oldest <= waiting_since.elapsed().as_secs_f64() + 1.0,
         "oldest waiter {oldest} s: {samples:#?}"
     );
-    assert_eq!(sample(&samples, "ccci_host_runs_live{"), 1.0, "{samples:#?}");
-    assert_eq!(sample(&samples, "ccci_host_runs_dead_unswept{"), 1.0, "{samples:#?}");
+    assert_eq!(
+        sample(&samples, "ccci_host_runs_live{"),
+        1.0,
+        "{samples:#?}"
+    );
+    assert_eq!(
+        sample(&samples, "ccci_host_runs_dead_unswept{"),
+        1.0,
+        "{samples:#?}"
+    );
     assert_eq!(sample(&samples, "ccci_host_metrics_complete{"), 1.0);
 
     holder.close_stdin();
@@ -540,13 +575,37 @@ fn lock_and_janitor_metrics_parse_and_count_queues_waits_and_runs() {
     let Some(samples) = parse_metrics(&metrics) else {
         return;
     };
-    assert_eq!(sample(&samples, "ccci_named_lock_queue_depth{class=fast,lock=m,source=janitor}"), 0.0);
-    let last = sample(&samples, "ccci_named_lock_last_wait_seconds{lock=m,source=janitor}");
-    assert!(last > 0.3 && last <= served_after + 1.0, "last wait {last} s");
-    assert_eq!(sample(&samples, "ccci_host_runs_live{"), 1.0, "{samples:#?}");
+    assert_eq!(
+        sample(
+            &samples,
+            "ccci_named_lock_queue_depth{class=fast,lock=m,source=janitor}"
+        ),
+        0.0
+    );
+    let last = sample(
+        &samples,
+        "ccci_named_lock_last_wait_seconds{lock=m,source=janitor}",
+    );
+    assert!(
+        last > 0.3 && last <= served_after + 1.0,
+        "last wait {last} s"
+    );
+    assert_eq!(
+        sample(&samples, "ccci_host_runs_live{"),
+        1.0,
+        "{samples:#?}"
+    );
     // The sweep reaped the dead run's app: nothing is left awaiting one.
-    assert_eq!(sample(&samples, "ccci_host_runs_dead_unswept{"), 0.0, "{samples:#?}");
-    assert!(samples.iter().any(|l| l.starts_with("ccci_janitor_candidates{")));
+    assert_eq!(
+        sample(&samples, "ccci_host_runs_dead_unswept{"),
+        0.0,
+        "{samples:#?}"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|l| l.starts_with("ccci_janitor_candidates{"))
+    );
     live.close_stdin();
     live.finish().assert_code(0);
 }
