@@ -570,3 +570,42 @@ pub(crate) fn write_host_metrics(path: &Path, metrics: &HostMetrics) -> io::Resu
         record::Mode::WorldReadable,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_and_every_lock_has_each_class() {
+        let text = host_text(&HostMetrics {
+            source: "lock",
+            host: "a\"b\\c\nd".to_owned(),
+            named_locks: vec![NamedLockMetrics {
+                name: "ci".to_owned(),
+                fast: 2,
+                normal: 0,
+                oldest_waiter_s: 1.5,
+                last_wait_s: None,
+            }],
+            runs_live: 3,
+            runs_dead_unswept: 1,
+            complete: true,
+        });
+        assert!(text.contains(r#"host="a\"b\\c\nd""#), "{text}");
+        assert!(
+            text.contains(
+                r#"ccci_named_lock_queue_depth{source="lock",lock="ci",class="normal"} 0"#
+            )
+        );
+        assert!(
+            text.contains(r#"ccci_named_lock_queue_depth{source="lock",lock="ci",class="fast"} 2"#)
+        );
+        // No wait recorded: no sample, the family still declared.
+        assert!(
+            !text.contains("ccci_named_lock_last_wait_seconds{"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE ccci_named_lock_last_wait_seconds gauge"));
+        assert!(text.contains("ccci_host_runs_dead_unswept{source=\"lock\""));
+    }
+}

@@ -609,3 +609,29 @@ fn lock_and_janitor_metrics_parse_and_count_queues_waits_and_runs() {
     live.close_stdin();
     live.finish().assert_code(0);
 }
+
+/// A metrics file that cannot be written costs the lock nothing: its command runs under it and
+/// its status is the exit code; the failure is a warning naming the file.
+#[test]
+fn a_metrics_file_that_cannot_be_written_warns_and_the_command_runs() {
+    let sandbox = host();
+    let path = sandbox.path().join("no-such-dir/lock.prom");
+    let mut cmd = sandbox.ccci();
+    cmd.args(["lock", "m", "--metrics-file"]).arg(&path).args([
+        "--",
+        "sh",
+        "-c",
+        "echo ran; exit 3",
+    ]);
+    let done = run(cmd);
+    done.assert_code(3);
+    assert!(
+        done.out.contains(&"ran".to_owned()),
+        "{}",
+        done.transcript()
+    );
+    done.assert_stderr_has(&format!(
+        "warning: failed to write metrics file {}",
+        path.display()
+    ));
+}
