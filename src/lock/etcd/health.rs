@@ -27,10 +27,11 @@ pub(crate) struct Member {
     pub granted_ttl: Option<i64>,
 }
 
-/// Ask every endpoint of `settings`, in order; each answer or the reason it gave none.
-pub(crate) fn ask(
-    settings: &EtcdSettings,
-) -> Result<Vec<(String, Result<Member, String>)>, String> {
+/// One endpoint and what it answered, or why it gave no answer.
+pub(crate) type Answer = (String, Result<Member, String>);
+
+/// Ask every endpoint of `settings`, in order.
+pub(crate) fn ask(settings: &EtcdSettings) -> Result<Vec<Answer>, String> {
     let driver = Driver::start().map_err(|(what, detail)| format!("failed to {what}: {detail}"))?;
     let ttl = i64::try_from(settings.lease_ttl.as_secs()).unwrap_or(i64::MAX);
     let answers = settings
