@@ -311,7 +311,10 @@ fn lock_dir_tmpfs(dir: &Path) -> Check {
                 fs.filesystem_type().0
             ),
         )
-        .fix("use a lock dir on tmpfs (/run/lock, the default) or mount one there"),
+        .fix(
+            "mount a tmpfs there (as /run/lock is on most systemd hosts), or set lock_dir to a \
+             directory on one",
+        ),
         Err(err) => check(
             NAME,
             State::Fail,
