@@ -396,8 +396,10 @@ fn doctor_asks_the_docker_engine_and_fails_a_missing_one_promptly() {
 }
 
 /// Each member of a real 3-member cluster answers, they are one cluster with a leader, and the
-/// TTL is granted as asked; an endpoint nobody listens on fails alone; with two members killed
-/// the last one knows no leader, and doctor says so within its bounds.
+/// TTL is granted as asked; `lock --metrics-file` on etcd writes a file the parser reads, whose
+/// last wait is the settling TTL of a new cluster's first lock and nothing for the next; an
+/// endpoint nobody listens on fails alone; with two members killed the last one knows no
+/// leader, and doctor says so within its bounds.
 #[cfg(feature = "etcd")]
 #[test]
 fn doctor_asks_each_etcd_member_for_its_cluster_and_leader() {
@@ -414,6 +416,28 @@ fn doctor_asks_each_etcd_member_for_its_cluster_and_leader() {
     assert_state(&report, "etcd leader", "ok", "leads");
     assert_state(&report, "etcd lease ttl", "ok", "5 s, as asked");
     assert_eq!(cluster.keys(), "", "doctor leaves nothing in etcd");
+    // The named locks kept in etcd, in a metrics file the Prometheus parser reads. The first
+    // lock on a new cluster waits one TTL for its lineage to settle; the next one does not.
+    let metrics = sandbox.path().join("lock.prom");
+    let lock_and_read = || {
+        let mut cmd = sandbox.ccci();
+        cmd.args(["lock", "fleet", "--metrics-file"])
+            .arg(&metrics)
+            .args(["--", "true"]);
+        run(cmd).assert_code(0);
+        parse_metrics(&metrics)
+    };
+    if let Some(samples) = lock_and_read() {
+        let depth = "ccci_named_lock_queue_depth{class=fast,lock=fleet,source=lock}";
+        assert_eq!(sample(&samples, depth), 0.0);
+        assert_eq!(sample(&samples, "ccci_host_metrics_complete{"), 1.0);
+        let waited = sample(&samples, "ccci_named_lock_last_wait_seconds{lock=fleet");
+        assert!((5.0..15.0).contains(&waited), "first wait {waited} s");
+    }
+    if let Some(samples) = lock_and_read() {
+        let waited = sample(&samples, "ccci_named_lock_last_wait_seconds{lock=fleet");
+        assert!(waited < 2.0, "second wait {waited} s");
+    }
 
     let dead = format!("http://127.0.0.1:{}", crate::etcd_cluster::free_port());
     sandbox.set_etcd(format!("{},{dead}", cluster.endpoints()), 5);
