@@ -201,6 +201,10 @@ fn extra(command: &str) -> Extra {
                     "<lock-dir>/ccci-<NAME>.lock, <lock-dir>/ccci-<NAME>.lock.queue/",
                     "The lock file and its ticket queue, with the fencing token counter .fencing.",
                 ),
+                (
+                    "<lock-dir>/ccci-<NAME>.lock.last-wait",
+                    "How long the last holder waited, in seconds, for the metrics.",
+                ),
             ],
             examples: &[
                 (

@@ -418,9 +418,14 @@ pub(crate) fn gather(
                 .and_then(|born| now.duration_since(born).ok())
                 .map_or(t.age_s as f64, |d| d.as_secs_f64())
         };
-        let queue_dir = crate::names::LockName::parse(&lock.name)
-            .map(|n| crate::lock::queue::Queue::dir_for(&global.lock_dir, &n))
-            .unwrap_or(local_queue.clone());
+        let last_wait = crate::names::LockName::parse(&lock.name)
+            .ok()
+            .and_then(|n| {
+                crate::lock::queue::last_wait(&crate::lock::queue::last_wait_path(
+                    &global.lock_dir,
+                    &n,
+                ))
+            });
         metrics.named_locks.push(NamedLockMetrics {
             name: lock.name.clone(),
             fast: queue
@@ -432,7 +437,7 @@ pub(crate) fn gather(
                 .filter(|t| t.ticket.class == crate::lock::queue::Class::Normal)
                 .count(),
             oldest_waiter_s: queue.iter().map(age).fold(0.0, f64::max),
-            last_wait_s: crate::lock::queue::last_wait(&queue_dir),
+            last_wait_s: last_wait,
         });
     }
     metrics.named_locks.sort_by(|a, b| a.name.cmp(&b.name));
