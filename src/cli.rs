@@ -136,6 +136,34 @@ pub(crate) enum Command {
     },
     /// Print the effective configuration: each setting and where it came from.
     Config(ConfigArgs),
+    /// Check this host: configuration, directories, cgroups, the runner unit, Docker, etcd,
+    /// inotify and the step's PATH; one line per check (exit 1 when any fails).
+    ///
+    /// Every check is listed, in one of four states: ok; warn (runs work, less well: a
+    /// fallback is in use or a limit is near); fail (a run, lock or sweep will not work as
+    /// configured); skip (the check cannot be made here: no systemd, or Docker or etcd not in
+    /// use). Each line that is not ok says how to fix it. A bad configuration file fails its
+    /// check and the rest run on the settings without it. Doctor changes nothing it does not
+    /// undo (a probe cgroup, a probe lease), and each Docker, etcd and systemd question has a
+    /// time limit. Exit 0 when nothing failed, 1 otherwise.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// Print every check as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// The Drone runner's systemd unit, asked of systemd where it runs
+    /// [default: drone-runner-exec.service].
+    #[arg(long, value_name = "UNIT", conflicts_with = "unit_file")]
+    pub unit: Option<String>,
+    /// Read the runner's unit from FILE (and its FILE.d/*.conf drop-ins) instead of asking
+    /// systemd.
+    #[arg(long, value_name = "FILE")]
+    pub unit_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +203,10 @@ pub(crate) struct LockArgs {
     /// shell's $$, and its parent, the runner).
     #[arg(long, value_name = "PID,...", env = "CCCI_TIE_TO", value_delimiter = ',', value_parser = parse_pid)]
     pub tie_to: Vec<i32>,
+    /// Write Prometheus metrics here once the lock is taken (or the wait given up), atomically:
+    /// every named lock's queue and last wait, and this host's live and unswept dead runs.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
     /// The command to run while holding the lock.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -438,6 +470,7 @@ impl Command {
             Self::Lock(a) => Some(&a.global),
             Self::AppDomain(a) => Some(&a.global),
             Self::Config(a) => Some(&a.global),
+            Self::Doctor(a) => Some(&a.global),
             Self::Completions { .. } | Self::Man { .. } => None,
         }
     }
@@ -567,6 +600,11 @@ impl LockArgs {
             teardown_timeout: t.value(Timing::TeardownTimeout),
             tie_to: unique_pids(&self.tie_to)?,
             cgroup: global.cgroup,
+            lock_dir: global.lock_dir.clone(),
+            metrics: self.metrics_file.map(|file| crate::config::MetricsTarget {
+                file,
+                global: global.clone(),
+            }),
             command: self.command,
         })
     }

@@ -540,7 +540,18 @@ pub(crate) struct LockConfig {
     pub teardown_timeout: Duration,
     pub tie_to: Vec<i32>,
     pub cgroup: CgroupMode,
+    /// Where the queue directories are (the last wait is recorded there).
+    pub lock_dir: PathBuf,
+    /// Where to write the host's metrics once the wait is over.
+    pub metrics: Option<MetricsTarget>,
     pub command: Vec<OsString>,
+}
+
+/// Where `lock --metrics-file` writes the host's metrics, and the configuration they describe.
+#[derive(Debug, Clone)]
+pub(crate) struct MetricsTarget {
+    pub file: PathBuf,
+    pub global: Global,
 }
 
 /// Where a sweep looks for the processes of dead runs.

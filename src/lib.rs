@@ -10,6 +10,7 @@ mod completions;
 pub(crate) mod config;
 mod config_file;
 pub(crate) mod docker;
+mod doctor;
 pub(crate) mod duration;
 pub(crate) mod exit;
 mod fuzz;
@@ -200,6 +201,12 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
     };
     let mut inputs = globals.inputs();
     inputs.timings = cli.command.timing_flags();
+    // Doctor judges the configuration rather than refusing it: it resolves it itself.
+    if let Command::Doctor(args) = &cli.command {
+        let (quiet, verbose) = globals.verbosity();
+        init_logging(quiet, verbose, LogFormat::Text);
+        return doctor(args, &inputs);
+    }
     let (quiet, verbose) = globals.verbosity();
     let resolved = config::resolve(&inputs).inspect_err(|_| {
         // The error goes out in the format asked for, by the flag, the environment, or a file
@@ -213,7 +220,8 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
         tracing::debug!(key = s.key, value = %s.value, origin = %s.origin, "setting");
     }
     let global = Global::from_resolved(&resolved)?;
-    command(cli.command, &global, &resolved, start_ppid).map_err(|err| err.located(&global))
+    command(cli.command, &global, &resolved, &inputs, start_ppid)
+        .map_err(|err| err.located(&global))
 }
 
 /// Run one command.
@@ -221,9 +229,11 @@ fn command(
     command: Command,
     global: &Global,
     resolved: &Resolved,
+    inputs: &config::Inputs,
     start_ppid: Pid,
 ) -> Result<u8, Error> {
     match command {
+        Command::Doctor(args) => doctor(&args, inputs),
         Command::Config(args) => show_config(&args, resolved),
         Command::Completions { shell } => emit(&completions::script(shell)).map(|()| 0),
         Command::Man { command, dir } => man_pages(command.as_deref(), dir.as_deref()),
@@ -321,6 +331,12 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
             path.display()
         )),
         Some(path) => {
+            let backend = lock::backend(global).ok();
+            report.host = Some(janitor::report::gather(
+                global,
+                backend.as_deref(),
+                "janitor",
+            ));
             janitor::report::write_metrics(path, &report).map_err(|source| Error::Metrics {
                 path: path.clone(),
                 source,
@@ -335,6 +351,22 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     };
     emit(text.as_bytes())?;
     Ok(if report.failed() { exit::FAILURE } else { 0 })
+}
+
+/// `ccci-run doctor`: every check, exit 1 when any failed.
+fn doctor(args: &cli::DoctorArgs, inputs: &config::Inputs) -> Result<u8, Error> {
+    let opts = doctor::Options {
+        unit: args.unit.clone(),
+        unit_file: args.unit_file.clone(),
+    };
+    let report = doctor::run(inputs, &opts);
+    let text = if args.json {
+        format!("{}\n", json(&report))
+    } else {
+        doctor::render(&report)
+    };
+    emit(text.as_bytes())?;
+    Ok(if report.ok { 0 } else { exit::FAILURE })
 }
 
 /// `ccci-run locks`: every lock file, held or not.

@@ -49,7 +49,8 @@ const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "1",
         "janitor: a reap failed or did not finish within its budget, or the sweep could not \
-         complete; locks, app-domain, config: the output could not be written.",
+         complete; doctor: a check failed; locks, app-domain, config: the output could not be \
+         written.",
     ),
     ("2", "Invalid input: an option, a name, a duration."),
     (
@@ -200,6 +201,10 @@ fn extra(command: &str) -> Extra {
                     "<lock-dir>/ccci-<NAME>.lock, <lock-dir>/ccci-<NAME>.lock.queue/",
                     "The lock file and its ticket queue, with the fencing token counter .fencing.",
                 ),
+                (
+                    "<lock-dir>/ccci-<NAME>.lock.last-wait",
+                    "How long the last holder waited, in seconds, for the metrics.",
+                ),
             ],
             examples: &[
                 (
@@ -209,6 +214,44 @@ fn extra(command: &str) -> Extra {
                 (
                     "As flock -n -E 9 would: skip the write-back (exit 9) when another step has it:",
                     "ccci-run lock cache -n -E 9 -- ./write-back.sh",
+                ),
+                (
+                    "The same, publishing every named lock's queue and last wait, and the \
+                     host's runs, for node_exporter once the lock is taken:",
+                    "ccci-run lock abra-catalogue --metrics-file \
+                     /var/lib/node_exporter/ccci-lock.prom -- abra catalogue generate",
+                ),
+            ],
+        },
+        "doctor" => Extra {
+            environment: &[
+                DOCKER_HOST,
+                (
+                    "CCCI_KILL_GRACE, CCCI_TEARDOWN_TIMEOUT",
+                    "Their sum is what the runner unit's TimeoutStopSec must allow.",
+                ),
+            ],
+            files: &[
+                CONFIG_FILE,
+                (
+                    "/run/systemd/system",
+                    "Where it is a directory, systemd runs the host and the runner unit is \
+                     asked of it (systemctl show); elsewhere the unit checks are skipped \
+                     unless --unit-file names the unit's file.",
+                ),
+                (
+                    "/proc/sys/fs/inotify/max_user_instances, max_user_watches",
+                    "The inotify limits the user's instances and watches are counted against.",
+                ),
+            ],
+            examples: &[
+                (
+                    "Check this host, as the runner's user, against the shipped unit:",
+                    "ccci-run doctor",
+                ),
+                (
+                    "Check a unit file before installing it, as JSON:",
+                    "ccci-run doctor --json --unit-file /etc/systemd/system/drone-runner-exec.service",
                 ),
             ],
         },

@@ -422,6 +422,9 @@ pub(crate) const RUN_ABRA_DIR: &str = "abra";
 pub(crate) const QUEUE_COUNTER_FILE: &str = ".seq";
 /// The last fencing token given to a holder, in a named lock's queue directory.
 pub(crate) const FENCING_COUNTER_FILE: &str = ".fencing";
+/// Beside a named lock's file (`ccci-<NAME>.lock.last-wait`): how long its last holder waited
+/// for it, in seconds.
+pub(crate) const LAST_WAIT_SUFFIX: &str = ".last-wait";
 
 /// `<abra>/recipes/<recipe>`.
 pub(crate) fn recipe_dir(abra: &std::path::Path, recipe: &Recipe) -> std::path::PathBuf {

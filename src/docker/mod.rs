@@ -104,6 +104,21 @@ pub(crate) const REQUIRED_HINT: &str = "start the Docker engine, or point DOCKER
     left alone while it is unreachable) or --docker off (also CCCI_DOCKER, or docker in the \
     configuration file)";
 
+/// What the engine says of itself, for `doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EngineFacts {
+    pub version: String,
+    /// The newest API version the engine speaks.
+    pub api_version: String,
+    /// The API version this client negotiated with it.
+    pub negotiated: String,
+    /// `active`, `inactive`, `pending`, `error`, `locked`, or empty.
+    pub swarm_state: String,
+    /// Whether this node is a swarm manager (stacks are deployed through a manager).
+    pub swarm_manager: bool,
+    pub swarm_error: Option<String>,
+}
+
 /// A failed Docker request, in words.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
@@ -166,6 +181,39 @@ impl DockerSeam {
             runtime,
             list_calls: Cell::new(0),
             poll_rounds: Cell::new(0),
+        })
+    }
+
+    /// What `doctor` reports of the engine: its version, the API version spoken, and the swarm
+    /// state of its node; each request within `within`.
+    pub(crate) fn engine_facts(&self, within: Duration) -> Result<EngineFacts, DockerError> {
+        let late = || {
+            DockerError(format!(
+                "Docker did not answer within {} s",
+                within.as_secs()
+            ))
+        };
+        let version = self
+            .runtime
+            .block_on(async { tokio::time::timeout(within, self.docker.version()).await })
+            .map_err(|_| late())?
+            .map_err(|e| DockerError(format!("failed to ask Docker its version: {e}")))?;
+        let info = self
+            .runtime
+            .block_on(async { tokio::time::timeout(within, self.docker.info()).await })
+            .map_err(|_| late())?
+            .map_err(|e| DockerError(format!("failed to ask Docker about its swarm: {e}")))?;
+        let swarm = info.swarm.unwrap_or_default();
+        Ok(EngineFacts {
+            version: version.version.unwrap_or_default(),
+            api_version: version.api_version.unwrap_or_default(),
+            negotiated: self.docker.client_version().to_string(),
+            swarm_state: swarm
+                .local_node_state
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+            swarm_manager: swarm.control_available.unwrap_or(false),
+            swarm_error: swarm.error.filter(|e| !e.is_empty()),
         })
     }
 

@@ -103,6 +103,9 @@ pub(crate) struct SweepReport {
     pub leftover_processes: Vec<LeftoverProcess>,
     #[serde(skip)]
     pub duration: Duration,
+    /// The host's named locks and runs, as the metrics file shows them.
+    #[serde(skip)]
+    pub host: Option<HostMetrics>,
 }
 
 impl SweepReport {
@@ -331,10 +334,283 @@ pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()>
              # TYPE {LAST} gauge\n{LAST} {last:.3}"
         );
     }
+    if let Some(host) = &report.host {
+        out.push_str(&host_text(host));
+    }
     record::write_atomically(
         path,
         out.trim_end().as_bytes(),
         false,
         record::Mode::WorldReadable,
     )
+}
+
+/// One named lock's line in the metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct NamedLockMetrics {
+    pub name: String,
+    /// Tickets waiting, by class.
+    pub fast: usize,
+    pub normal: usize,
+    /// How long the oldest waiter has waited (0 when nobody waits).
+    pub oldest_waiter_s: f64,
+    /// How long the last holder waited for it, when one has been recorded.
+    pub last_wait_s: Option<f64>,
+}
+
+/// What the metrics say of this host's named locks and runs, and who said it (`lock` or
+/// `janitor`: the `source` label keeps the two files apart in one textfile collector).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct HostMetrics {
+    pub source: &'static str,
+    pub host: String,
+    pub named_locks: Vec<NamedLockMetrics>,
+    /// Run directories whose guard a live run holds.
+    pub runs_live: usize,
+    /// Runs that died (no exit recorded, guard free) whose app still has its `.env`, and which
+    /// no janitor has reaped yet.
+    pub runs_dead_unswept: usize,
+    /// Whether every look succeeded; what failed is logged.
+    pub complete: bool,
+}
+
+/// Look at the named locks (through `backend`) and the runs of the configuration `global`.
+pub(crate) fn gather(
+    global: &crate::config::Global,
+    backend: Option<&dyn crate::lock::backend::LockBackend>,
+    source: &'static str,
+) -> HostMetrics {
+    let mut metrics = HostMetrics {
+        source,
+        host: nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        complete: true,
+        ..HostMetrics::default()
+    };
+    let long_held = global.timings.value(crate::config::Timing::LongHeld);
+    let locks = match backend.map(|b| b.list(long_held)) {
+        Some(Ok(locks)) => locks,
+        Some(Err(err)) if err.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Some(Err(err)) => {
+            tracing::warn!("failed to list the locks for the metrics: {err}");
+            metrics.complete = false;
+            Vec::new()
+        }
+        None => {
+            metrics.complete = false;
+            Vec::new()
+        }
+    };
+    let now = SystemTime::now();
+    for lock in locks
+        .iter()
+        .filter(|l| l.kind == crate::lock::list::LockKind::Named)
+    {
+        let queue = lock.queue.clone().unwrap_or_default();
+        let local_queue = crate::names::queue_dir_of(&lock.path);
+        // A local ticket is touched every few seconds: its age is its birth's, where the file
+        // system keeps one. An etcd waiter's age is its holder line's start.
+        let age = |t: &crate::lock::queue::QueuedTicket| -> f64 {
+            std::fs::metadata(local_queue.join(t.ticket.file_name()))
+                .and_then(|m| m.created())
+                .ok()
+                .and_then(|born| now.duration_since(born).ok())
+                .map_or(t.age_s as f64, |d| d.as_secs_f64())
+        };
+        let last_wait = crate::names::LockName::parse(&lock.name)
+            .ok()
+            .and_then(|n| {
+                crate::lock::queue::last_wait(&crate::lock::queue::last_wait_path(
+                    &global.lock_dir,
+                    &n,
+                ))
+            });
+        metrics.named_locks.push(NamedLockMetrics {
+            name: lock.name.clone(),
+            fast: queue
+                .iter()
+                .filter(|t| t.ticket.class == crate::lock::queue::Class::Fast)
+                .count(),
+            normal: queue
+                .iter()
+                .filter(|t| t.ticket.class == crate::lock::queue::Class::Normal)
+                .count(),
+            oldest_waiter_s: queue.iter().map(age).fold(0.0, f64::max),
+            last_wait_s: last_wait,
+        });
+    }
+    metrics.named_locks.sort_by(|a, b| a.name.cmp(&b.name));
+    let (live, dead) = count_runs(&global.runs_dir, &global.abra_home);
+    metrics.runs_live = live;
+    metrics.runs_dead_unswept = dead;
+    metrics
+}
+
+/// Live runs, and dead ones whose app is still deployed (its `.env` is there) and unreaped.
+fn count_runs(runs_dir: &Path, abra_home: &Path) -> (usize, usize) {
+    use crate::run::rundir::{Liveness, probe};
+    let (mut live, mut dead) = (0, 0);
+    let Ok(entries) = std::fs::read_dir(runs_dir) else {
+        return (0, 0);
+    };
+    let servers: Vec<PathBuf> = std::fs::read_dir(abra_home.join("servers"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        match probe(&entry.path(), false) {
+            Liveness::Live { holder } if !holder.trim().is_empty() => live += 1,
+            Liveness::Free { guard, .. } => {
+                let record =
+                    record::RunRecord::read(&entry.path().join(crate::names::RUN_RECORD_FILE));
+                drop(guard);
+                if let Ok(record) = record {
+                    let deployed = !record.domain.is_empty()
+                        && servers
+                            .iter()
+                            .any(|s| s.join(format!("{}.env", record.domain)).exists());
+                    if record.exit_code.is_none() && record.reaped.is_none() && deployed {
+                        dead += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (live, dead)
+}
+
+/// A label value, escaped as the text format wants.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The host's part of a metrics file.
+fn host_text(m: &HostMetrics) -> String {
+    let mut out = String::new();
+    let source = label(m.source);
+    let family = |out: &mut String, name: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    };
+    family(
+        &mut out,
+        "ccci_named_lock_queue_depth",
+        "Tickets waiting for a named lock, by class.",
+    );
+    for l in &m.named_locks {
+        let name = label(&l.name);
+        for (class, n) in [("fast", l.fast), ("normal", l.normal)] {
+            let _ = writeln!(
+                out,
+                "ccci_named_lock_queue_depth{{source=\"{source}\",lock=\"{name}\",class=\"{class}\"}} {n}"
+            );
+        }
+    }
+    family(
+        &mut out,
+        "ccci_named_lock_oldest_waiter_age_seconds",
+        "How long the oldest waiter for a named lock has waited (0 when none waits).",
+    );
+    for l in &m.named_locks {
+        let _ = writeln!(
+            out,
+            "ccci_named_lock_oldest_waiter_age_seconds{{source=\"{source}\",lock=\"{}\"}} {:.3}",
+            label(&l.name),
+            l.oldest_waiter_s
+        );
+    }
+    family(
+        &mut out,
+        "ccci_named_lock_last_wait_seconds",
+        "How long the last holder of a named lock waited for it.",
+    );
+    for l in &m.named_locks {
+        if let Some(wait) = l.last_wait_s {
+            let _ = writeln!(
+                out,
+                "ccci_named_lock_last_wait_seconds{{source=\"{source}\",lock=\"{}\"}} {wait:.3}",
+                label(&l.name)
+            );
+        }
+    }
+    let host = label(&m.host);
+    for (name, help, value) in [
+        (
+            "ccci_host_runs_live",
+            "Runs live on this host.",
+            m.runs_live,
+        ),
+        (
+            "ccci_host_runs_dead_unswept",
+            "Runs of this host that died with their app deployed, awaiting a janitor sweep.",
+            m.runs_dead_unswept,
+        ),
+        (
+            "ccci_host_metrics_complete",
+            "1 when every look behind these metrics succeeded.",
+            usize::from(m.complete),
+        ),
+    ] {
+        family(&mut out, name, help);
+        let _ = writeln!(out, "{name}{{source=\"{source}\",host=\"{host}\"}} {value}");
+    }
+    out
+}
+
+/// `lock --metrics-file`: the host's metrics alone, written as the janitor writes its own.
+pub(crate) fn write_host_metrics(path: &Path, metrics: &HostMetrics) -> io::Result<()> {
+    record::write_atomically(
+        path,
+        host_text(metrics).trim_end().as_bytes(),
+        false,
+        record::Mode::WorldReadable,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_and_every_lock_has_each_class() {
+        let text = host_text(&HostMetrics {
+            source: "lock",
+            host: "a\"b\\c\nd".to_owned(),
+            named_locks: vec![NamedLockMetrics {
+                name: "ci".to_owned(),
+                fast: 2,
+                normal: 0,
+                oldest_waiter_s: 1.5,
+                last_wait_s: None,
+            }],
+            runs_live: 3,
+            runs_dead_unswept: 1,
+            complete: true,
+        });
+        assert!(text.contains(r#"host="a\"b\\c\nd""#), "{text}");
+        assert!(
+            text.contains(
+                r#"ccci_named_lock_queue_depth{source="lock",lock="ci",class="normal"} 0"#
+            )
+        );
+        assert!(
+            text.contains(r#"ccci_named_lock_queue_depth{source="lock",lock="ci",class="fast"} 2"#)
+        );
+        // No wait recorded: no sample, the family still declared.
+        assert!(
+            !text.contains("ccci_named_lock_last_wait_seconds{"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE ccci_named_lock_last_wait_seconds gauge"));
+        assert!(text.contains("ccci_host_runs_dead_unswept{source=\"lock\""));
+    }
 }

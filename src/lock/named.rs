@@ -65,6 +65,29 @@ pub(crate) enum NamedLockError {
 
 pub(crate) type LockOptions = crate::config::LockConfig;
 
+/// Once the wait is over: record how long the holder waited (for whoever publishes metrics),
+/// and write the metrics file when asked. Neither may stop the command: a failure is a warning.
+fn publish(backend: &dyn LockBackend, opts: &LockOptions, taken: &Taken, waited: Duration) {
+    if matches!(taken, Taken::Held(_)) {
+        if let Err(err) = crate::lock::queue::record_last_wait(&opts.lock_dir, &opts.name, waited) {
+            tracing::warn!(
+                "failed to record the wait for lock {} in {}: {err}",
+                opts.name,
+                opts.lock_dir.display()
+            );
+        }
+    }
+    if let Some(target) = &opts.metrics {
+        let metrics = crate::janitor::report::gather(&target.global, Some(backend), "lock");
+        if let Err(err) = crate::janitor::report::write_host_metrics(&target.file, &metrics) {
+            report::line(&format!(
+                "ccci-run: warning: failed to write metrics file {}: {err}",
+                target.file.display()
+            ));
+        }
+    }
+}
+
 /// Run `ccci-run lock`; returns the exit code.
 pub(crate) fn run(
     backend: &dyn LockBackend,
@@ -108,7 +131,10 @@ pub(crate) fn run(
                 class: opts.class,
                 promote_after: opts.promote_after,
             };
-            match backend.take(key, &wait, &mut |_, _| {})? {
+            let waiting_since = Instant::now();
+            let taken = backend.take(key, &wait, &mut |_, _| {})?;
+            publish(backend, opts, &taken, waiting_since.elapsed());
+            match taken {
                 Taken::Held(lease) => {
                     if let Some(fd) = loss_watch(&*lease).map_err(NamedLockError::LossWatch)? {
                         funnel.watch_loss(fd);

@@ -457,6 +457,52 @@ pub(crate) fn acquire(
     taken
 }
 
+/// Note that the holder of lock `name` waited `waited` for it, for the metrics: beside the lock
+/// file (`<lock-dir>/ccci-<NAME>.lock.last-wait`), outside the queue directory its waiters
+/// watch, written in place at a fixed width so that a reader never sees half a number.
+pub(crate) fn record_last_wait(
+    lock_dir: &Path,
+    name: &LockName,
+    waited: Duration,
+) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let line = format!("{:015.3}\n", waited.as_secs_f64().min(99_999_999_999.0));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(last_wait_path(lock_dir, name))
+        .and_then(|file| file.write_all_at(line.as_bytes(), 0))
+}
+
+/// Where the last wait for lock `name` is recorded.
+pub(crate) fn last_wait_path(lock_dir: &Path, name: &LockName) -> PathBuf {
+    lock_dir.join(format!(
+        "{}{}",
+        name.file_name(),
+        crate::names::LAST_WAIT_SUFFIX
+    ))
+}
+
+/// The last holder's wait recorded at `path`, in seconds.
+pub(crate) fn last_wait(path: &Path) -> Option<f64> {
+    let mut text = String::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(path)
+        .ok()?
+        .take(64)
+        .read_to_string(&mut text)
+        .ok()?;
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+}
+
 /// An inotify instance watching the queue directory `dir` for tickets coming and going.
 fn watch_queue(dir: &Path) -> io::Result<Inotify> {
     let inotify = Inotify::init()?;

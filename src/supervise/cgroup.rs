@@ -85,6 +85,34 @@ fn own_cgroup() -> io::Result<PathBuf> {
     .map_err(io::Error::other)
 }
 
+/// What `doctor` found of cgroup v2 under our own cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Probe {
+    /// Our own cgroup, where runs make theirs.
+    pub own: PathBuf,
+    /// Whether a cgroup made there has `cgroup.kill` (Linux 5.14+).
+    pub kill_file: bool,
+}
+
+/// Make a cgroup under our own, look for `cgroup.kill` in it, and remove it: what a run does
+/// at its start, without a run. `Err` says why runs could not have cgroups here.
+pub(crate) fn probe(name: &str) -> io::Result<Probe> {
+    let own = own_cgroup()?;
+    let dir = own.join(name);
+    mkdir(&dir).map_err(|e| annotate(e, "create", &dir))?;
+    let kill_file = dir.join("cgroup.kill").exists();
+    let procs = dir.join("cgroup.procs").exists();
+    let removed = rmdir(&dir).map_err(|e| annotate(e, "remove", &dir));
+    if !procs {
+        return Err(io::Error::other(format!(
+            "{} is not a cgroup v2 directory",
+            dir.display()
+        )));
+    }
+    removed?;
+    Ok(Probe { own, kill_file })
+}
+
 /// A supervisor's cgroup, created by it and removed by it (or by a sweep once it is dead).
 #[derive(Debug)]
 pub(crate) struct RunCgroup {

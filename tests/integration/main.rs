@@ -10,6 +10,7 @@ mod cli;
 mod config_file;
 mod docker;
 mod docker_host;
+mod doctor;
 mod drone;
 #[cfg(feature = "etcd")]
 mod etcd;

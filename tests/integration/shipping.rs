@@ -621,6 +621,7 @@ fn cli_reference_matches_help() {
         Some("locks"),
         Some("lock"),
         Some("app-domain"),
+        Some("doctor"),
         Some("completions"),
         Some("man"),
     ] {
@@ -754,6 +755,7 @@ fn every_man_page_renders_with_its_sections() {
         "completions",
         "man",
         "config",
+        "doctor",
     ] {
         assert!(names.contains(&format!("ccci-run-{sub}.1")), "{names:?}");
     }

@@ -71,7 +71,7 @@ impl Driver {
     }
 
     /// Stop the runtime (its tasks are dropped) and wait for its thread.
-    fn stop(self) {
+    pub(super) fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.thread.join();
     }

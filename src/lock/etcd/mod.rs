@@ -34,6 +34,7 @@
 
 mod client;
 mod guard;
+pub(crate) mod health;
 mod lease;
 mod lineage;
 mod queue;
