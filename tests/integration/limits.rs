@@ -251,6 +251,69 @@ fn with_etcd_a_thread_that_cannot_be_created_is_an_error_naming_the_limit_not_a_
     assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
 }
 
+/// An etcd endpoint given by host name is looked up before the client's runtime has it: left to
+/// the runtime, the lookup needs a blocking-pool thread the limit does not allow, and that was a
+/// panic inside the client ("OS can't spawn worker thread") reported as "service was not ready"
+/// or "no answer within 5 s". With room for exactly the etcd client thread and no more, `locks`
+/// and `janitor` work, and `lock` and `run` reach their lock and fail only at the fork of the
+/// command, with 125 naming the limit.
+#[cfg(feature = "etcd")]
+#[test]
+fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thread() {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let endpoints = cluster.endpoints().replace("127.0.0.1", "localhost");
+    assert!(endpoints.contains("localhost"), "{endpoints}");
+    let dir = host_of(61_020);
+    // Processes and threads each needs: main and etcd; `run` also its watchdog.
+    let cases: [(&[&str], u32, i32); 4] = [
+        (&["locks"], 2, 0),
+        (&["janitor"], 2, 0),
+        (&["lock", "cache", "--", "echo", "command-ran"], 2, 125),
+        (
+            &[
+                "run",
+                "--recipe",
+                "custom-html",
+                "--no-fetch",
+                "--run-id",
+                "byname",
+                "--",
+                "echo",
+                "command-ran",
+            ],
+            3,
+            125,
+        ),
+    ];
+    for (args, nproc, code) in cases {
+        let mut cmd = limited(61_020, dir.path(), nproc, Some(&endpoints));
+        cmd.args(args);
+        let done = run(cmd);
+        let said = format!("{}\n{}", done.out.join("\n"), done.stderr());
+        for wrong in [
+            "panicked",
+            "can't spawn",
+            "not ready",
+            "no answer",
+            "failed to reach",
+        ] {
+            assert!(!said.contains(wrong), "{args:?}: {}", done.transcript());
+        }
+        done.assert_code(code);
+        if code == 125 {
+            // The lock was had: only the command's fork met the limit.
+            done.assert_stderr_has("failed to start the command after");
+            done.assert_stderr_has("RLIMIT_NPROC");
+            assert!(!done.out.iter().any(|l| l == "command-ran"));
+        }
+    }
+    assert_eq!(record(dir.path(), "byname")["exit_code"], 125);
+    assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
+    no_lock_held(dir.path());
+}
+
 /// Opens inotify instances until the kernel refuses one, prints `ready <count> <errno>`, and
 /// holds them until its stdin closes.
 const EXHAUST_INOTIFY: &str = r#"
