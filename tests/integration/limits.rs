@@ -452,3 +452,180 @@ fn a_supervisor_stopped_past_its_whole_bound_ends_142_teardown_timeout_every_tim
         );
     }
 }
+
+/// `cmd` (a `ccci-run` command line) with at most `bytes` of address space (RLIMIT_AS binds
+/// root as it binds anyone).
+fn under_address_space(cmd: &Command, bytes: u64) -> Command {
+    let mut out = Command::new("prlimit");
+    out.arg(format!("--as={bytes}"))
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => out.env(key, value),
+            None => out.env_remove(key),
+        };
+    }
+    out
+}
+
+/// The smallest address space (to 64 KiB) in which `ccci-run --version` starts and exits 0:
+/// below it the loader or the runtime's own start-up fails, before any code of ours runs.
+fn smallest_address_space_that_starts() -> u64 {
+    let starts = |bytes: u64| {
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--as={bytes}"))
+            .args([BIN, "--version"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        cmd.status().unwrap().success()
+    };
+    let (mut low, mut high) = (1u64 << 20, 1u64 << 30);
+    assert!(
+        !starts(low) && starts(high),
+        "no start-up threshold in 1 MiB..1 GiB"
+    );
+    while high - low > 64 << 10 {
+        let mid = (low + high) / 2;
+        if starts(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    high
+}
+
+/// How one subcommand ended in a given address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// It did its work (and its command ran).
+    Worked,
+    /// The documented exit code, naming the limit, and no command.
+    LimitNamed,
+    /// Memory ran out for an allocation: Rust's "memory allocation of N bytes failed" (or
+    /// glibc's "... out of memory" for its own) and SIGABRT, which is how an allocation that
+    /// cannot be had ends a process (what it held is a dead process's).
+    AllocationFailed,
+}
+
+/// Under an address-space limit every subcommand that starts threads (with etcd: all four;
+/// without it, `run` for its watchdog) either works, or fails at a thread with its documented
+/// code naming the limit, or meets an allocation that cannot be had and says so (SIGABRT):
+/// never a panic (101) or a crash, never a misleading message. The threshold depends on the
+/// build, so it is measured: from the smallest space `--version` starts in, up in 128 KiB
+/// steps until the subcommand has worked three times running. Each subcommand must have met
+/// the documented failure at least once and worked at least once, so the sweep did cross the
+/// band where thread creation fails. Afterwards a janitor with room clears whatever an aborted
+/// run left, and nothing stays held, in etcd or on disk.
+#[cfg(feature = "etcd")]
+#[test]
+fn under_an_address_space_limit_every_threaded_subcommand_fails_at_its_code_or_works() {
+    use crate::util::Sandbox;
+
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let floor = smallest_address_space_that_starts();
+    let mut sandbox = Sandbox::new();
+    let plain = Sandbox::new();
+    sandbox.set_etcd(cluster.endpoints(), 2);
+    let cases: [(&str, bool, i32); 5] = [
+        ("run", true, 125),
+        ("lock", true, 125),
+        ("janitor", true, 1),
+        ("locks", true, 1),
+        ("run", false, 125),
+    ];
+    let mut attempt = 0u32;
+    for (sub, etcd, code) in cases {
+        let host = if etcd { &sandbox } else { &plain };
+        let mut endings: Vec<(u64, Ending)> = Vec::new();
+        let mut bytes = floor;
+        let mut worked_in_a_row = 0;
+        while worked_in_a_row < 3 {
+            assert!(
+                bytes < floor + (96 << 20),
+                "{sub} (etcd {etcd}) never worked up to {} KiB: {endings:?}",
+                bytes >> 10
+            );
+            attempt += 1;
+            let mut cmd = host.ccci();
+            match sub {
+                "run" => cmd
+                    .args(["run", "--recipe", "custom-html", "--no-fetch"])
+                    .args([
+                        "--pr",
+                        &attempt.to_string(),
+                        "--run-id",
+                        &format!("as{attempt}"),
+                        "--",
+                        "/bin/echo",
+                        "command-ran",
+                    ]),
+                "lock" => cmd
+                    .args(["lock", &format!("as{attempt}"), "--"])
+                    .args(["/bin/echo", "command-ran"]),
+                _ => cmd.arg(sub),
+            };
+            let done = run(under_address_space(&cmd, bytes));
+            let said = format!("{}\n{}", done.out.join("\n"), done.stderr());
+            let ran = done.out.iter().any(|l| l == "command-ran");
+            let ending = if done.status.success() && (ran || !matches!(sub, "run" | "lock")) {
+                Ending::Worked
+            } else if done.status.code() == Some(code) && said.contains("RLIMIT_AS") && !ran {
+                Ending::LimitNamed
+            } else if std::os::unix::process::ExitStatusExt::signal(&done.status)
+                == Some(nix::libc::SIGABRT)
+                && (said.contains("memory allocation of") || said.contains("out of memory"))
+                && !said.contains("panicked")
+            {
+                Ending::AllocationFailed
+            } else {
+                panic!(
+                    "{sub} (etcd {etcd}) in {} KiB ended neither with its work, nor with {code} \
+                     naming the limit, nor with a failed allocation:\n{}",
+                    bytes >> 10,
+                    done.transcript()
+                );
+            };
+            worked_in_a_row = if ending == Ending::Worked {
+                worked_in_a_row + 1
+            } else {
+                0
+            };
+            endings.push((bytes >> 10, ending));
+            bytes += 128 << 10;
+        }
+        assert!(
+            endings.iter().any(|(_, e)| *e == Ending::LimitNamed),
+            "{sub} (etcd {etcd}) never met the limit at a thread (from {} KiB): {endings:?}",
+            floor >> 10
+        );
+        eprintln!("{sub} (etcd {etcd}), KiB from {}: {endings:?}", floor >> 10);
+    }
+    // Whatever aborted left (a run's cgroup, its state files) is a dead run's: one sweep with
+    // room clears it, and every lease of an aborted holder runs out.
+    for host in [&sandbox, &plain] {
+        let (report, done) = host.janitor(&[]);
+        assert_eq!(done.status.code(), Some(0), "{report:#}");
+        assert!(host.state_files().is_empty(), "{:?}", host.state_files());
+    }
+    let deadline = std::time::Instant::now() + crate::util::PATIENCE;
+    while !cluster.keys().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "keys stayed: {}",
+            cluster.keys()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for name in crate::util::list(&plain.locks()) {
+        let path = plain.locks().join(name);
+        assert!(
+            crate::util::lock_is_free(&path),
+            "{} is held",
+            path.display()
+        );
+    }
+}
