@@ -9,7 +9,7 @@ use std::process::Command;
 use crate::util::{BIN, Proc, Stream, run};
 
 /// A scratch host owned by user `uid`: its runs, locks and state directories.
-fn host_of(uid: u32) -> tempfile::TempDir {
+pub(crate) fn host_of(uid: u32) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for sub in ["runs", "abra", "locks", "state"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
@@ -38,7 +38,7 @@ fn limited_run(uid: u32, dir: &Path, nproc: u32, run_id: &str, script: &str) -> 
 
 /// `ccci-run` with the global options of host `dir` (and etcd at `etcd`, if any), as user
 /// `uid` with at most `nproc` processes and threads; the subcommand is for the caller to add.
-fn limited(uid: u32, dir: &Path, nproc: u32, etcd: Option<&str>) -> Command {
+pub(crate) fn limited(uid: u32, dir: &Path, nproc: u32, etcd: Option<&str>) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args([
         &format!("--reuid={uid}"),
@@ -168,7 +168,7 @@ fn a_fork_that_fails_for_a_moment_is_retried_and_the_command_runs() {
 }
 
 /// A process of the test's user, killed however the test ends.
-struct Blocker(std::process::Child);
+pub(crate) struct Blocker(pub(crate) std::process::Child);
 
 impl Drop for Blocker {
     fn drop(&mut self) {
@@ -316,7 +316,7 @@ fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thr
 
 /// Opens inotify instances until the kernel refuses one, prints `ready <count> <errno>`, and
 /// holds them until its stdin closes.
-const EXHAUST_INOTIFY: &str = r#"
+pub(crate) const EXHAUST_INOTIFY: &str = r#"
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
 held = []
