@@ -4,8 +4,10 @@
 //! teardown; deadlines; janitors killed mid-sweep; reboots (every process killed, the lock
 //! dir emptied); runs in a pid namespace of their own (a container sharing the directories and
 //! the cgroup tree); a second configuration on the host with a dead run of its own; and SIGKILL
-//! of a run whose command's child keeps writing. Every schedule comes from a printed seed, so a
-//! failure replays the same plan.
+//! of a run whose command's child keeps writing. Beside a one-host schedule, users of their own
+//! meet a thread limit (a `run`, `lock` or `janitor` under an RLIMIT_NPROC another of their
+//! processes fills) and used-up inotify instances (named-lock waiters in line). Every schedule
+//! comes from a printed seed, so a failure replays the same plan.
 //!
 //! After each schedule and a final janitor sweep it checks the promise:
 //! - no live run's app was removed while it ran (each command checks its own `.env` at its end);
@@ -15,7 +17,9 @@
 //!   writer never writes after the next run's start);
 //! - nothing of a dead run is left: `.env` files, lock files, state files, processes;
 //! - the other configuration's dead run was left alone, and its own janitor clears it;
-//! - every exit code is one the contract allows.
+//! - every exit code is one the contract allows;
+//! - a limited subcommand works or ends with its documented code naming the limit; waiters
+//!   without inotify are served in order; nothing of either user is left.
 //!
 //! In its two-host mode (with the etcd backend) the runs are spread over two "hosts" (directories
 //! of their own) sharing a real 3-member etcd cluster, and a schedule may also kill the cluster's
