@@ -44,23 +44,26 @@ impl Driver {
             .map_err(|e| {
                 (
                     "build the etcd client runtime",
-                    format!("{e}{}", limit_hint(&e)),
+                    format!("{e}{}", linux::thread_limit_hint(&e)),
                 )
             })?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("etcd".to_owned())
-            .spawn(move || {
-                // Signals are the main thread's: the funnel must see every one of them.
-                linux::block_all_signals_but_kick();
-                let _ = runtime.block_on(stopped);
-                runtime.shutdown_timeout(RELEASE_TIMEOUT);
+        let thread = linux::room_for_thread()
+            .and_then(|()| {
+                std::thread::Builder::new()
+                    .name("etcd".to_owned())
+                    .spawn(move || {
+                        // Signals are the main thread's: the funnel must see every one of them.
+                        linux::block_all_signals_but_kick();
+                        let _ = runtime.block_on(stopped);
+                        runtime.shutdown_timeout(RELEASE_TIMEOUT);
+                    })
             })
             .map_err(|e| {
                 (
                     "start the etcd client thread",
-                    format!("{e}{}", limit_hint(&e)),
+                    format!("{e}{}", linux::thread_limit_hint(&e)),
                 )
             })?;
         Ok(Self {
@@ -130,17 +133,6 @@ pub(super) fn resolve(endpoints: &[String]) -> Result<Vec<String>, String> {
         tracing::warn!("etcd endpoint host left out: {failure}");
     }
     Ok(resolved)
-}
-
-/// What a failure to create a thread or map its stack points at.
-fn limit_hint(err: &std::io::Error) -> &'static str {
-    match err.raw_os_error() {
-        Some(nix::libc::EAGAIN | nix::libc::ENOMEM) => {
-            " — a limit on the processes or threads this user may have (RLIMIT_NPROC, \
-             pids.max) or on memory (RLIMIT_AS) was reached"
-        }
-        _ => "",
-    }
 }
 
 /// What the backend and every lock it handed out share; the last of them to go revokes the
