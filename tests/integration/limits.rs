@@ -167,6 +167,91 @@ fn a_fork_that_fails_for_a_moment_is_retried_and_the_command_runs() {
     assert_eq!(record(dir.path(), "later")["exit_code"], 0);
 }
 
+/// A run parked on its app lock, and `lock` at the head of its queue, wait for the flock on a
+/// helper thread: one that cannot be had is 125 naming the limit (before, a bare "Resource
+/// temporarily unavailable"), the command never runs, and no ticket is left in the queue.
+#[test]
+fn waiting_for_a_held_lock_without_a_spare_thread_is_125_naming_the_limit() {
+    const UID: u32 = 61_021;
+    let dir = host_of(UID);
+    // With room, once: the app lock file and the named lock's queue exist, owned by the user.
+    for args in [
+        &["lock", "cache", "--", "true"][..],
+        &[
+            "run",
+            "--recipe",
+            "custom-html",
+            "--no-fetch",
+            "--run-id",
+            "room",
+            "--",
+            "true",
+        ],
+    ] {
+        let mut cmd = limited(UID, dir.path(), 64, None);
+        cmd.args(args);
+        run(cmd).assert_code(0);
+    }
+    let locks = dir.path().join("locks");
+    let app_lock = crate::util::list(&locks)
+        .into_iter()
+        .find(|n| n.starts_with("cc-ci-app-") && n.ends_with(".lock"))
+        .expect("the run's app lock file");
+    for (file, args, nproc) in [
+        (
+            "ccci-cache.lock",
+            &["lock", "cache", "--", "echo", "command-ran"][..],
+            // The main thread only.
+            1,
+        ),
+        (
+            app_lock.as_str(),
+            &[
+                "run",
+                "--recipe",
+                "custom-html",
+                "--no-fetch",
+                "--run-id",
+                "parked",
+                "--",
+                "echo",
+                "command-ran",
+            ],
+            // The main thread and the watchdog.
+            2,
+        ),
+    ] {
+        // Root holds the lock: root's processes do not count against the user's limit.
+        let mut holder = Proc::spawn({
+            let mut cmd = Command::new("flock");
+            cmd.arg(locks.join(file))
+                .args(["sh", "-c", "echo ready $$; read line || :"]);
+            cmd
+        });
+        holder.wait_ready();
+        let mut cmd = limited(UID, dir.path(), nproc, None);
+        cmd.args(args);
+        let done = run(cmd);
+        done.assert_code(125);
+        done.assert_stderr_has("failed to wait for lock file");
+        done.assert_stderr_has("RLIMIT_NPROC");
+        assert!(
+            !done.stderr().contains("panicked") && !done.out.iter().any(|l| l == "command-ran"),
+            "{}",
+            done.transcript()
+        );
+        holder.close_stdin();
+        holder.finish();
+        assert!(crate::util::lock_is_free(&locks.join(file)));
+    }
+    let tickets: Vec<String> = crate::util::list(&locks.join("ccci-cache.lock.queue"))
+        .into_iter()
+        .filter(|t| t != ".seq")
+        .collect();
+    assert!(tickets.is_empty(), "tickets left: {tickets:?}");
+    assert_eq!(record(dir.path(), "parked")["exit_code"], 125);
+}
+
 /// A process of the test's user, killed however the test ends.
 pub(crate) struct Blocker(pub(crate) std::process::Child);
 
