@@ -964,6 +964,9 @@ enum UserFault {
         sub: Limited,
         headroom: u32,
         release_ms: Option<u64>,
+        /// A `run` or `lock` finds its lock held (by root) for so long, so it waits for it on
+        /// a helper thread.
+        parked_ms: Option<u64>,
     },
     /// Another process of the user holds every inotify instance it may have; `waiters` queue
     /// on one named lock behind a holder, and waiter `kill` (if any) is SIGKILLed while it
@@ -989,11 +992,13 @@ fn user_faults(seed: u64, docker: bool) -> Vec<(UserFault, u32)> {
         let sub = [Limited::Run, Limited::Lock, Limited::Janitor][rng.random_range(0..3)];
         let headroom = rng.random_range(0..=2);
         let release_ms = rng.random_bool(0.5).then(|| rng.random_range(0..3_000));
+        let parked_ms = rng.random_bool(0.5).then(|| rng.random_range(0..2_000));
         faults.push((
             UserFault::ThreadLimit {
                 sub,
                 headroom,
                 release_ms,
+                parked_ms,
             },
             base,
         ));
@@ -1108,13 +1113,13 @@ fn meet_user_fault(seed: u64, fault: UserFault, uid: u32) -> (String, Vec<String
             sub,
             headroom,
             release_ms,
+            parked_ms,
         } => thread_limit(
             seed,
             uid,
             dir.path(),
-            sub,
-            headroom,
-            release_ms,
+            (sub, headroom),
+            (release_ms, parked_ms),
             &mut violations,
         ),
         UserFault::InotifyExhausted { waiters, kill } => {
@@ -1130,24 +1135,65 @@ fn thread_limit(
     seed: u64,
     uid: u32,
     dir: &Path,
-    sub: Limited,
-    headroom: u32,
-    release_ms: Option<u64>,
+    (sub, headroom): (Limited, u32),
+    (release_ms, parked_ms): (Option<u64>, Option<u64>),
     violations: &mut Vec<String>,
 ) -> String {
+    let script = "echo command-ran; exec sleep 0.3";
+    let run_id = format!("limited-{seed}");
+    let args: Vec<&str> = match sub {
+        Limited::Run => vec![
+            "run",
+            "--recipe",
+            "custom-html",
+            "--no-fetch",
+            "--run-id",
+            &run_id,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        Limited::Lock => vec!["lock", "chaos-limited", "--", "sh", "-c", script],
+        Limited::Janitor => vec!["janitor", "--json"],
+    };
+    // Root holds the lock the limited one will want (root's processes are not the user's),
+    // after a first go with room has made its file, the user's.
+    let parked = parked_ms
+        .filter(|_| !matches!(sub, Limited::Janitor))
+        .map(|ms| {
+            let mut prime = crate::limits::limited(uid, dir, 1000, None);
+            let first: Vec<&str> = args
+                .iter()
+                .map(|a| if *a == run_id.as_str() { "priming" } else { a })
+                .collect();
+            prime.args(&first);
+            let done = crate::util::run(prime);
+            assert_eq!(done.status.code(), Some(0), "{}", done.transcript());
+            let file = list(&dir.join("locks"))
+                .into_iter()
+                .find(|n| n.ends_with(".lock"))
+                .expect("a lock file");
+            let mut holder = crate::util::Proc::spawn({
+                let mut cmd = Command::new("flock");
+                cmd.arg(dir.join("locks").join(file)).args([
+                    "sh",
+                    "-c",
+                    "echo ready $$; read line || :",
+                ]);
+                cmd
+            });
+            holder.wait_ready();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                holder.finish()
+            })
+        });
     let occupant = occupant(uid);
     let occupant_pid = occupant.0.id() as i32;
     // The occupant and our main thread, and the headroom.
     let mut cmd = crate::limits::limited(uid, dir, 2 + headroom, None);
-    let script = "echo command-ran; exec sleep 0.3";
-    let run_id = format!("limited-{seed}");
-    match sub {
-        Limited::Run => cmd
-            .args(["run", "--recipe", "custom-html", "--no-fetch", "--run-id"])
-            .args([run_id.as_str(), "--", "sh", "-c", script]),
-        Limited::Lock => cmd.args(["lock", "chaos-limited", "--", "sh", "-c", script]),
-        Limited::Janitor => cmd.args(["janitor", "--json"]),
-    };
+    cmd.args(&args);
     let proc = crate::util::Proc::spawn(cmd);
     let releaser = std::thread::spawn(move || {
         if let Some(ms) = release_ms {
@@ -1160,6 +1206,10 @@ fn thread_limit(
     });
     let done = proc.finish();
     let occupant = releaser.join().unwrap();
+    let was_parked = parked.is_some();
+    if let Some(holder) = parked {
+        holder.join().unwrap();
+    }
     let code = done.status.code();
     let said = format!("{}\n{}", done.out.join("\n"), done.stderr());
     let ran = done.out.iter().any(|l| l == "command-ran");
@@ -1194,7 +1244,11 @@ fn thread_limit(
     let except: Vec<i32> = occupant.iter().map(|_| occupant_pid).collect();
     user_leftovers(uid, dir, &except, violations);
     drop(occupant);
-    format!("ThreadLimit {sub:?} exit {}", code.unwrap_or(-1))
+    format!(
+        "ThreadLimit {sub:?}{} exit {}",
+        if was_parked { " parked" } else { "" },
+        code.unwrap_or(-1)
+    )
 }
 
 /// Named-lock waiters with the user's inotify instances used up: each says once that it looks
