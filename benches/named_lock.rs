@@ -153,6 +153,9 @@ fn measure(strategy: &Strategy, waiters: usize) {
     let mut exhaust = None;
     let mut flock = Command::new("flock");
     if let Some(uid) = strategy.without_inotify {
+        // The lock file is the user's from the start: the probe below (root's) must not be
+        // the one to create it, or the user could not open it.
+        std::fs::File::create(dir.path().join("locks/ccci-bench.lock")).unwrap();
         let owned = Command::new("chown")
             .arg("-R")
             .arg(format!("{uid}:{uid}"))

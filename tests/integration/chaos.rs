@@ -1058,10 +1058,22 @@ fn occupant(uid: u32) -> crate::limits::Blocker {
     crate::limits::Blocker(child)
 }
 
-/// What a user fault leaves behind must be nothing: every lock file in `locks` free and every
-/// queue without a ticket, no process of the user but `except`, and a sweep of the user's own
-/// janitor (with room) succeeds and leaves no state file.
+/// What a user fault leaves behind after a sweep of the user's own janitor (with room, which
+/// must succeed) must be nothing: every lock file in `locks` free and every queue without a
+/// ticket, no process of the user but `except`, no state file.
 fn user_leftovers(uid: u32, dir: &Path, except: &[i32], violations: &mut Vec<String>) {
+    // What is dead is the sweep's to clear (a waiter SIGKILLed last in line has nobody behind
+    // it to remove its ticket): checked after it.
+    let mut janitor = crate::limits::limited(uid, dir, 1000, None);
+    janitor.args(["janitor", "--json"]);
+    let done = crate::util::run(janitor);
+    if done.status.code() != Some(0) {
+        violations.push(format!(
+            "uid {uid}: its janitor exited {:?}: {}",
+            done.status,
+            done.transcript()
+        ));
+    }
     let locks = dir.join("locks");
     for name in list(&locks) {
         let path = locks.join(&name);
@@ -1080,16 +1092,6 @@ fn user_leftovers(uid: u32, dir: &Path, except: &[i32], violations: &mut Vec<Str
         .collect();
     if !left.is_empty() {
         violations.push(format!("uid {uid}: processes left: {left:?}"));
-    }
-    let mut janitor = crate::limits::limited(uid, dir, 1000, None);
-    janitor.args(["janitor", "--json"]);
-    let done = crate::util::run(janitor);
-    if done.status.code() != Some(0) {
-        violations.push(format!(
-            "uid {uid}: its janitor exited {:?}: {}",
-            done.status,
-            done.transcript()
-        ));
     }
     let states = list(&dir.join("state"));
     if !states.is_empty() {
