@@ -1078,7 +1078,10 @@ fn user_leftovers(uid: u32, dir: &Path, except: &[i32], violations: &mut Vec<Str
     for name in list(&locks) {
         let path = locks.join(&name);
         if path.is_dir() {
-            let tickets: Vec<String> = list(&path).into_iter().filter(|t| t != ".seq").collect();
+            let tickets: Vec<String> = list(&path)
+                .into_iter()
+                .filter(|t| !t.starts_with('.'))
+                .collect();
             if !tickets.is_empty() {
                 violations.push(format!("uid {uid}: tickets left in {name}: {tickets:?}"));
             }
