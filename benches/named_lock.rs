@@ -117,7 +117,12 @@ fn polling(dir: &Path) -> Command {
 }
 
 /// Spawn and wait for the line on stderr that says it arrived.
-fn start(mut cmd: Command, arrived: &str) -> Child {
+fn start(cmd: Command, arrived: &str) -> Child {
+    start_saying(cmd, arrived).0
+}
+
+/// Spawn and wait for the line on stderr that says it arrived; the lines said before it.
+fn start_saying(mut cmd: Command, arrived: &str) -> (Child, Vec<String>) {
     let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
@@ -134,7 +139,7 @@ fn start(mut cmd: Command, arrived: &str) -> Child {
     }
     // Keep draining in the background so the waiter never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    child
+    (child, said)
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -148,6 +153,9 @@ fn measure(strategy: &Strategy, waiters: usize) {
     let mut exhaust = None;
     let mut flock = Command::new("flock");
     if let Some(uid) = strategy.without_inotify {
+        // The lock file is the user's from the start: the probe below (root's) must not be
+        // the one to create it, or the user could not open it.
+        std::fs::File::create(dir.path().join("locks/ccci-bench.lock")).unwrap();
         let owned = Command::new("chown")
             .arg("-R")
             .arg(format!("{uid}:{uid}"))
@@ -190,7 +198,15 @@ fn measure(strategy: &Strategy, waiters: usize) {
     for i in 0..waiters {
         let mut cmd = (strategy.waiter)(dir.path());
         cmd.env("ID", i.to_string()).env("LOG", &log);
-        children.push(start(cmd, strategy.arrived));
+        let (child, said) = start_saying(cmd, strategy.arrived);
+        // A figure of the fallback only if the waiter really fell back.
+        if strategy.without_inotify.is_some() {
+            assert!(
+                said.iter().any(|l| l.contains("cannot watch the queue")),
+                "waiter {i} watched the queue after all: {said:?}"
+            );
+        }
+        children.push(child);
     }
     let released = Instant::now();
     drop(holder.stdin.take());

@@ -253,10 +253,24 @@ fn summary(report: &SweepReport) -> String {
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "lock"))
         .count();
-    let states = report.tidied.len() - locks;
+    let tickets = report
+        .tidied
+        .iter()
+        .filter(|p| {
+            p.parent()
+                .and_then(|d| d.extension())
+                .is_some_and(|e| e == "queue")
+        })
+        .count();
+    let states = report.tidied.len() - locks - tickets;
     let verb = if report.dry_run { "to tidy" } else { "tidied" };
+    let tickets = if tickets > 0 {
+        format!(", {tickets} dead waiter's ticket(s)")
+    } else {
+        String::new()
+    };
     parts.push(format!(
-        "{locks} lock file(s) and {states} state file(s) {verb}"
+        "{locks} lock file(s){tickets} and {states} state file(s) {verb}"
     ));
     format!(
         "{} in {:.3} s{}",

@@ -313,6 +313,23 @@ impl LockBackend for Local {
         for dir in [&self.lock_dir, &self.domains_dir] {
             self.tidy_dir(dir, keep, dry_run, &mut tidied, &mut errors);
         }
+        // The named locks' queues: tickets of waiters that died with nobody behind them.
+        for entry in std::fs::read_dir(&self.lock_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name();
+            let is_queue = name
+                .as_encoded_bytes()
+                .strip_suffix(b".queue")
+                .and_then(crate::names::named_lock_of_file)
+                .is_some();
+            if is_queue && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let queue = crate::lock::queue::Queue::existing(entry.path());
+                tidied.extend(queue.tidy_dead(dry_run));
+            }
+        }
         (tidied, errors)
     }
 }

@@ -310,14 +310,27 @@ impl Queue {
 
     /// Remove dead and stale tickets (never `mine`); returns the live ones, in queue order.
     fn reap(&self, mine: &Ticket) -> Vec<QueuedTicket> {
+        self.sweep(Some(mine), false).0
+    }
+
+    /// For the janitor: remove (unless `dry_run`) every dead or stale ticket, and say which. A
+    /// waiter that died last in line has nobody behind it to look, so its ticket would
+    /// otherwise stay (and `locks` list a dead waiter) until the next waiter of the name came.
+    pub(crate) fn tidy_dead(&self, dry_run: bool) -> Vec<PathBuf> {
+        self.sweep(None, dry_run).1
+    }
+
+    /// The live tickets, in queue order, and the dead and stale ones, removed unless `dry_run`.
+    fn sweep(&self, mine: Option<&Ticket>, dry_run: bool) -> (Vec<QueuedTicket>, Vec<PathBuf>) {
         let mut live = Vec::new();
+        let mut removed = Vec::new();
         let tickets = self.scan();
         // Judged after they were listed: a ticket's owner is older than the look at it.
         let judge = Judge::new();
         for queued in tickets {
             let t = &queued.ticket;
             let age = Duration::from_secs(queued.age_s);
-            let dead = t != mine
+            let dead = Some(t) != mine
                 && (age > STALE_AGE
                     || match self.owner(t).map(|o| judge.judge(&o)) {
                         Some(Verdict::Dead) => true,
@@ -329,12 +342,14 @@ impl Queue {
                     });
             if dead {
                 tracing::info!(ticket = t.file_name(), "removing a dead ticket");
-                let _ = std::fs::remove_file(self.path(t));
+                if dry_run || std::fs::remove_file(self.path(t)).is_ok() {
+                    removed.push(self.path(t));
+                }
             } else {
                 live.push(queued);
             }
         }
-        live
+        (live, removed)
     }
 
     /// The owner the ticket names, when it wrote itself in (a ticket is published an instant

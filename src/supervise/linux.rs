@@ -62,6 +62,46 @@ pub(crate) fn block_all_signals_but_kick() {
     }
 }
 
+/// The address space a new thread needs to be had first: its stack (std's 2 MiB), the signal
+/// stack std maps for it, and what it and the rest of the process allocate as it starts, with
+/// room to spare.
+const THREAD_ROOM: usize = 8 << 20;
+
+/// Whether a thread can start in the address space left (RLIMIT_AS): one started in too
+/// little gets its stack and then fails in std's own set-up ("failed to allocate an
+/// alternative stack") or at its first allocation, which is a panic or an abort, not an error.
+/// The probe is an inaccessible, unreserved mapping of [`THREAD_ROOM`] given back at once: it
+/// costs no memory, only address space for a moment.
+pub(crate) fn room_for_thread() -> io::Result<()> {
+    // SAFETY: a new private anonymous mapping that nothing refers to, unmapped at once.
+    unsafe {
+        let at = libc::mmap(
+            std::ptr::null_mut(),
+            THREAD_ROOM,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        libc::munmap(at, THREAD_ROOM);
+    }
+    Ok(())
+}
+
+/// What a failure to create a thread or map its stack points at, for its message.
+pub(crate) fn thread_limit_hint(err: &io::Error) -> &'static str {
+    match err.raw_os_error() {
+        Some(libc::EAGAIN | libc::ENOMEM) => {
+            " — a limit on the processes or threads this user may have (RLIMIT_NPROC, \
+             pids.max) or on memory (RLIMIT_AS) was reached"
+        }
+        _ => "",
+    }
+}
+
 /// Interrupt the thread `thread` with [`kick_signal`].
 pub(crate) fn kick_thread(thread: libc::pthread_t) {
     // SAFETY: the caller keeps the thread joinable (not yet joined), so the id is valid.

@@ -45,7 +45,8 @@ impl Watchdog {
         let code = Arc::new(AtomicU8::new(exit::DEADLINE));
         let exit_code = Arc::clone(&code);
         let span = tracing::Span::current();
-        let spawned = std::thread::Builder::new()
+        let spawned = linux::room_for_thread().and_then(|()| {
+            std::thread::Builder::new()
             .name("watchdog".to_owned())
             .spawn(move || {
                 let _in_span = span.enter();
@@ -71,7 +72,8 @@ impl Watchdog {
                 last_words(code);
                 // SAFETY: ends the process at once; nothing of ours must run after this.
                 unsafe { nix::libc::_exit(i32::from(code)) }
-            });
+            })
+        });
         Self {
             code,
             failed: spawned.err(),

@@ -83,6 +83,11 @@ impl<T: Send + 'static> Worker<T> {
         name: &'static str,
         work: impl FnOnce(&CancelFlag) -> T + Send + 'static,
     ) -> std::io::Result<Self> {
+        // The error says which limit stood in the way: callers only add what they were doing.
+        let hinted = |e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("{e}{}", linux::thread_limit_hint(&e)))
+        };
+        linux::room_for_thread().map_err(hinted)?;
         let (ready, notify) = UnixStream::pair()?;
         let (tx, rx) = mpsc::channel();
         let flag = CancelFlag::default();
@@ -97,7 +102,8 @@ impl<T: Send + 'static> Worker<T> {
                 // The outcome first: when `ready` turns readable, it is there to take.
                 let _ = tx.send(outcome);
                 let _ = (&notify).write_all(&[1]);
-            })?;
+            })
+            .map_err(hinted)?;
         Ok(Self {
             outcome: rx,
             ready,

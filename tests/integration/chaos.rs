@@ -4,8 +4,10 @@
 //! teardown; deadlines; janitors killed mid-sweep; reboots (every process killed, the lock
 //! dir emptied); runs in a pid namespace of their own (a container sharing the directories and
 //! the cgroup tree); a second configuration on the host with a dead run of its own; and SIGKILL
-//! of a run whose command's child keeps writing. Every schedule comes from a printed seed, so a
-//! failure replays the same plan.
+//! of a run whose command's child keeps writing. Beside a one-host schedule, users of their own
+//! meet a thread limit (a `run`, `lock` or `janitor` under an RLIMIT_NPROC another of their
+//! processes fills) and used-up inotify instances (named-lock waiters in line). Every schedule
+//! comes from a printed seed, so a failure replays the same plan.
 //!
 //! After each schedule and a final janitor sweep it checks the promise:
 //! - no live run's app was removed while it ran (each command checks its own `.env` at its end);
@@ -15,7 +17,9 @@
 //!   writer never writes after the next run's start);
 //! - nothing of a dead run is left: `.env` files, lock files, state files, processes;
 //! - the other configuration's dead run was left alone, and its own janitor clears it;
-//! - every exit code is one the contract allows.
+//! - every exit code is one the contract allows;
+//! - a limited subcommand works or ends with its documented code naming the limit; waiters
+//!   without inotify are served in order; nothing of either user is left.
 //!
 //! In its two-host mode (with the etcd backend) the runs are spread over two "hosts" (directories
 //! of their own) sharing a real 3-member etcd cluster, and a schedule may also kill the cluster's
@@ -832,8 +836,26 @@ fn run_schedules(first_seed: u64, count: u64, docker: bool, etcd: bool) -> Tally
             tally.count("OtherConfiguration");
             OtherConfig::plant(seed)
         });
+        // Beside the schedule (one host only: they need no etcd), the faults of users of
+        // their own, each at a moment of its own.
+        let user = if etcd {
+            Vec::new()
+        } else {
+            user_faults(seed, docker)
+        };
+        let beside: Vec<_> = user
+            .iter()
+            .copied()
+            .map(|(fault, uid)| {
+                let delay = Duration::from_millis(seed.wrapping_mul(7919) % 1_500);
+                std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    meet_user_fault(seed, fault, uid)
+                })
+            })
+            .collect();
         let outcome = execute(&plan, &hosts, cluster.as_ref(), &log, &mut tally);
-        let violations = check(
+        let mut violations = check(
             &plan,
             &hosts,
             cluster.as_ref(),
@@ -841,9 +863,18 @@ fn run_schedules(first_seed: u64, count: u64, docker: bool, etcd: bool) -> Tally
             &outcome,
             other.as_ref(),
         );
+        for thread in beside {
+            match thread.join() {
+                Ok((label, found)) => {
+                    tally.count(&label);
+                    violations.extend(found);
+                }
+                Err(_) => violations.push("a user fault's harness panicked".to_owned()),
+            }
+        }
         assert!(
             violations.is_empty(),
-            "chaos seed {seed} (replay: CCCI_CHAOS_SEED={seed} CCCI_CHAOS_SCHEDULES=1)\nplan: {plan:#?}\nviolations:\n  {}\nevents log:\n{}\ntranscript:\n{}",
+            "chaos seed {seed} (replay: CCCI_CHAOS_SEED={seed} CCCI_CHAOS_SCHEDULES=1)\nplan: {plan:#?}\nuser faults: {user:?}\nviolations:\n  {}\nevents log:\n{}\ntranscript:\n{}",
             violations.join("\n  "),
             std::fs::read_to_string(&log).unwrap_or_default(),
             outcome.transcript.join("\n")
@@ -919,4 +950,414 @@ fn chaos_schedules_on_two_hosts_over_etcd_keep_every_invariant() {
         started.elapsed().as_secs_f64(),
         tally.faults
     );
+}
+
+/// A fault that needs a user of its own, met beside a schedule: RLIMIT_NPROC binds only a user
+/// other than root and counts all of that user's processes, and inotify instances are counted
+/// per user too, so neither can be put on root's runs without starving the whole machine.
+#[derive(Debug, Clone, Copy)]
+enum UserFault {
+    /// `sub` started under RLIMIT_NPROC with `headroom` processes or threads to spare past its
+    /// main thread and those the user already has (one process that fills the rest); that
+    /// process goes after `release_ms`, if ever, so a retried fork may then succeed.
+    ThreadLimit {
+        sub: Limited,
+        headroom: u32,
+        release_ms: Option<u64>,
+        /// A `run` or `lock` finds its lock held (by root) for so long, so it waits for it on
+        /// a helper thread.
+        parked_ms: Option<u64>,
+    },
+    /// Another process of the user holds every inotify instance it may have; `waiters` queue
+    /// on one named lock behind a holder, and waiter `kill` (if any) is SIGKILLed while it
+    /// waits.
+    InotifyExhausted { waiters: usize, kill: Option<usize> },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Limited {
+    Run,
+    Lock,
+    Janitor,
+}
+
+/// The user faults of a one-host schedule, drawn from a generator of their own (the rest of a
+/// plan stays as its seed made it), and the uid each fault's processes run as: one per fault
+/// and per mode, since the one-host and Docker-mode tests run at the same time.
+fn user_faults(seed: u64, docker: bool) -> Vec<(UserFault, u32)> {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x7f1a);
+    let base = if docker { 61_110 } else { 61_100 };
+    let mut faults = Vec::new();
+    if rng.random_bool(0.4) {
+        let sub = [Limited::Run, Limited::Lock, Limited::Janitor][rng.random_range(0..3)];
+        let headroom = rng.random_range(0..=2);
+        let release_ms = rng.random_bool(0.5).then(|| rng.random_range(0..3_000));
+        let parked_ms = rng.random_bool(0.5).then(|| rng.random_range(0..2_000));
+        faults.push((
+            UserFault::ThreadLimit {
+                sub,
+                headroom,
+                release_ms,
+                parked_ms,
+            },
+            base,
+        ));
+    }
+    if rng.random_bool(0.3) {
+        let waiters = rng.random_range(3..=8);
+        let kill = rng.random_bool(0.5).then(|| rng.random_range(1..=waiters));
+        faults.push((UserFault::InotifyExhausted { waiters, kill }, base + 1));
+    }
+    faults
+}
+
+/// The pids of the processes whose real uid is `uid`.
+fn processes_of(uid: u32) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        if real == Some(uid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A process of user `uid` that sleeps until it is killed (whichever way the fault ends).
+fn occupant(uid: u32) -> crate::limits::Blocker {
+    let child = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "sleep",
+            "100000",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // It counts against the user once setpriv has become it (and execs in place).
+    let pid = child.id() as i32;
+    let deadline = Instant::now() + crate::util::PATIENCE;
+    while !processes_of(uid).contains(&pid) {
+        assert!(Instant::now() < deadline, "setpriv never became uid {uid}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    crate::limits::Blocker(child)
+}
+
+/// What a user fault leaves behind after a sweep of the user's own janitor (with room, which
+/// must succeed) must be nothing: every lock file in `locks` free and every queue without a
+/// ticket, no process of the user but `except`, no state file.
+fn user_leftovers(uid: u32, dir: &Path, except: &[i32], violations: &mut Vec<String>) {
+    // What is dead is the sweep's to clear (a waiter SIGKILLed last in line has nobody behind
+    // it to remove its ticket): checked after it.
+    let mut janitor = crate::limits::limited(uid, dir, 1000, None);
+    janitor.args(["janitor", "--json"]);
+    let done = crate::util::run(janitor);
+    if done.status.code() != Some(0) {
+        violations.push(format!(
+            "uid {uid}: its janitor exited {:?}: {}",
+            done.status,
+            done.transcript()
+        ));
+    }
+    let locks = dir.join("locks");
+    for name in list(&locks) {
+        let path = locks.join(&name);
+        if path.is_dir() {
+            let tickets: Vec<String> = list(&path)
+                .into_iter()
+                .filter(|t| !t.starts_with('.'))
+                .collect();
+            if !tickets.is_empty() {
+                violations.push(format!("uid {uid}: tickets left in {name}: {tickets:?}"));
+            }
+        } else if !crate::util::lock_is_free(&path) {
+            violations.push(format!("uid {uid}: {name} is still held"));
+        }
+    }
+    let left: Vec<i32> = processes_of(uid)
+        .into_iter()
+        .filter(|p| !except.contains(p))
+        .collect();
+    if !left.is_empty() {
+        violations.push(format!("uid {uid}: processes left: {left:?}"));
+    }
+    let states = list(&dir.join("state"));
+    if !states.is_empty() {
+        violations.push(format!("uid {uid}: state files left: {states:?}"));
+    }
+}
+
+/// One user fault, start to end; what it came to (for the tally) and what it violated.
+fn meet_user_fault(seed: u64, fault: UserFault, uid: u32) -> (String, Vec<String>) {
+    let mut violations = Vec::new();
+    let before = processes_of(uid);
+    if !before.is_empty() {
+        violations.push(format!(
+            "uid {uid}: processes of an earlier fault: {before:?}"
+        ));
+        return ("none".to_owned(), violations);
+    }
+    let dir = crate::limits::host_of(uid);
+    let label = match fault {
+        UserFault::ThreadLimit {
+            sub,
+            headroom,
+            release_ms,
+            parked_ms,
+        } => thread_limit(
+            seed,
+            uid,
+            dir.path(),
+            (sub, headroom),
+            (release_ms, parked_ms),
+            &mut violations,
+        ),
+        UserFault::InotifyExhausted { waiters, kill } => {
+            inotify_exhausted(uid, dir.path(), waiters, kill, &mut violations)
+        }
+    };
+    (label, violations)
+}
+
+/// `sub` under RLIMIT_NPROC: its work, or its documented code naming the limit (125 for `run`
+/// and `lock`, 1 for `janitor`); never a panic, the command only if it worked.
+fn thread_limit(
+    seed: u64,
+    uid: u32,
+    dir: &Path,
+    (sub, headroom): (Limited, u32),
+    (release_ms, parked_ms): (Option<u64>, Option<u64>),
+    violations: &mut Vec<String>,
+) -> String {
+    let script = "echo command-ran; exec sleep 0.3";
+    let run_id = format!("limited-{seed}");
+    let args: Vec<&str> = match sub {
+        Limited::Run => vec![
+            "run",
+            "--recipe",
+            "custom-html",
+            "--no-fetch",
+            "--run-id",
+            &run_id,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        Limited::Lock => vec!["lock", "chaos-limited", "--", "sh", "-c", script],
+        Limited::Janitor => vec!["janitor", "--json"],
+    };
+    // Root holds the lock the limited one will want (root's processes are not the user's),
+    // after a first go with room has made its file, the user's.
+    let parked = parked_ms
+        .filter(|_| !matches!(sub, Limited::Janitor))
+        .map(|ms| {
+            let mut prime = crate::limits::limited(uid, dir, 1000, None);
+            let first: Vec<&str> = args
+                .iter()
+                .map(|a| if *a == run_id.as_str() { "priming" } else { a })
+                .collect();
+            prime.args(&first);
+            let done = crate::util::run(prime);
+            assert_eq!(done.status.code(), Some(0), "{}", done.transcript());
+            let file = list(&dir.join("locks"))
+                .into_iter()
+                .find(|n| n.ends_with(".lock"))
+                .expect("a lock file");
+            let mut holder = crate::util::Proc::spawn({
+                let mut cmd = Command::new("flock");
+                cmd.arg(dir.join("locks").join(file)).args([
+                    "sh",
+                    "-c",
+                    "echo ready $$; read line || :",
+                ]);
+                cmd
+            });
+            holder.wait_ready();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                holder.finish()
+            })
+        });
+    let occupant = occupant(uid);
+    let occupant_pid = occupant.0.id() as i32;
+    // The occupant and our main thread, and the headroom.
+    let mut cmd = crate::limits::limited(uid, dir, 2 + headroom, None);
+    cmd.args(&args);
+    let proc = crate::util::Proc::spawn(cmd);
+    let releaser = std::thread::spawn(move || {
+        if let Some(ms) = release_ms {
+            std::thread::sleep(Duration::from_millis(ms));
+            drop(occupant);
+            None
+        } else {
+            Some(occupant)
+        }
+    });
+    let done = proc.finish();
+    let occupant = releaser.join().unwrap();
+    let was_parked = parked.is_some();
+    if let Some(holder) = parked {
+        holder.join().unwrap();
+    }
+    let code = done.status.code();
+    let said = format!("{}\n{}", done.out.join("\n"), done.stderr());
+    let ran = done.out.iter().any(|l| l == "command-ran");
+    let (documented, works_alone) = match sub {
+        Limited::Run | Limited::Lock => (125, false),
+        Limited::Janitor => (1, true),
+    };
+    let fine = match code {
+        Some(0) => works_alone || ran,
+        Some(c) if c == documented => said.contains("RLIMIT_NPROC") && !ran,
+        _ => false,
+    };
+    if !fine || said.contains("panicked") {
+        violations.push(format!(
+            "{sub:?} under RLIMIT_NPROC (headroom {headroom}) ended neither with its work nor \
+             with {documented} naming the limit:\n{}",
+            done.transcript()
+        ));
+    }
+    if let Limited::Run = sub {
+        let record = dir.join(format!("runs/{run_id}/run.json"));
+        let recorded = std::fs::read_to_string(&record)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|r| r["exit_code"].as_i64());
+        if recorded != code.map(i64::from) {
+            violations.push(format!(
+                "the limited run exited {code:?} but its record says {recorded:?}"
+            ));
+        }
+    }
+    let except: Vec<i32> = occupant.iter().map(|_| occupant_pid).collect();
+    user_leftovers(uid, dir, &except, violations);
+    drop(occupant);
+    format!(
+        "ThreadLimit {sub:?}{} exit {}",
+        if was_parked { " parked" } else { "" },
+        code.unwrap_or(-1)
+    )
+}
+
+/// Named-lock waiters with the user's inotify instances used up: each says once that it looks
+/// at the queue instead, and they are served one at a time in the order they came, past a
+/// waiter SIGKILLed in the line.
+fn inotify_exhausted(
+    uid: u32,
+    dir: &Path,
+    waiters: usize,
+    kill: Option<usize>,
+    violations: &mut Vec<String>,
+) -> String {
+    use crate::util::{Proc, Stream};
+
+    let mut exhaust = Proc::spawn({
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            crate::limits::EXHAUST_INOTIFY,
+        ]);
+        cmd
+    });
+    let ready = exhaust.wait_for(Stream::Out, "ready");
+    if ready.split_whitespace().nth(2) != Some("24") {
+        violations.push(format!(
+            "the inotify instances did not run out in EMFILE: {ready}"
+        ));
+    }
+    let log = dir.join("served.log");
+    let lock = |script: &str| {
+        let mut cmd = crate::limits::limited(uid, dir, 1000, None);
+        cmd.args(["lock", "chaos-queue", "--", "sh", "-c", script]);
+        cmd
+    };
+    let mut holder = Proc::spawn(lock("echo ready $$; read line || :"));
+    holder.wait_ready();
+    let mut line = Vec::new();
+    for n in 1..=waiters {
+        let mut w = Proc::spawn(lock(&format!(
+            "echo \"$(date +%s%N) start w{n}\" >> {log}; sleep 0.02; \
+             echo \"$(date +%s%N) end w{n}\" >> {log}",
+            log = sh_quote(&log)
+        )));
+        w.wait_for(Stream::Err, "looking at it every");
+        w.wait_for(Stream::Err, "waiting as queue ticket");
+        if kill == Some(n) {
+            crate::util::signal(w.pid(), Signal::SIGKILL);
+        }
+        line.push((n, w));
+    }
+    holder.close_stdin();
+    let done = holder.finish();
+    if done.status.code() != Some(0) {
+        violations.push(format!("the holder exited {:?}", done.status));
+    }
+    for (n, w) in line {
+        let done = w.finish();
+        if kill == Some(n) {
+            continue;
+        }
+        let said = done
+            .err
+            .iter()
+            .filter(|l| l.contains("cannot watch the queue"))
+            .count();
+        if done.status.code() != Some(0) || said != 1 || done.stderr().contains("panicked") {
+            violations.push(format!(
+                "waiter w{n} without inotify (said so {said} times):\n{}",
+                done.transcript()
+            ));
+        }
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let events: Vec<(u128, &str, &str)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.first()?.parse().ok()?, *f.get(1)?, *f.get(2)?))
+        })
+        .collect();
+    let mut served = Vec::new();
+    for pair in events.chunks(2) {
+        match pair {
+            [(_, "start", a), (_, "end", b)] if a == b => served.push((*a).to_owned()),
+            _ => violations.push(format!("waiters overlapped or broke off: {text}")),
+        }
+    }
+    let arrived: Vec<String> = (1..=waiters)
+        .filter(|n| kill != Some(*n))
+        .map(|n| format!("w{n}"))
+        .collect();
+    if served != arrived {
+        violations.push(format!("served {served:?}, arrived {arrived:?}"));
+    }
+    user_leftovers(uid, dir, &[exhaust.pid()], violations);
+    exhaust.close_stdin();
+    exhaust.finish();
+    format!(
+        "InotifyExhausted {} waiters{}",
+        waiters,
+        if kill.is_some() { ", one killed" } else { "" }
+    )
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use crate::util::{BIN, Proc, Stream, run};
 
 /// A scratch host owned by user `uid`: its runs, locks and state directories.
-fn host_of(uid: u32) -> tempfile::TempDir {
+pub(crate) fn host_of(uid: u32) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for sub in ["runs", "abra", "locks", "state"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
@@ -38,7 +38,7 @@ fn limited_run(uid: u32, dir: &Path, nproc: u32, run_id: &str, script: &str) -> 
 
 /// `ccci-run` with the global options of host `dir` (and etcd at `etcd`, if any), as user
 /// `uid` with at most `nproc` processes and threads; the subcommand is for the caller to add.
-fn limited(uid: u32, dir: &Path, nproc: u32, etcd: Option<&str>) -> Command {
+pub(crate) fn limited(uid: u32, dir: &Path, nproc: u32, etcd: Option<&str>) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args([
         &format!("--reuid={uid}"),
@@ -167,8 +167,93 @@ fn a_fork_that_fails_for_a_moment_is_retried_and_the_command_runs() {
     assert_eq!(record(dir.path(), "later")["exit_code"], 0);
 }
 
+/// A run parked on its app lock, and `lock` at the head of its queue, wait for the flock on a
+/// helper thread: one that cannot be had is 125 naming the limit (before, a bare "Resource
+/// temporarily unavailable"), the command never runs, and no ticket is left in the queue.
+#[test]
+fn waiting_for_a_held_lock_without_a_spare_thread_is_125_naming_the_limit() {
+    const UID: u32 = 61_021;
+    let dir = host_of(UID);
+    // With room, once: the app lock file and the named lock's queue exist, owned by the user.
+    for args in [
+        &["lock", "cache", "--", "true"][..],
+        &[
+            "run",
+            "--recipe",
+            "custom-html",
+            "--no-fetch",
+            "--run-id",
+            "room",
+            "--",
+            "true",
+        ],
+    ] {
+        let mut cmd = limited(UID, dir.path(), 64, None);
+        cmd.args(args);
+        run(cmd).assert_code(0);
+    }
+    let locks = dir.path().join("locks");
+    let app_lock = crate::util::list(&locks)
+        .into_iter()
+        .find(|n| n.starts_with("cc-ci-app-") && n.ends_with(".lock"))
+        .expect("the run's app lock file");
+    for (file, args, nproc) in [
+        (
+            "ccci-cache.lock",
+            &["lock", "cache", "--", "echo", "command-ran"][..],
+            // The main thread only.
+            1,
+        ),
+        (
+            app_lock.as_str(),
+            &[
+                "run",
+                "--recipe",
+                "custom-html",
+                "--no-fetch",
+                "--run-id",
+                "parked",
+                "--",
+                "echo",
+                "command-ran",
+            ],
+            // The main thread and the watchdog.
+            2,
+        ),
+    ] {
+        // Root holds the lock: root's processes do not count against the user's limit.
+        let mut holder = Proc::spawn({
+            let mut cmd = Command::new("flock");
+            cmd.arg(locks.join(file))
+                .args(["sh", "-c", "echo ready $$; read line || :"]);
+            cmd
+        });
+        holder.wait_ready();
+        let mut cmd = limited(UID, dir.path(), nproc, None);
+        cmd.args(args);
+        let done = run(cmd);
+        done.assert_code(125);
+        done.assert_stderr_has("failed to wait for lock file");
+        done.assert_stderr_has("RLIMIT_NPROC");
+        assert!(
+            !done.stderr().contains("panicked") && !done.out.iter().any(|l| l == "command-ran"),
+            "{}",
+            done.transcript()
+        );
+        holder.close_stdin();
+        holder.finish();
+        assert!(crate::util::lock_is_free(&locks.join(file)));
+    }
+    let tickets: Vec<String> = crate::util::list(&locks.join("ccci-cache.lock.queue"))
+        .into_iter()
+        .filter(|t| !t.starts_with('.'))
+        .collect();
+    assert!(tickets.is_empty(), "tickets left: {tickets:?}");
+    assert_eq!(record(dir.path(), "parked")["exit_code"], 125);
+}
+
 /// A process of the test's user, killed however the test ends.
-struct Blocker(std::process::Child);
+pub(crate) struct Blocker(pub(crate) std::process::Child);
 
 impl Drop for Blocker {
     fn drop(&mut self) {
@@ -251,9 +336,72 @@ fn with_etcd_a_thread_that_cannot_be_created_is_an_error_naming_the_limit_not_a_
     assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
 }
 
+/// An etcd endpoint given by host name is looked up before the client's runtime has it: left to
+/// the runtime, the lookup needs a blocking-pool thread the limit does not allow, and that was a
+/// panic inside the client ("OS can't spawn worker thread") reported as "service was not ready"
+/// or "no answer within 5 s". With room for exactly the etcd client thread and no more, `locks`
+/// and `janitor` work, and `lock` and `run` reach their lock and fail only at the fork of the
+/// command, with 125 naming the limit.
+#[cfg(feature = "etcd")]
+#[test]
+fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thread() {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let endpoints = cluster.endpoints().replace("127.0.0.1", "localhost");
+    assert!(endpoints.contains("localhost"), "{endpoints}");
+    let dir = host_of(61_020);
+    // Processes and threads each needs: main and etcd; `run` also its watchdog.
+    let cases: [(&[&str], u32, i32); 4] = [
+        (&["locks"], 2, 0),
+        (&["janitor"], 2, 0),
+        (&["lock", "cache", "--", "echo", "command-ran"], 2, 125),
+        (
+            &[
+                "run",
+                "--recipe",
+                "custom-html",
+                "--no-fetch",
+                "--run-id",
+                "byname",
+                "--",
+                "echo",
+                "command-ran",
+            ],
+            3,
+            125,
+        ),
+    ];
+    for (args, nproc, code) in cases {
+        let mut cmd = limited(61_020, dir.path(), nproc, Some(&endpoints));
+        cmd.args(args);
+        let done = run(cmd);
+        let said = format!("{}\n{}", done.out.join("\n"), done.stderr());
+        for wrong in [
+            "panicked",
+            "can't spawn",
+            "not ready",
+            "no answer",
+            "failed to reach",
+        ] {
+            assert!(!said.contains(wrong), "{args:?}: {}", done.transcript());
+        }
+        done.assert_code(code);
+        if code == 125 {
+            // The lock was had: only the command's fork met the limit.
+            done.assert_stderr_has("failed to start the command after");
+            done.assert_stderr_has("RLIMIT_NPROC");
+            assert!(!done.out.iter().any(|l| l == "command-ran"));
+        }
+    }
+    assert_eq!(record(dir.path(), "byname")["exit_code"], 125);
+    assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
+    no_lock_held(dir.path());
+}
+
 /// Opens inotify instances until the kernel refuses one, prints `ready <count> <errno>`, and
 /// holds them until its stdin closes.
-const EXHAUST_INOTIFY: &str = r#"
+pub(crate) const EXHAUST_INOTIFY: &str = r#"
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
 held = []
@@ -386,6 +534,200 @@ fn a_supervisor_stopped_past_its_whole_bound_ends_142_teardown_timeout_every_tim
         assert!(
             crate::util::lock_is_free(&sandbox.lock_file(domain)),
             "round {round}: the app lock must be free"
+        );
+    }
+}
+
+/// `cmd` (a `ccci-run` command line) with at most `bytes` of address space (RLIMIT_AS binds
+/// root as it binds anyone).
+fn under_address_space(cmd: &Command, bytes: u64) -> Command {
+    let mut out = Command::new("prlimit");
+    out.arg(format!("--as={bytes}"))
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => out.env(key, value),
+            None => out.env_remove(key),
+        };
+    }
+    out
+}
+
+/// The smallest address space (to 64 KiB) in which `ccci-run --version` starts and exits 0:
+/// below it the loader or the runtime's own start-up fails, before any code of ours runs.
+fn smallest_address_space_that_starts() -> u64 {
+    let starts = |bytes: u64| {
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--as={bytes}"))
+            .args([BIN, "--version"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        cmd.status().unwrap().success()
+    };
+    let (mut low, mut high) = (1u64 << 20, 1u64 << 30);
+    assert!(
+        !starts(low) && starts(high),
+        "no start-up threshold in 1 MiB..1 GiB"
+    );
+    while high - low > 64 << 10 {
+        let mid = (low + high) / 2;
+        if starts(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    high
+}
+
+/// How one subcommand ended in a given address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// It did its work (and its command ran).
+    Worked,
+    /// The documented exit code, naming the limit, and no command.
+    LimitNamed,
+    /// Memory ran out for an allocation: Rust's "memory allocation of N bytes failed" (or
+    /// glibc's "... out of memory" for its own) and SIGABRT, which is how an allocation that
+    /// cannot be had ends a process (what it held is a dead process's).
+    AllocationFailed,
+}
+
+/// Under an address-space limit every subcommand that starts threads (`run` for its watchdog;
+/// with etcd, all four for the client's thread) either works, or fails at a thread with its documented
+/// code naming the limit, or meets an allocation that cannot be had and says so (SIGABRT):
+/// never a panic (101) or a crash, never a misleading message; and above the first clean
+/// refusal no allocation fails. The threshold depends on the build, so it is measured: from the smallest space `--version` starts in, up in 128 KiB
+/// steps until the subcommand has worked three times running. Each subcommand must have met
+/// the documented failure at least once and worked at least once, so the sweep did cross the
+/// band where thread creation fails. Afterwards a janitor with room clears whatever an aborted
+/// run left, and nothing stays held, in etcd or on disk.
+#[test]
+fn under_an_address_space_limit_every_threaded_subcommand_fails_at_its_code_or_works() {
+    use crate::util::Sandbox;
+
+    let floor = smallest_address_space_that_starts();
+    // Only an etcd build adds to these.
+    #[cfg_attr(not(feature = "etcd"), allow(unused_mut))]
+    let mut sandbox = Sandbox::new();
+    let plain = Sandbox::new();
+    #[cfg_attr(not(feature = "etcd"), allow(unused_mut))]
+    let mut cases: Vec<(&str, bool, i32)> = vec![("run", false, 125)];
+    #[cfg(feature = "etcd")]
+    let cluster = crate::util::etcd_cluster();
+    #[cfg(feature = "etcd")]
+    if let Some(cluster) = &cluster {
+        sandbox.set_etcd(cluster.endpoints(), 2);
+        cases.extend([
+            ("run", true, 125),
+            ("lock", true, 125),
+            ("janitor", true, 1),
+            ("locks", true, 1),
+        ]);
+    }
+    let mut attempt = 0u32;
+    for (sub, etcd, code) in cases {
+        let host = if etcd { &sandbox } else { &plain };
+        let mut endings: Vec<(u64, Ending)> = Vec::new();
+        let mut bytes = floor;
+        let mut worked_in_a_row = 0;
+        while worked_in_a_row < 3 {
+            assert!(
+                bytes < floor + (96 << 20),
+                "{sub} (etcd {etcd}) never worked up to {} KiB: {endings:?}",
+                bytes >> 10
+            );
+            attempt += 1;
+            let mut cmd = host.ccci();
+            match sub {
+                "run" => cmd
+                    .args(["run", "--recipe", "custom-html", "--no-fetch"])
+                    .args([
+                        "--pr",
+                        &attempt.to_string(),
+                        "--run-id",
+                        &format!("as{attempt}"),
+                        "--",
+                        "/bin/echo",
+                        "command-ran",
+                    ]),
+                "lock" => cmd
+                    .args(["lock", &format!("as{attempt}"), "--"])
+                    .args(["/bin/echo", "command-ran"]),
+                _ => cmd.arg(sub),
+            };
+            let done = run(under_address_space(&cmd, bytes));
+            let said = format!("{}\n{}", done.out.join("\n"), done.stderr());
+            let ran = done.out.iter().any(|l| l == "command-ran");
+            let ending = if done.status.success() && (ran || !matches!(sub, "run" | "lock")) {
+                Ending::Worked
+            } else if done.status.code() == Some(code) && said.contains("RLIMIT_AS") && !ran {
+                Ending::LimitNamed
+            } else if std::os::unix::process::ExitStatusExt::signal(&done.status)
+                == Some(nix::libc::SIGABRT)
+                && (said.contains("memory allocation of") || said.contains("out of memory"))
+                && !said.contains("panicked")
+            {
+                Ending::AllocationFailed
+            } else {
+                panic!(
+                    "{sub} (etcd {etcd}) in {} KiB ended neither with its work, nor with {code} \
+                     naming the limit, nor with a failed allocation:\n{}",
+                    bytes >> 10,
+                    done.transcript()
+                );
+            };
+            worked_in_a_row = if ending == Ending::Worked {
+                worked_in_a_row + 1
+            } else {
+                0
+            };
+            endings.push((bytes >> 10, ending));
+            bytes += 128 << 10;
+        }
+        let first_limit = endings.iter().position(|(_, e)| *e == Ending::LimitNamed);
+        assert!(
+            first_limit.is_some(),
+            "{sub} (etcd {etcd}) never met the limit at a thread (from {} KiB): {endings:?}",
+            floor >> 10
+        );
+        // A thread starts only with room to spare for its set-up and what follows it: once
+        // the space is enough to be refused a thread cleanly, no allocation fails above it
+        // (before, std's signal stack or glibc's TLS bookkeeping aborted the process there).
+        assert!(
+            !endings[first_limit.unwrap()..]
+                .iter()
+                .any(|(_, e)| *e == Ending::AllocationFailed),
+            "{sub} (etcd {etcd}): an allocation failed above a clean refusal: {endings:?}"
+        );
+        eprintln!("{sub} (etcd {etcd}), KiB from {}: {endings:?}", floor >> 10);
+    }
+    // Whatever aborted left (a run's cgroup, its state files) is a dead run's: one sweep with
+    // room clears it, and every lease of an aborted holder runs out.
+    for host in [&sandbox, &plain] {
+        let (report, done) = host.janitor(&[]);
+        assert_eq!(done.status.code(), Some(0), "{report:#}");
+        assert!(host.state_files().is_empty(), "{:?}", host.state_files());
+    }
+    #[cfg(feature = "etcd")]
+    if let Some(cluster) = &cluster {
+        let deadline = std::time::Instant::now() + crate::util::PATIENCE;
+        while !cluster.keys().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "keys stayed: {}",
+                cluster.keys()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    for name in crate::util::list(&plain.locks()) {
+        let path = plain.locks().join(name);
+        assert!(
+            crate::util::lock_is_free(&path),
+            "{} is held",
+            path.display()
         );
     }
 }

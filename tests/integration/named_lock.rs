@@ -665,3 +665,43 @@ fn successive_holders_see_strictly_increasing_fencing_tokens() {
         "tokens must rise with every holder: {seen:?}"
     );
 }
+
+/// A waiter SIGKILLed last in line has nobody behind it to remove its ticket: the janitor's
+/// sweep does (and says so), so `locks` lists no dead waiter and nothing of it is left. The
+/// live holder's lock and a live waiter's ticket are left alone.
+#[test]
+fn a_dead_waiter_s_ticket_with_nobody_behind_it_is_tidied_by_the_janitor() {
+    let sandbox = Sandbox::new();
+    let log = sandbox.path().join("order.log");
+    let mut h = holder(&sandbox);
+    let alive = waiter(&sandbox, &log, "alive", &[]);
+    let last = waiter(&sandbox, &log, "last", &[]);
+    let pid = last.pid();
+    signal(pid, Signal::SIGKILL);
+    last.finish();
+    assert!(wait_exited(pid));
+    assert_eq!(tickets(&sandbox).len(), 2, "{:?}", tickets(&sandbox));
+    let dead = queue(&sandbox).join(
+        tickets(&sandbox)
+            .into_iter()
+            .find(|t| t.ends_with(&format!("-{pid}")))
+            .expect("the dead waiter's ticket"),
+    );
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    let tidied: Vec<&str> = report["tidied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p.as_str())
+        .collect();
+    assert_eq!(tidied, [dead.to_str().unwrap()], "{report:#}");
+    let left = tickets(&sandbox);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].ends_with(&format!("-{}", alive.pid())), "{left:?}");
+    h.close_stdin();
+    h.finish().assert_code(0);
+    alive.finish().assert_code(0);
+    assert_eq!(order(&log), ["alive"]);
+    assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
+}

@@ -44,23 +44,26 @@ impl Driver {
             .map_err(|e| {
                 (
                     "build the etcd client runtime",
-                    format!("{e}{}", limit_hint(&e)),
+                    format!("{e}{}", linux::thread_limit_hint(&e)),
                 )
             })?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("etcd".to_owned())
-            .spawn(move || {
-                // Signals are the main thread's: the funnel must see every one of them.
-                linux::block_all_signals_but_kick();
-                let _ = runtime.block_on(stopped);
-                runtime.shutdown_timeout(RELEASE_TIMEOUT);
+        let thread = linux::room_for_thread()
+            .and_then(|()| {
+                std::thread::Builder::new()
+                    .name("etcd".to_owned())
+                    .spawn(move || {
+                        // Signals are the main thread's: the funnel must see every one of them.
+                        linux::block_all_signals_but_kick();
+                        let _ = runtime.block_on(stopped);
+                        runtime.shutdown_timeout(RELEASE_TIMEOUT);
+                    })
             })
             .map_err(|e| {
                 (
                     "start the etcd client thread",
-                    format!("{e}{}", limit_hint(&e)),
+                    format!("{e}{}", linux::thread_limit_hint(&e)),
                 )
             })?;
         Ok(Self {
@@ -77,15 +80,59 @@ impl Driver {
     }
 }
 
-/// What a failure to create a thread or map its stack points at.
-fn limit_hint(err: &std::io::Error) -> &'static str {
-    match err.raw_os_error() {
-        Some(nix::libc::EAGAIN | nix::libc::ENOMEM) => {
-            " — a limit on the processes or threads this user may have (RLIMIT_NPROC, \
-             pids.max) or on memory (RLIMIT_AS) was reached"
+/// The addresses of `endpoints` (validated `http://HOST:PORT` or `HOST:PORT`), resolved here on
+/// the calling thread, one `http://ADDRESS:PORT` per address.
+///
+/// Left to the client, a host name is looked up on the runtime's blocking pool, which needs a
+/// thread of its own at every (re)connect: where the host will not give one (RLIMIT_NPROC,
+/// pids.max) the runtime panics inside the connecting task and the lock sees only "service was
+/// not ready". An endpoint that is already an address is kept as given; one whose name does not
+/// resolve is left out (as a member that is down would only be skipped), unless none resolves.
+pub(super) fn resolve(endpoints: &[String]) -> Result<Vec<String>, String> {
+    use std::net::{IpAddr, ToSocketAddrs};
+    let mut resolved = Vec::new();
+    let mut failures = Vec::new();
+    for endpoint in endpoints {
+        let authority = endpoint
+            .strip_prefix("http://")
+            .unwrap_or(endpoint)
+            .trim_end_matches('/');
+        let Some((host, port)) = authority.rsplit_once(':') else {
+            resolved.push(endpoint.clone());
+            continue;
+        };
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let Ok(port) = port.parse::<u16>() else {
+            resolved.push(endpoint.clone());
+            continue;
+        };
+        if bare.parse::<IpAddr>().is_ok() {
+            resolved.push(endpoint.clone());
+            continue;
         }
-        _ => "",
+        match (bare, port).to_socket_addrs() {
+            Ok(addrs) => {
+                let before = resolved.len();
+                for addr in addrs {
+                    let url = format!("http://{addr}");
+                    if !resolved[before..].contains(&url) {
+                        resolved.push(url);
+                    }
+                }
+                if resolved.len() == before {
+                    failures.push(format!("{host}: no address"));
+                }
+            }
+            Err(err) => failures.push(format!("{host}: {err}")),
+        }
     }
+    if resolved.is_empty() {
+        return Err(failures.join("; "));
+    }
+    for failure in &failures {
+        tracing::warn!("etcd endpoint host left out: {failure}");
+    }
+    Ok(resolved)
 }
 
 /// What the backend and every lock it handed out share; the last of them to go revokes the
@@ -238,5 +285,48 @@ impl Shared {
                 async move { c.get(key, options).await }
             }),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve;
+
+    fn owned(endpoints: &[&str]) -> Vec<String> {
+        endpoints.iter().map(|e| (*e).to_owned()).collect()
+    }
+
+    #[test]
+    fn addresses_are_kept_and_names_become_addresses() {
+        let got = resolve(&owned(&[
+            "http://127.0.0.1:2379",
+            "10.0.0.2:2379/",
+            "http://[::1]:2379",
+            "http://localhost:2380/",
+        ]))
+        .unwrap();
+        assert_eq!(
+            got[..3],
+            owned(&[
+                "http://127.0.0.1:2379",
+                "10.0.0.2:2379/",
+                "http://[::1]:2379"
+            ])
+        );
+        assert!(got.len() > 3, "{got:?}");
+        for url in &got[3..] {
+            let authority = url.strip_prefix("http://").unwrap();
+            let addr: std::net::SocketAddr = authority.parse().unwrap();
+            assert!(addr.ip().is_loopback() && addr.port() == 2380, "{got:?}");
+        }
+    }
+
+    /// `.invalid` never resolves (RFC 6761): left out beside one that does, an error alone.
+    #[test]
+    fn a_name_that_does_not_resolve_is_left_out_unless_it_is_all_there_is() {
+        let got = resolve(&owned(&["http://nohost.invalid:2379", "127.0.0.1:2379"])).unwrap();
+        assert_eq!(got, owned(&["127.0.0.1:2379"]));
+        let err = resolve(&owned(&["http://nohost.invalid:2379"])).unwrap_err();
+        assert!(err.starts_with("nohost.invalid: "), "{err}");
     }
 }

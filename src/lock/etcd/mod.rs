@@ -77,6 +77,8 @@ impl Etcd {
             what: what.to_owned(),
             detail,
         };
+        let addresses = client::resolve(&settings.endpoints)
+            .map_err(|detail| fail("resolve the endpoints' host names", detail))?;
         let driver = Driver::start().map_err(|(what, detail)| fail(what, detail))?;
         let handle = driver.handle.clone();
         let options = ConnectOptions::new()
@@ -87,7 +89,7 @@ impl Etcd {
         let clients = handle
             .block_on(async {
                 let mut clients = Vec::new();
-                for endpoint in &settings.endpoints {
+                for endpoint in &addresses {
                     // One endpoint per client: connects lazily, so a member that is down now
                     // is only skipped.
                     clients.push(Client::connect([endpoint], Some(options.clone())).await?);
