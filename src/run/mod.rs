@@ -14,10 +14,12 @@
 //! descendants, state files) outlives it.
 
 pub(crate) mod fetch;
+pub(crate) mod list;
 pub(crate) mod phase;
 pub(crate) mod record;
 pub(crate) mod rundir;
 pub(crate) mod state;
+pub(crate) mod stop;
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
