@@ -451,8 +451,9 @@ fn see_also(out: &mut dyn Write, cmd: &clap::Command, main: &clap::Command) -> i
         main.get_subcommands()
             .filter(|s| !s.is_hide_set())
             .map(|s| {
+                // `\%`: a page name is never hyphenated across lines (app-do-main(1)).
                 format!(
-                    "\\fB{}\\fR(1)",
+                    "\\fB\\%{}\\fR(1)",
                     escape(&format!("{main_name}-{}", s.get_name()))
                 )
             })

@@ -2,7 +2,8 @@
 //!
 //! This folder holds everything one run owns: its directory, guard and `ABRA_DIR` ([`rundir`]),
 //! its record ([`record`]) and phases ([`phase`]), its state files ([`state`]), the recipe it
-//! fetches ([`fetch`]), and here the order they happen in. It must never reap another run's app
+//! fetches ([`fetch`]), and here the order they happen in; and the two commands that look at
+//! runs from outside: `runs` ([`list`]) and `stop` ([`stop`]). It must never reap another run's app
 //! or hold a lock past its own process: what a dead run leaves is the janitor's.
 //!
 //! The order is the contract's: guards, per-run `ABRA_DIR`, recipe, a janitor sweep, the app
