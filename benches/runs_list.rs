@@ -82,7 +82,7 @@ fn best_of_three(mut cmd: impl FnMut() -> Command) -> Duration {
         .unwrap()
 }
 
-fn runs(root: &Path, args: &'static [&'static str]) -> impl FnMut() -> Command + '_ {
+fn runs<'a>(root: &'a Path, args: &'static [&'static str]) -> impl FnMut() -> Command + 'a {
     move || {
         let mut cmd = Command::new(BIN);
         cmd.env("CCCI_CONFIG", "/dev/null")

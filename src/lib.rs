@@ -431,9 +431,7 @@ fn runs(args: &RunsArgs, global: &Global) -> Result<u8, Error> {
             Ok(Err(err)) => report::line(&format!(
                 "ccci-run: warning: failed to list the locks: {err}; holders not shown"
             )),
-            Err(err) => report::line(&format!(
-                "ccci-run: warning: {err}; lock holders not shown"
-            )),
+            Err(err) => report::line(&format!("ccci-run: warning: {err}; lock holders not shown")),
         }
     }
     let text = if args.json {

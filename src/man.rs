@@ -271,8 +271,14 @@ fn extra(command: &str) -> Extra {
                 ),
             ],
             examples: &[
-                ("What is running here, and what ended today:", "ccci-run runs"),
-                ("Every run ever recorded, as JSON:", "ccci-run runs --all --json"),
+                (
+                    "What is running here, and what ended today:",
+                    "ccci-run runs",
+                ),
+                (
+                    "Every run ever recorded, as JSON:",
+                    "ccci-run runs --all --json",
+                ),
             ],
         },
         "stop" => Extra {

@@ -149,9 +149,7 @@ pub(crate) fn list(runs_dir: &Path, all: bool, now: SystemTime) -> std::io::Resu
         .map(|(dir, path, record)| describe(&judge, &dir, path, record, now))
         .filter(|run| all || recent(run, now))
         .collect();
-    runs.sort_by(|a, b| {
-        (a.started.as_deref(), &a.run_id).cmp(&(b.started.as_deref(), &b.run_id))
-    });
+    runs.sort_by(|a, b| (a.started.as_deref(), &a.run_id).cmp(&(b.started.as_deref(), &b.run_id)));
     Ok(Listing { runs, warnings })
 }
 
@@ -215,7 +213,10 @@ fn describe(
         run_id: escape_outside(record.run_id.as_bytes()),
         recipe: escape_outside(record.recipe.as_bytes()),
         pr: record.pr.as_deref().map(|p| escape_outside(p.as_bytes())),
-        git_ref: record.git_ref.as_deref().map(|r| escape_outside(r.as_bytes())),
+        git_ref: record
+            .git_ref
+            .as_deref()
+            .map(|r| escape_outside(r.as_bytes())),
         domain: escape_outside(record.domain.as_bytes()),
         phase: last.map(|p| escape_outside(p.name.as_bytes())),
         state,
@@ -225,7 +226,10 @@ fn describe(
             .map(|at| now.duration_since(at).unwrap_or_default().as_secs()),
         started,
         lock,
-        cgroup: record.cgroup.as_deref().map(|c| escape_outside(c.as_bytes())),
+        cgroup: record
+            .cgroup
+            .as_deref()
+            .map(|c| escape_outside(c.as_bytes())),
         processes,
         shutdown_reason: record
             .shutdown_reason

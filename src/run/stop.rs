@@ -184,7 +184,9 @@ impl std::fmt::Display for NotLive {
                 "it is dead (its supervisor is gone and its record unfinished): the next janitor \
                  sweep clears it",
             ),
-            Self::Unresolvable(why) => write!(f, "its supervisor cannot be judged from here: {why}"),
+            Self::Unresolvable(why) => {
+                write!(f, "its supervisor cannot be judged from here: {why}")
+            }
             Self::Guard(why) => f.write_str(why),
         }
     }
@@ -209,10 +211,12 @@ fn verify(dir: &Path, supervisor: &ProcessIdentity) -> Result<Target, NotLive> {
         Liveness::Free { .. } | Liveness::NoGuard => return Err(NotLive::Dead),
         Liveness::Unreadable(err) => return Err(NotLive::Guard(err.to_string())),
     }
-    let proc_dir = Judge::new().open(supervisor).map_err(|verdict| match verdict {
-        Verdict::Unresolvable(why) => NotLive::Unresolvable(why),
-        _ => NotLive::Dead,
-    })?;
+    let proc_dir = Judge::new()
+        .open(supervisor)
+        .map_err(|verdict| match verdict {
+            Verdict::Unresolvable(why) => NotLive::Unresolvable(why),
+            _ => NotLive::Dead,
+        })?;
     let pid = proc_dir
         .read("stat")
         .ok()
@@ -373,7 +377,8 @@ fn kill(
     let code = exit::for_signal(Signal::SIGKILL);
     if let Liveness::Free { guard, .. } = rundir::probe(dir, false) {
         if let Ok(mut rec) = RunRecord::read(&record_path) {
-            rec.shutdown_reason.get_or_insert_with(|| "stopped".to_owned());
+            rec.shutdown_reason
+                .get_or_insert_with(|| "stopped".to_owned());
             rec.stopped_by.get_or_insert(by);
             rec.teardown_errors.push(note);
             rec.exit_code = Some(code);

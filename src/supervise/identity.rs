@@ -262,7 +262,10 @@ impl Judge {
             return Err(verdict);
         };
         let dir = linux::ProcDir::open(local).ok_or(Verdict::Dead)?;
-        let offset = Here::get().offset_ticks.clone().map_err(Verdict::Unresolvable)?;
+        let offset = Here::get()
+            .offset_ticks
+            .clone()
+            .map_err(Verdict::Unresolvable)?;
         let stat = dir.read("stat").map_err(|_| Verdict::Dead)?;
         let stat = String::from_utf8_lossy(&stat);
         match (linux::parse_start_time(&stat), linux::parse_stat(&stat)) {

@@ -227,8 +227,8 @@ impl SignalFunnel {
         let notify = std::os::fd::IntoRawFd::into_raw_fd(notify);
         // Registered before the flags' actions, so that a SIGTERM's sender is kept before its
         // flag can be seen (a signal's actions run in the order they were registered).
-        let senders = SignalsInfo::<WithRawSiginfo>::new([libc::SIGTERM])
-            .map_err(fail(libc::SIGTERM))?;
+        let senders =
+            SignalsInfo::<WithRawSiginfo>::new([libc::SIGTERM]).map_err(fail(libc::SIGTERM))?;
         let kick = linux::kick_signal();
         let realtime = (kick + 1)..=libc::SIGRTMAX();
         let watched = CAUGHT
@@ -299,7 +299,11 @@ impl SignalFunnel {
         let text = std::fs::read(&stop.path).ok()?;
         let request: StopRequest = serde_json::from_slice(&text).ok()?;
         if !request.sent_by(sender, &stop.own) {
-            tracing::debug!(?request, ?sender, "a SIGTERM that is not the stop request's");
+            tracing::debug!(
+                ?request,
+                ?sender,
+                "a SIGTERM that is not the stop request's"
+            );
             return None;
         }
         let _ = std::fs::remove_file(&stop.path);

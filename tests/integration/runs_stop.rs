@@ -11,9 +11,7 @@ use rstest::rstest;
 use serde_json::{Value, json};
 
 use crate::identity::in_pid_namespace;
-use crate::util::{
-    Proc, Sandbox, Stream, lock_is_free, process_alive, run, signal, wait_exited,
-};
+use crate::util::{Proc, Sandbox, Stream, lock_is_free, process_alive, run, signal, wait_exited};
 
 /// A command that announces itself and waits until it is killed.
 const WAIT_FOREVER: &str = "echo ready $$; exec sleep 100000";
@@ -169,9 +167,14 @@ fn runs_lists_live_finished_and_dead_runs_and_stop_stops_only_the_live_one() {
     assert_eq!(record["exit_code"], 143);
     assert_eq!(record["stopped_by"]["uid"], nix::unistd::getuid().as_raw());
     let by = record["stopped_by"]["pid"].as_i64().unwrap();
-    assert!(by > 0 && by != i64::from(me), "the stop command's pid: {record:#}");
+    assert!(
+        by > 0 && by != i64::from(me),
+        "the stop command's pid: {record:#}"
+    );
     assert!(!sandbox.runs().join("live/stop.json").exists());
-    assert!(lock_is_free(&sandbox.lock_file(live_run["domain"].as_str().unwrap())));
+    assert!(lock_is_free(
+        &sandbox.lock_file(live_run["domain"].as_str().unwrap())
+    ));
     // The dead run's leftovers are the janitor's.
     sandbox.janitor(&[]).1.assert_code(0);
 }
@@ -295,7 +298,10 @@ fn a_run_waiting_for_its_lock_is_stopped_and_takes_no_lock() {
         .collect();
     assert!(!phases.contains(&"app-lock"), "{phases:?}");
     let domain = waiting["domain"].as_str().unwrap();
-    assert!(!lock_is_free(&sandbox.lock_file(domain)), "the holder lost its lock");
+    assert!(
+        !lock_is_free(&sandbox.lock_file(domain)),
+        "the holder lost its lock"
+    );
     assert_eq!(
         sandbox.record("first")["exit_code"],
         Value::Null,
@@ -326,7 +332,10 @@ fn a_run_that_outlasts_the_wait_is_75_and_killed_with_kill() {
     assert!(out.contains("exit 137"), "{}", done.transcript());
     let finished = live.finish();
     assert_eq!(finished.status.code(), None, "the supervisor was killed");
-    assert!(wait_exited(command) && !process_alive(command), "its command survived");
+    assert!(
+        wait_exited(command) && !process_alive(command),
+        "its command survived"
+    );
     let record = sandbox.record("slow");
     assert_eq!(record["exit_code"], 137, "{record:#}");
     assert_eq!(record["shutdown_reason"], "stopped");
@@ -367,7 +376,12 @@ fn runs_and_stop_across_pid_namespaces() {
     let seen: Value = serde_json::from_str(&done.out.join("\n")).unwrap();
     let host_run = the_run(&seen, "host");
     assert_eq!(host_run["state"], "unresolvable", "{seen:#}");
-    assert!(host_run["note"].as_str().unwrap().contains("cannot see into"));
+    assert!(
+        host_run["note"]
+            .as_str()
+            .unwrap()
+            .contains("cannot see into")
+    );
     // A sibling namespace (each `unshare` makes its own) is out of sight too.
     assert_eq!(the_run(&seen, "inner")["state"], "unresolvable", "{seen:#}");
 
@@ -402,10 +416,7 @@ fn runs_on_an_unreadable_runs_dir_is_1_and_a_closed_stdout_is_no_panic() {
             cmd.arg("--runs-dir").arg(&runs_dir).args(&command);
             let done = run(cmd);
             done.assert_code(1);
-            done.assert_stderr_has(&format!(
-                "failed to read runs dir {}: ",
-                runs_dir.display()
-            ));
+            done.assert_stderr_has(&format!("failed to read runs dir {}: ", runs_dir.display()));
             done.assert_stderr_has("--runs-dir / CCCI_RUNS_DIR");
         }
     }
