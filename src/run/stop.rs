@@ -387,6 +387,8 @@ fn kill(
                 tracing::warn!(path = %record_path.display(), "failed to write run record: {err}");
             }
         }
+        // Nobody is left to take the request: it goes with the run.
+        let _ = std::fs::remove_file(dir.join(names::RUN_STOP_FILE));
         drop(guard);
     }
     let record = RunRecord::read(&record_path).unwrap_or_else(|_| before.clone());

@@ -573,6 +573,45 @@ mod tests {
         (funnel, notify)
     }
 
+    /// A SIGTERM is the request's only from its requester, to the supervisor it names: the
+    /// kernel gives the sender's pid in the receiver's namespace, or 0 from an enclosing one.
+    #[rstest::rstest]
+    #[case::same_namespace(Sender { pid: 42, uid: 1000 }, 42, 7, true)]
+    #[case::another_pid(Sender { pid: 43, uid: 1000 }, 42, 7, false)]
+    #[case::another_uid(Sender { pid: 42, uid: 0 }, 42, 7, false)]
+    #[case::from_an_enclosing_namespace(Sender { pid: 0, uid: 1000 }, 4242, 9, true)]
+    #[case::hidden_sender_but_same_namespace(Sender { pid: 0, uid: 1000 }, 42, 7, false)]
+    #[case::same_pid_in_another_namespace(Sender { pid: 42, uid: 1000 }, 42, 9, false)]
+    fn a_stop_request_is_matched_to_its_sender(
+        #[case] sender: Sender,
+        #[case] pid: i32,
+        #[case] pid_ns: u64,
+        #[case] matches: bool,
+    ) {
+        let own = ProcessIdentity {
+            pid: 3,
+            start_ticks: 100,
+            pid_ns: 7,
+            boot_id: "b".into(),
+        };
+        let request = StopRequest {
+            uid: 1000,
+            pid,
+            pid_ns,
+            supervisor: own.clone(),
+            at: String::new(),
+        };
+        assert_eq!(request.sent_by(sender, &own), matches);
+        let other = ProcessIdentity {
+            start_ticks: 200,
+            ..own.clone()
+        };
+        assert!(
+            !request.sent_by(sender, &other),
+            "another supervisor's request"
+        );
+    }
+
     #[test]
     fn a_lost_lock_wakes_the_wait_and_is_a_way_out_once() {
         let (mut funnel, _notify) = funnel();

@@ -312,13 +312,18 @@ fn a_run_waiting_for_its_lock_is_stopped_and_takes_no_lock() {
 }
 
 /// A run whose command ignores SIGTERM (with a long kill grace) is still tearing down when the
-/// wait ends: 75, and it keeps tearing down. With `--kill`, its supervisor, cgroup and command
-/// are killed, and the record says so (exit 137) and names who asked.
-#[test]
-fn a_run_that_outlasts_the_wait_is_75_and_killed_with_kill() {
+/// wait ends: 75, and it keeps tearing down. With `--kill`, its supervisor, then its cgroup (or,
+/// without one, every process naming it) are killed, and the record says so (exit 137) and
+/// names who asked.
+#[rstest]
+#[case::cgroup("auto")]
+#[case::fallback("off")]
+fn a_run_that_outlasts_the_wait_is_75_and_killed_with_kill(#[case] cgroup: &str) {
     let sandbox = Sandbox::new();
     let script = "trap '' TERM; echo ready $$; exec sleep 100000";
-    let mut live = Proc::spawn(sandbox.run_sh("slow", &["--kill-grace", "5m"], script));
+    let mut cmd = sandbox.run_sh("slow", &["--kill-grace", "5m"], script);
+    cmd.env("CCCI_CGROUP", cgroup);
+    let mut live = Proc::spawn(cmd);
     let command = live.wait_ready();
     let done = stop(&sandbox, &["slow", "--wait", "0.5"]);
     done.assert_code(75);
@@ -345,6 +350,7 @@ fn a_run_that_outlasts_the_wait_is_75_and_killed_with_kill() {
     if let Some(cgroup) = record["cgroup"].as_str() {
         assert!(!Path::new(cgroup).exists(), "cgroup {cgroup} left");
     }
+    assert!(!sandbox.runs().join("slow/stop.json").exists());
     let listing = runs_json(&sandbox, &[]);
     assert_eq!(the_run(&listing, "slow")["state"], "finished");
 }
