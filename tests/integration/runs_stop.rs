@@ -3,6 +3,7 @@
 //! neither may do: signal a pid another process has reused, take a plain SIGTERM for a stop,
 //! accept a path for a run id, or panic on a closed stdout.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -409,8 +410,9 @@ fn runs_and_stop_across_pid_namespaces() {
     host.finish().assert_code(143);
 }
 
-/// `runs` on a runs dir that cannot be read (a file, a missing directory) is exit 1 naming it
-/// and the setting; on a closed stdout it ends quietly, never a panic.
+/// `runs` and `stop` on a runs dir that cannot be read (a file, a missing directory, one another
+/// user may not read) are exit 1 naming it and the setting; on a closed stdout `runs` ends
+/// quietly, never a panic.
 #[test]
 fn runs_on_an_unreadable_runs_dir_is_1_and_a_closed_stdout_is_no_panic() {
     let sandbox = Sandbox::new();
@@ -426,6 +428,28 @@ fn runs_on_an_unreadable_runs_dir_is_1_and_a_closed_stdout_is_no_panic() {
             done.assert_stderr_has("--runs-dir / CCCI_RUNS_DIR");
         }
     }
+    // A runs dir another user may not read: as uid 65534, the same clear error.
+    run(sandbox.run_sh("mine", &[], "true")).assert_code(0);
+    std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(sandbox.runs(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    for command in [vec!["runs"], vec!["stop", "mine"]] {
+        let mut cmd = Command::new("setpriv");
+        crate::util::without_ccci_env(&mut cmd);
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(crate::util::BIN)
+            .env("CCCI_CONFIG", "/dev/null")
+            .env_remove("HOME")
+            .arg("--runs-dir")
+            .arg(sandbox.runs())
+            .args(&command);
+        let done = run(cmd);
+        done.assert_code(1);
+        done.assert_stderr_has(&format!(
+            "failed to read runs dir {}: Permission denied",
+            sandbox.runs().display()
+        ));
+    }
+    std::fs::set_permissions(sandbox.runs(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // Far more than a pipe holds (64 KiB), so the write meets the closed pipe.
     run(sandbox.run_sh("r0", &[], "true")).assert_code(0);
     let record = std::fs::read(sandbox.runs().join("r0/run.json")).unwrap();
