@@ -117,6 +117,10 @@ pub(crate) enum Command {
     Locks(LocksArgs),
     /// Run COMMAND holding a fair, bounded, named host lock.
     Lock(LockArgs),
+    /// List the runs in the runs dir: live, dead, and those that ended in the last 24 h.
+    Runs(RunsArgs),
+    /// Stop one live run: tear it down as a SIGTERM would, recorded as `stopped`.
+    Stop(StopArgs),
     /// Print the app domain of a recipe run, and its stack name on a second line.
     AppDomain(AppDomainArgs),
     /// Print shell completions.
@@ -260,6 +264,34 @@ pub(crate) struct LocksArgs {
     /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
     #[arg(long, value_name = "DURATION", value_parser = long_held)]
     pub long_held: Option<Duration>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunsArgs {
+    /// Every run, however long ago it ended.
+    #[arg(long)]
+    pub all: bool,
+    /// Print the list as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub global: GlobalArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StopArgs {
+    /// The run's id (its directory in the runs dir).
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+    /// How long to wait for the run to finish its record (exit 75 if it has not).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = any_duration)]
+    pub wait: Duration,
+    /// Past the wait, kill the run's supervisor, then its cgroup (or every process naming
+    /// it), and record that.
+    #[arg(long)]
+    pub kill: bool,
     #[command(flatten)]
     pub global: GlobalArgs,
 }
@@ -468,6 +500,8 @@ impl Command {
             Self::Janitor(a) => Some(&a.global),
             Self::Locks(a) => Some(&a.global),
             Self::Lock(a) => Some(&a.global),
+            Self::Runs(a) => Some(&a.global),
+            Self::Stop(a) => Some(&a.global),
             Self::AppDomain(a) => Some(&a.global),
             Self::Config(a) => Some(&a.global),
             Self::Doctor(a) => Some(&a.global),
@@ -606,6 +640,16 @@ impl LockArgs {
                 global: global.clone(),
             }),
             command: self.command,
+        })
+    }
+}
+
+impl StopArgs {
+    pub(crate) fn validate(&self) -> Result<crate::run::stop::StopConfig, NameError> {
+        Ok(crate::run::stop::StopConfig {
+            run_id: RunId::parse(&self.run_id)?,
+            wait: self.wait,
+            kill: self.kill,
         })
     }
 }

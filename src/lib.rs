@@ -28,7 +28,7 @@ use clap::{CommandFactory, FromArgMatches};
 use nix::unistd::Pid;
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::{Cli, Command, ConfigArgs, JanitorArgs, LocksArgs};
+use crate::cli::{Cli, Command, ConfigArgs, JanitorArgs, LocksArgs, RunsArgs};
 use crate::config::{Global, LogFormat, Resolved};
 
 /// Every way `ccci-run` itself can fail, each with its documented exit code.
@@ -54,6 +54,13 @@ enum Error {
     },
     #[error(transparent)]
     Locks(lock::LockError),
+    #[error("failed to read runs dir {path}: {source}")]
+    RunsDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Stop(#[from] run::stop::StopError),
     #[error("failed to list the locks in {store}: {source}")]
     LockDir {
         store: String,
@@ -84,6 +91,8 @@ impl Error {
             Self::Metrics { .. }
             | Self::LockDir { .. }
             | Self::Locks(_)
+            | Self::RunsDir { .. }
+            | Self::Stop(_)
             | Self::Output(_)
             | Self::ManDir { .. } => exit::FAILURE,
             Self::Located { source, .. } => source.exit_code(),
@@ -254,6 +263,15 @@ fn command(
             )?)
         }
         Command::Locks(args) => locks(&args, global),
+        Command::Runs(args) => runs(&args, global),
+        Command::Stop(args) => {
+            let cfg = args.validate()?;
+            let stopped = run::stop::stop(&global.runs_dir, &cfg)?;
+            if let Some(line) = stopped.line {
+                emit(format!("{line}\n").as_bytes())?;
+            }
+            Ok(stopped.code)
+        }
         Command::Run(args) => {
             let cfg = args.validate(global)?;
             janitor::retention::check_runs_dir(&global.runs_dir)?;
@@ -390,6 +408,36 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
         format!("{}\n", json(&locks))
     } else {
         lock::list::render_table(&locks)
+    };
+    emit(text.as_bytes()).map(|()| 0)
+}
+
+/// `ccci-run runs`: every run in the runs dir, with what it holds.
+fn runs(args: &RunsArgs, global: &Global) -> Result<u8, Error> {
+    let mut listing = run::list::list(&global.runs_dir, args.all, std::time::SystemTime::now())
+        .map_err(|source| Error::RunsDir {
+            path: global.runs_dir.clone(),
+            source,
+        })?;
+    for warning in &listing.warnings {
+        report::line(&format!("ccci-run: warning: {warning}"));
+    }
+    // The locks are listed only when a run holds or waits for one: a look at the store, never
+    // a take.
+    if run::list::uses_locks(&listing) {
+        let long_held = global.timings.value(config::Timing::LongHeld);
+        match lock::backend(global).map(|b| b.list(long_held)) {
+            Ok(Ok(locks)) => run::list::add_holders(&mut listing, &locks),
+            Ok(Err(err)) => report::line(&format!(
+                "ccci-run: warning: failed to list the locks: {err}; holders not shown"
+            )),
+            Err(err) => report::line(&format!("ccci-run: warning: {err}; lock holders not shown")),
+        }
+    }
+    let text = if args.json {
+        format!("{}\n", json(&listing))
+    } else {
+        run::list::render_table(&listing.runs)
     };
     emit(text.as_bytes()).map(|()| 0)
 }

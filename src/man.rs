@@ -50,13 +50,14 @@ const EXIT_STATUS: &[(&str, &str)] = &[
         "1",
         "janitor: a reap failed or did not finish within its budget, or the sweep could not \
          complete; doctor: a check failed; locks, app-domain, config: the output could not be \
-         written.",
+         written; runs: the runs dir could not be read; stop: no such live run (unknown, \
+         finished, dead, or not to be judged from here), or it could not be signalled.",
     ),
     ("2", "Invalid input: an option, a name, a duration."),
     (
         "75",
         "The app lock or the named lock was not acquired within its budget (lock: at once \
-         with -n; -E CODE chooses another code).",
+         with -n; -E CODE chooses another code); stop: the run still runs after --wait.",
     ),
     (
         "76",
@@ -260,6 +261,50 @@ fn extra(command: &str) -> Extra {
             files: &[CONFIG_FILE, ("<lock-dir>/", "The lock files listed.")],
             examples: &[("Every lock, as JSON:", "ccci-run locks --json")],
         },
+        "runs" => Extra {
+            environment: &[],
+            files: &[
+                CONFIG_FILE,
+                (
+                    "<runs-dir>/<run-id>/run.json",
+                    "Each run's record, read (never written) for the listing.",
+                ),
+            ],
+            examples: &[
+                (
+                    "What is running here, and what ended today:",
+                    "ccci-run runs",
+                ),
+                (
+                    "Every run ever recorded, as JSON:",
+                    "ccci-run runs --all --json",
+                ),
+            ],
+        },
+        "stop" => Extra {
+            environment: &[],
+            files: &[
+                CONFIG_FILE,
+                (
+                    "<runs-dir>/<run-id>/run.lock, <runs-dir>/<run-id>/run.json",
+                    "The run's guard and record: the run is signalled only when its guard is \
+                     held by the supervisor its unfinished record names, and that process's \
+                     start time matches.",
+                ),
+                (
+                    "<runs-dir>/<run-id>/stop.json",
+                    "The request (uid, pid) written before the SIGTERM; the supervisor records \
+                     `shutdown_reason: stopped` and `stopped_by` from it, and exits 143.",
+                ),
+            ],
+            examples: &[
+                ("Stop run 1234, waiting up to 30 s:", "ccci-run stop 1234"),
+                (
+                    "Stop it, and kill it if it is not gone within 2 minutes:",
+                    "ccci-run stop 1234 --wait 2m --kill",
+                ),
+            ],
+        },
         "app-domain" => Extra {
             environment: &[],
             files: &[CONFIG_FILE],
@@ -412,8 +457,9 @@ fn see_also(out: &mut dyn Write, cmd: &clap::Command, main: &clap::Command) -> i
         main.get_subcommands()
             .filter(|s| !s.is_hide_set())
             .map(|s| {
+                // `\%`: a page name is never hyphenated across lines (app-do-main(1)).
                 format!(
-                    "\\fB{}\\fR(1)",
+                    "\\fB\\%{}\\fR(1)",
                     escape(&format!("{main_name}-{}", s.get_name()))
                 )
             })

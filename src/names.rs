@@ -435,6 +435,8 @@ pub(crate) fn recipe_dir(abra: &std::path::Path, recipe: &Recipe) -> std::path::
 pub(crate) const RUN_GUARD_FILE: &str = "run.lock";
 /// A run's record in its run directory.
 pub(crate) const RUN_RECORD_FILE: &str = "run.json";
+/// What `ccci-run stop` leaves in a run directory for the run's supervisor: who asks.
+pub(crate) const RUN_STOP_FILE: &str = "stop.json";
 /// The directory in the runs dir that holds each live run's domain lock.
 pub(crate) const DOMAINS_DIR: &str = ".domains";
 /// Named lock files are `ccci-<NAME>.lock`; the queue in front of one is `<file>.queue`.

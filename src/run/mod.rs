@@ -2,7 +2,8 @@
 //!
 //! This folder holds everything one run owns: its directory, guard and `ABRA_DIR` ([`rundir`]),
 //! its record ([`record`]) and phases ([`phase`]), its state files ([`state`]), the recipe it
-//! fetches ([`fetch`]), and here the order they happen in. It must never reap another run's app
+//! fetches ([`fetch`]), and here the order they happen in; and the two commands that look at
+//! runs from outside: `runs` ([`list`]) and `stop` ([`stop`]). It must never reap another run's app
 //! or hold a lock past its own process: what a dead run leaves is the janitor's.
 //!
 //! The order is the contract's: guards, per-run `ABRA_DIR`, recipe, a janitor sweep, the app
@@ -14,10 +15,12 @@
 //! descendants, state files) outlives it.
 
 pub(crate) mod fetch;
+pub(crate) mod list;
 pub(crate) mod phase;
 pub(crate) mod record;
 pub(crate) mod rundir;
 pub(crate) mod state;
+pub(crate) mod stop;
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -51,7 +54,7 @@ use crate::supervise::guards::{self, GuardError, GuardOptions};
 use crate::supervise::identity::{IdentityError, Owner};
 use crate::supervise::leftovers;
 use crate::supervise::process::{ChildStatus, CommandSpec};
-use crate::supervise::shutdown::Event;
+use crate::supervise::shutdown::{Event, ShutdownReason};
 use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
 use crate::supervise::watchdog::Watchdog;
 use crate::supervise::worker::Worker;
@@ -95,7 +98,7 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
     // the span is at error level so that it exists whatever the verbosity.
     let span = tracing::error_span!("run", run_id = %cfg.run_id, domain = %cfg.identity.domain);
     let _in_run = span.enter();
-    let funnel = guards::install_guards(
+    let mut funnel = guards::install_guards(
         start_ppid,
         &GuardOptions {
             expect_parent: cfg.expect_parent,
@@ -114,6 +117,7 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
     let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
     // The runs dir exists now: it names the configuration every process of the run works for.
     let owner = Owner::establish(&global.runs_dir)?;
+    funnel.accept_stop_requests(run_dir.stop_request_path(), owner.process.clone());
     let mut run = Run::new(funnel, global, cfg, &run_dir, hard_end, locks, owner);
     let result = run.execute(&run_dir, holder.pid);
     if let Err(err) = &result {
@@ -575,8 +579,10 @@ impl Run<'_> {
         let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
             watchdog.set_exit_code(reason.exit_code());
             record.shutdown_reason = Some(reason.name());
-            if let crate::supervise::shutdown::ShutdownReason::TiedPidDied(pid) = reason {
-                record.tied_pid_died = Some(pid);
+            match reason {
+                ShutdownReason::TiedPidDied(pid) => record.tied_pid_died = Some(pid),
+                ShutdownReason::Stopped(by) => record.stopped_by = Some(by),
+                _ => {}
             }
             record.enter(Phase::Teardown);
             save_or_warn(record, record_path);

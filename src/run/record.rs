@@ -51,6 +51,9 @@ pub(crate) struct RunRecord {
     /// Which `--tie-to` pid exited, when that ended the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tied_pid_died: Option<i32>,
+    /// Who asked for the run to stop (`ccci-run stop`), when that ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<crate::supervise::shutdown::Requester>,
     /// The run's cgroup (absolute path in the cgroup file system), when it had one.
     pub cgroup: Option<String>,
     /// The supervisor named for good: what a judge in any pid or time namespace needs to tell
@@ -65,7 +68,7 @@ pub(crate) struct RunRecord {
     pub marker: Option<String>,
     pub phases: Vec<Phase>,
     /// `command-ended`, `SIGTERM`, `SIGINT`, `SIGHUP`, `SIGQUIT`, `deadline`, `parent-died`,
-    /// `tied-pid-died`, or `teardown-timeout` when a teardown step ran out of its budget.
+    /// `tied-pid-died`, `lock-lost`, `stopped` (`ccci-run stop`), or `teardown-timeout` when a teardown step ran out of its budget.
     pub shutdown_reason: Option<String>,
     /// How the command itself ended, when it was reaped.
     pub command_status: Option<serde_json::Value>,

@@ -241,6 +241,11 @@ impl RunDir {
         self.dir.join(crate::names::RUN_RECORD_FILE)
     }
 
+    /// Where `ccci-run stop` leaves its request for this run.
+    pub(crate) fn stop_request_path(&self) -> PathBuf {
+        self.dir.join(crate::names::RUN_STOP_FILE)
+    }
+
     /// Build a fresh `abra/` for this run, replacing whatever a previous run with this id left.
     ///
     /// The canonical `servers/` and `catalogue/` are created if missing so the links never dangle.

@@ -171,6 +171,8 @@ struct Seen {
     /// Its start time as we read it (our time namespace's offset still in).
     raw_start: u64,
     zombie: bool,
+    /// Its pid as our `/proc` numbers it.
+    local: i32,
 }
 
 /// Every process `/proc` shows, by (pid namespace, pid there).
@@ -215,6 +217,7 @@ impl Table {
                         Seen {
                             raw_start,
                             zombie: parsed.zombie,
+                            local: pid,
                         },
                     );
                 }
@@ -246,28 +249,61 @@ impl Judge {
     }
 
     pub(crate) fn judge(&self, who: &ProcessIdentity) -> Verdict {
+        self.locate(who).0
+    }
+
+    /// The recorded process's directory in our `/proc`, opened and checked to be that very
+    /// process (its start time read through the open directory, so a pid reused meanwhile is
+    /// never taken for it): what a signal meant for it alone goes through. `Err` is the verdict
+    /// when it is not alive, or cannot be judged from here.
+    pub(crate) fn open(&self, who: &ProcessIdentity) -> Result<linux::ProcDir, Verdict> {
+        let (verdict, local) = self.locate(who);
+        let Some(local) = local.filter(|_| verdict == Verdict::Alive) else {
+            return Err(verdict);
+        };
+        let dir = linux::ProcDir::open(local).ok_or(Verdict::Dead)?;
+        let offset = Here::get()
+            .offset_ticks
+            .clone()
+            .map_err(Verdict::Unresolvable)?;
+        let stat = dir.read("stat").map_err(|_| Verdict::Dead)?;
+        let stat = String::from_utf8_lossy(&stat);
+        match (linux::parse_start_time(&stat), linux::parse_stat(&stat)) {
+            (Some(raw), Some(parsed))
+                if !parsed.zombie
+                    && normalise(raw, offset).abs_diff(who.start_ticks) <= START_TOLERANCE =>
+            {
+                Ok(dir)
+            }
+            _ => Err(Verdict::Dead),
+        }
+    }
+
+    /// The verdict, and the process's pid in our `/proc` when it was found there.
+    fn locate(&self, who: &ProcessIdentity) -> (Verdict, Option<i32>) {
         let here = Here::get();
         if who.boot_id != here.boot_id {
-            return Verdict::Unresolvable(format!(
+            let why = format!(
                 "recorded under boot id {} (this is {}): on another host, or before a reboot",
                 or_unknown(&who.boot_id),
                 or_unknown(&here.boot_id)
-            ));
+            );
+            return (Verdict::Unresolvable(why), None);
         }
         let offset = match &here.offset_ticks {
             Ok(offset) => *offset,
-            Err(why) => return Verdict::Unresolvable(why.clone()),
+            Err(why) => return (Verdict::Unresolvable(why.clone()), None),
         };
         let own_ns = match &here.pid_ns {
             Ok(ns) => *ns,
-            Err(why) => return Verdict::Unresolvable(why.clone()),
+            Err(why) => return (Verdict::Unresolvable(why.clone()), None),
         };
         let compare = |seen: Seen| {
             let start = normalise(seen.raw_start, offset);
             if seen.zombie || start.abs_diff(who.start_ticks) > START_TOLERANCE {
-                Verdict::Dead
+                (Verdict::Dead, None)
             } else {
-                Verdict::Alive
+                (Verdict::Alive, Some(seen.local))
             }
         };
         if who.pid_ns == own_ns && here.proc_is_own {
@@ -277,49 +313,55 @@ impl Judge {
                     (Some(raw_start), Some(stat)) => compare(Seen {
                         raw_start,
                         zombie: stat.zombie,
+                        local: who.pid,
                     }),
-                    _ => Verdict::Unresolvable(format!("failed to parse /proc/{}/stat", who.pid)),
+                    _ => (
+                        Verdict::Unresolvable(format!("failed to parse /proc/{}/stat", who.pid)),
+                        None,
+                    ),
                 },
                 Err(err)
                     if err.kind() == io::ErrorKind::NotFound
                         || err.raw_os_error() == Some(nix::libc::ESRCH) =>
                 {
-                    match &here.hidden {
+                    let verdict = match &here.hidden {
                         Some(why) => Verdict::Unresolvable(format!(
                             "{} is not in /proc, but {why}",
                             who.describe()
                         )),
                         None => Verdict::Dead,
-                    }
+                    };
+                    (verdict, None)
                 }
-                Err(err) => {
-                    Verdict::Unresolvable(format!("failed to read /proc/{}/stat: {err}", who.pid))
-                }
+                Err(err) => (
+                    Verdict::Unresolvable(format!("failed to read /proc/{}/stat: {err}", who.pid)),
+                    None,
+                ),
             };
         }
         let table = self.table.get_or_init(Table::read);
         if let Some(seen) = table.by_pid.get(&(who.pid_ns, who.pid)) {
             return compare(*seen);
         }
-        if !table.complete {
-            return Verdict::Unresolvable(format!(
+        let verdict = if !table.complete {
+            Verdict::Unresolvable(format!(
                 "{} is not among the processes this judge can see, and some processes' \
                  namespaces could not be read here",
                 who.describe()
-            ));
-        }
-        if table.namespaces.contains(&who.pid_ns) {
+            ))
+        } else if table.namespaces.contains(&who.pid_ns) {
             // Its namespace lives and shows every process it has: that pid is not among them.
-            return Verdict::Dead;
-        }
-        if here.proc_is_init {
+            Verdict::Dead
+        } else if here.proc_is_init {
             // Every process of the host is visible here, and none is in that namespace.
-            return Verdict::Dead;
-        }
-        Verdict::Unresolvable(format!(
-            "{} is in a pid namespace this judge (in pid:[{own_ns}]) cannot see into",
-            who.describe()
-        ))
+            Verdict::Dead
+        } else {
+            Verdict::Unresolvable(format!(
+                "{} is in a pid namespace this judge (in pid:[{own_ns}]) cannot see into",
+                who.describe()
+            ))
+        };
+        (verdict, None)
     }
 }
 

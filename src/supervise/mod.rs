@@ -378,6 +378,10 @@ pub(crate) fn report_ignored(event: Event) {
             ));
         }
         Event::LockLost => report::line("== the lock was lost during teardown — ignored =="),
+        Event::Stopped(by) => report::line(&format!(
+            "== ccci-run stop (uid {}, pid {}) during teardown — ignored ==",
+            by.uid, by.pid
+        )),
         _ => {}
     }
 }

@@ -14,6 +14,14 @@ use nix::sys::signal::Signal;
 use crate::exit;
 use crate::supervise::process::ChildStatus;
 
+/// Who asked for a run to stop (`ccci-run stop`): its real uid and its pid, each as the
+/// requester saw itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Requester {
+    pub uid: u32,
+    pub pid: i32,
+}
+
 /// Why the run is ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ShutdownReason {
@@ -29,6 +37,8 @@ pub(crate) enum ShutdownReason {
     TiedPidDied(i32),
     /// A held lock was lost behind our back.
     LockLost,
+    /// `ccci-run stop` asked for it (a SIGTERM from the requester it named).
+    Stopped(Requester),
 }
 
 impl ShutdownReason {
@@ -42,6 +52,8 @@ impl ShutdownReason {
             // the news.
             Self::ParentDied | Self::TiedPidDied(_) => exit::for_signal(Signal::SIGTERM),
             Self::LockLost => exit::LOCK_LOST,
+            // A SIGTERM with a name attached: the code a SIGTERM has always given.
+            Self::Stopped(_) => exit::for_signal(Signal::SIGTERM),
         }
     }
 
@@ -54,6 +66,7 @@ impl ShutdownReason {
             Self::ParentDied => "parent-died".to_owned(),
             Self::TiedPidDied(_) => "tied-pid-died".to_owned(),
             Self::LockLost => "lock-lost".to_owned(),
+            Self::Stopped(_) => "stopped".to_owned(),
         }
     }
 
@@ -71,6 +84,10 @@ impl ShutdownReason {
                 "== tied process {pid} exited (--tie-to) — tearing down =="
             )),
             Self::LockLost => Some("== the lock was lost while held — tearing down ==".to_owned()),
+            Self::Stopped(by) => Some(format!(
+                "== stopped by ccci-run stop (uid {}, pid {}) — tearing down ==",
+                by.uid, by.pid
+            )),
         }
     }
 }
@@ -94,6 +111,8 @@ pub(crate) enum Event {
     TiedPidDied(i32),
     /// A held lock was lost (its lease expired or was revoked, its record deleted or replaced).
     LockLost,
+    /// `ccci-run stop` asked (its SIGTERM, with its request in the run directory).
+    Stopped(Requester),
     /// The command (the group leader) was reaped.
     CommandEnded(ChildStatus),
     /// The kill grace after SIGTERM ran out.
@@ -181,6 +200,7 @@ impl Escalation {
                 self.begin(ShutdownReason::TiedPidDied(pid))
             }
             (State::Running, Event::LockLost) => self.begin(ShutdownReason::LockLost),
+            (State::Running, Event::Stopped(by)) => self.begin(ShutdownReason::Stopped(by)),
             (State::Running, Event::CommandEnded(status)) => {
                 self.begin(ShutdownReason::CommandEnded(status))
             }
@@ -195,7 +215,8 @@ impl Escalation {
                 | Event::Deadline
                 | Event::ParentDied
                 | Event::TiedPidDied(_)
-                | Event::LockLost,
+                | Event::LockLost
+                | Event::Stopped(_),
             ) => Action::Ignore(event),
             // Ending during teardown is what we asked for; the reason stays the first one.
             (_, Event::CommandEnded(_)) => Action::None,
@@ -232,6 +253,8 @@ mod tests {
     const TERM: Event = Event::Signal(Signal::SIGTERM);
     const INT: Event = Event::Signal(Signal::SIGINT);
     const ENDED: Event = Event::CommandEnded(ChildStatus::Exited(3));
+    const BY: Requester = Requester { uid: 1000, pid: 77 };
+    const STOP: Event = Event::Stopped(BY);
 
     /// An escalation driven into `state` by the only path that reaches it.
     fn in_state(state: State) -> Escalation {
@@ -295,6 +318,15 @@ mod tests {
         Action::BeginTeardown(ShutdownReason::LockLost),
         State::Terminating
     )]
+    #[case::run_stopped(
+        State::Running,
+        STOP,
+        Action::BeginTeardown(ShutdownReason::Stopped(BY)),
+        State::Terminating
+    )]
+    #[case::term_stopped(State::Terminating, STOP, Action::Ignore(STOP), State::Terminating)]
+    #[case::kill_stopped(State::Killing, STOP, Action::Ignore(STOP), State::Killing)]
+    #[case::stopped_stopped(State::Stopped, STOP, Action::Ignore(STOP), State::Stopped)]
     #[case::term_lock_lost(
         State::Terminating,
         Event::LockLost,
@@ -420,6 +452,7 @@ mod tests {
     #[case(ShutdownReason::ParentDied, 143)]
     #[case(ShutdownReason::TiedPidDied(4242), 143)]
     #[case(ShutdownReason::LockLost, 76)]
+    #[case(ShutdownReason::Stopped(BY), 143)]
     #[case(ShutdownReason::CommandEnded(ChildStatus::Signaled(9)), 137)]
     #[case(ShutdownReason::CommandEnded(ChildStatus::NotStarted(127)), 127)]
     fn exit_codes(#[case] reason: ShutdownReason, #[case] code: u8) {

@@ -13,7 +13,7 @@
 //! checks [`SignalFunnel::pending`]. Every blocking call in the process must therefore handle
 //! `EINTR`.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -25,10 +25,14 @@ use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::iterator::exfiltrator::WithRawSiginfo;
 
 use crate::report;
+use crate::supervise::identity::ProcessIdentity;
 use crate::supervise::linux;
-use crate::supervise::shutdown::Event;
+use crate::supervise::shutdown::{Event, Requester};
 use crate::supervise::worker::Awaitable;
 
 /// The signals the funnel catches and acts on, in the order they are reported when several
@@ -77,6 +81,8 @@ pub(crate) struct Arrived {
     pub parent_died: bool,
     /// A held lock was lost (reported once).
     pub lock_lost: bool,
+    /// The SIGTERM was `ccci-run stop`'s, sent by this requester.
+    pub stopped: Option<Requester>,
 }
 
 impl Arrived {
@@ -89,6 +95,7 @@ impl Arrived {
             && self.tied_pid_died.is_none()
             && !self.parent_died
             && !self.lock_lost
+            && self.stopped.is_none()
     }
 
     pub(crate) fn contains(&self, signal: Signal) -> bool {
@@ -122,6 +129,58 @@ impl Watched {
     }
 }
 
+/// What `ccci-run stop` writes into a run directory (`stop.json`) before it sends its SIGTERM:
+/// who asks, as it sees itself, and which supervisor it verified. The supervisor takes a
+/// SIGTERM for a stop only when the request names it and the SIGTERM's sender is the requester;
+/// any other SIGTERM is the plain SIGTERM it always was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StopRequest {
+    /// The requester's real uid.
+    pub uid: u32,
+    /// The requester's pid in its own pid namespace, and that namespace.
+    pub pid: i32,
+    pub pid_ns: u64,
+    /// The supervisor the requester checked (its guard, its start time) before signalling.
+    pub supervisor: ProcessIdentity,
+    pub at: String,
+}
+
+/// A signal's sender as the kernel told the receiver (`si_pid`, `si_uid`): the pid in the
+/// receiver's pid namespace, 0 when the sender is in an enclosing one the receiver cannot see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sender {
+    pub pid: i32,
+    pub uid: u32,
+}
+
+impl StopRequest {
+    /// Whether a SIGTERM from `sender`, received by the supervisor `own`, is this request's.
+    pub(crate) fn sent_by(&self, sender: Sender, own: &ProcessIdentity) -> bool {
+        if self.supervisor != *own || self.uid != sender.uid {
+            return false;
+        }
+        if sender.pid == 0 {
+            // Sent from an enclosing pid namespace: so must the request have been.
+            self.pid_ns != own.pid_ns
+        } else {
+            self.pid_ns == own.pid_ns && self.pid == sender.pid
+        }
+    }
+
+    pub(crate) fn requester(&self) -> Requester {
+        Requester {
+            uid: self.uid,
+            pid: self.pid,
+        }
+    }
+}
+
+/// Where a supervisor that takes stop requests finds them.
+struct StopRequests {
+    path: std::path::PathBuf,
+    own: ProcessIdentity,
+}
+
 /// The installed funnel. There is one per process.
 pub(crate) struct SignalFunnel {
     wake: UnixStream,
@@ -134,6 +193,13 @@ pub(crate) struct SignalFunnel {
     losses: Vec<Watched>,
     /// When the hard deadline's alarm is due; a SIGALRM before it is somebody else's.
     deadline: Option<std::time::Instant>,
+    /// Who sent each SIGTERM (signal-hook's raw `siginfo_t`, kept for us by its own handler,
+    /// which runs before the flag's). `None` in tests that install no handlers.
+    senders: Option<RefCell<SignalsInfo<WithRawSiginfo>>>,
+    /// The last SIGTERM sender seen, until a SIGTERM is taken with it.
+    last_sender: Cell<Option<Sender>>,
+    /// Where `ccci-run stop` leaves its request, for a run.
+    stop: Option<StopRequests>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +225,10 @@ impl SignalFunnel {
         notify.set_nonblocking(true).map_err(fail(libc::SIGTERM))?;
         // The handlers' end lives as long as the process (one funnel per process).
         let notify = std::os::fd::IntoRawFd::into_raw_fd(notify);
+        // Registered before the flags' actions, so that a SIGTERM's sender is kept before its
+        // flag can be seen (a signal's actions run in the order they were registered).
+        let senders =
+            SignalsInfo::<WithRawSiginfo>::new([libc::SIGTERM]).map_err(fail(libc::SIGTERM))?;
         let kick = linux::kick_signal();
         let realtime = (kick + 1)..=libc::SIGRTMAX();
         let watched = CAUGHT
@@ -193,7 +263,51 @@ impl SignalFunnel {
             tie: Vec::new(),
             losses: Vec::new(),
             deadline: None,
+            senders: Some(RefCell::new(senders)),
+            last_sender: Cell::new(None),
+            stop: None,
         })
+    }
+
+    /// Take a SIGTERM whose sender left a [`StopRequest`] naming `own` at `path` for
+    /// `ccci-run stop`'s: reported as [`Arrived::stopped`].
+    pub(crate) fn accept_stop_requests(&mut self, path: std::path::PathBuf, own: ProcessIdentity) {
+        self.stop = Some(StopRequests { path, own });
+    }
+
+    /// The sender of the last SIGTERM, drained from signal-hook's record of them.
+    fn note_senders(&self) {
+        let Some(senders) = &self.senders else { return };
+        for info in senders.borrow_mut().pending() {
+            // si_pid and si_uid are there for a signal a process sent (si_code <= 0: kill,
+            // tgkill, sigqueue, pidfd_send_signal); a kernel-made one has neither.
+            if info.si_code <= 0 {
+                // SAFETY: a user-sent signal's siginfo carries the kill fields.
+                let (pid, uid) = unsafe { (info.si_pid(), info.si_uid()) };
+                self.last_sender.set(Some(Sender { pid, uid }));
+            } else {
+                self.last_sender.set(None);
+            }
+        }
+    }
+
+    /// The requester, when the SIGTERM that arrived (from `sender`) was `ccci-run stop`'s; its
+    /// request is consumed.
+    fn stop_requested(&self, sender: Option<Sender>) -> Option<Requester> {
+        let stop = self.stop.as_ref()?;
+        let sender = sender?;
+        let text = std::fs::read(&stop.path).ok()?;
+        let request: StopRequest = serde_json::from_slice(&text).ok()?;
+        if !request.sent_by(sender, &stop.own) {
+            tracing::debug!(
+                ?request,
+                ?sender,
+                "a SIGTERM that is not the stop request's"
+            );
+            return None;
+        }
+        let _ = std::fs::remove_file(&stop.path);
+        Some(request.requester())
     }
 
     /// The hard deadline was armed to fire at `at`: a SIGALRM that comes earlier (sent by
@@ -225,6 +339,7 @@ impl SignalFunnel {
     /// Signals (and deaths) that have arrived since the last call, without waiting.
     pub(crate) fn pending(&self) -> Arrived {
         self.drain_wake_pipe();
+        self.note_senders();
         for signal in IGNORED
             .iter()
             .map(|s| *s as libc::c_int)
@@ -259,6 +374,12 @@ impl SignalFunnel {
         if arrived.contains(Signal::SIGTERM) && nix::unistd::getppid() != self.start_ppid {
             arrived.signals.retain(|s| *s != Signal::SIGTERM);
             arrived.parent_died = true;
+        }
+        if arrived.contains(Signal::SIGTERM) {
+            if let Some(by) = self.stop_requested(self.last_sender.take()) {
+                arrived.signals.retain(|s| *s != Signal::SIGTERM);
+                arrived.stopped = Some(by);
+            }
         }
         // Every tie is looked at (and marked); the first that fired is the one named.
         let fired: Vec<i32> = self
@@ -369,6 +490,7 @@ pub(crate) fn shutdown_events(arrived: &Arrived) -> impl Iterator<Item = Event> 
         arrived.tied_pid_died.map(Event::TiedPidDied),
         arrived.parent_died.then_some(Event::ParentDied),
         arrived.lock_lost.then_some(Event::LockLost),
+        arrived.stopped.map(Event::Stopped),
     ];
     deaths
         .into_iter()
@@ -443,9 +565,51 @@ mod tests {
             tie: Vec::new(),
             losses: Vec::new(),
             deadline: None,
+            senders: None,
+            last_sender: Cell::new(None),
+            stop: None,
         };
         // The other end stays open: a closed one would wake every wait at once.
         (funnel, notify)
+    }
+
+    /// A SIGTERM is the request's only from its requester, to the supervisor it names: the
+    /// kernel gives the sender's pid in the receiver's namespace, or 0 from an enclosing one.
+    #[rstest::rstest]
+    #[case::same_namespace(Sender { pid: 42, uid: 1000 }, 42, 7, true)]
+    #[case::another_pid(Sender { pid: 43, uid: 1000 }, 42, 7, false)]
+    #[case::another_uid(Sender { pid: 42, uid: 0 }, 42, 7, false)]
+    #[case::from_an_enclosing_namespace(Sender { pid: 0, uid: 1000 }, 4242, 9, true)]
+    #[case::hidden_sender_but_same_namespace(Sender { pid: 0, uid: 1000 }, 42, 7, false)]
+    #[case::same_pid_in_another_namespace(Sender { pid: 42, uid: 1000 }, 42, 9, false)]
+    fn a_stop_request_is_matched_to_its_sender(
+        #[case] sender: Sender,
+        #[case] pid: i32,
+        #[case] pid_ns: u64,
+        #[case] matches: bool,
+    ) {
+        let own = ProcessIdentity {
+            pid: 3,
+            start_ticks: 100,
+            pid_ns: 7,
+            boot_id: "b".into(),
+        };
+        let request = StopRequest {
+            uid: 1000,
+            pid,
+            pid_ns,
+            supervisor: own.clone(),
+            at: String::new(),
+        };
+        assert_eq!(request.sent_by(sender, &own), matches);
+        let other = ProcessIdentity {
+            start_ticks: 200,
+            ..own.clone()
+        };
+        assert!(
+            !request.sent_by(sender, &other),
+            "another supervisor's request"
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::util::{
 };
 
 /// `cmd`, run by `prefix` (with the same environment).
-fn wrapped(prefix: &[&str], cmd: &Command) -> Command {
+pub fn wrapped(prefix: &[&str], cmd: &Command) -> Command {
     let mut out = Command::new(prefix[0]);
     out.args(&prefix[1..])
         .arg(cmd.get_program())
@@ -37,7 +37,7 @@ fn wrapped(prefix: &[&str], cmd: &Command) -> Command {
 /// `cmd` in a pid namespace of its own with its own `/proc` (a container sharing our
 /// directories and cgroup tree), two shells deep so that its parent is not the namespace's
 /// init; the namespace dies with `unshare`.
-fn in_pid_namespace(cmd: &Command) -> Command {
+pub fn in_pid_namespace(cmd: &Command) -> Command {
     wrapped(
         &[
             "unshare",

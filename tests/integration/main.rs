@@ -28,5 +28,6 @@ mod run_dirs;
 mod run_exit;
 mod run_guards;
 mod run_signals;
+mod runs_stop;
 mod shipping;
 mod util;
