@@ -648,12 +648,16 @@ impl LockArgs {
 impl ConvergeArgs {
     /// The stack to wait for: named by --stack, derived from --domain or --recipe as `run`
     /// derives it, or the run's own (`CCCI_STACK_NAME`).
-    pub(crate) fn validate(&self, global: &Global) -> Result<crate::converge::ConvergeConfig, NameError> {
+    pub(crate) fn validate(
+        &self,
+        global: &Global,
+    ) -> Result<crate::converge::ConvergeConfig, NameError> {
         if global.docker == DockerMode::Off {
             return Err(NameError {
                 what: "--docker / CCCI_DOCKER",
                 value: "off".to_owned(),
-                rule: "converge asks Docker about the stack: it cannot run with Docker off".to_owned(),
+                rule: "converge asks Docker about the stack: it cannot run with Docker off"
+                    .to_owned(),
             });
         }
         let stack = if let Some(stack) = &self.stack {
@@ -671,9 +675,14 @@ impl ConvergeArgs {
                 })?
                 .stack_name()
         } else if let Some(recipe) = &self.recipe {
-            Identity::validate(recipe, self.pr.as_deref(), self.git_ref.as_deref(), &global.suffix)?
-                .domain
-                .stack_name()
+            Identity::validate(
+                recipe,
+                self.pr.as_deref(),
+                self.git_ref.as_deref(),
+                &global.suffix,
+            )?
+            .domain
+            .stack_name()
         } else {
             match std::env::var("CCCI_STACK_NAME") {
                 Ok(stack) if !stack.is_empty() => StackName::parse(&stack)

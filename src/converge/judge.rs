@@ -7,8 +7,13 @@
 //! update is not converged while `UpdateStatus.State` is `updating` or `rollback_started`; and
 //! `paused` / `rollback_paused` (swarm's default failure action pauses) last until somebody
 //! acts, so they are settled, never waited for.
+//!
+//! And one a single look gets wrong: a crash-looping task is `running` for a moment every
+//! time it restarts. Once a task of the service's current spec has failed, a running task
+//! counts only after it has stayed up for [`STABLE_AFTER_FAILURE`]; a service that never
+//! failed counts at once, so a healthy stack is seen converged within one poll.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
@@ -59,15 +64,18 @@ pub(crate) enum Outcome {
     NoStack,
 }
 
+/// How long a task must have been running to count, once a task of the same spec has failed.
+pub(crate) const STABLE_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
 /// How many failed tasks a service's report names.
 const ERRORS_SHOWN: usize = 3;
 
-/// Judge every service of one poll.
-pub(crate) fn judge(state: &StackState) -> Vec<ServiceReport> {
+/// Judge every service of one poll, seen at `now`.
+pub(crate) fn judge(state: &StackState, now: SystemTime) -> Vec<ServiceReport> {
     let mut reports: Vec<ServiceReport> = state
         .services
         .iter()
-        .map(|service| judge_service(service, state))
+        .map(|service| judge_service(service, state, now))
         .collect();
     reports.sort_by(|a, b| a.name.cmp(&b.name));
     reports
@@ -90,19 +98,28 @@ pub(crate) fn outcome(reports: &[ServiceReport], allow_paused: bool) -> Outcome 
     }
 }
 
-fn judge_service(service: &Service, state: &StackState) -> ServiceReport {
+fn judge_service(service: &Service, state: &StackState, now: SystemTime) -> ServiceReport {
     let tasks: Vec<&Task> = state
         .tasks
         .iter()
         .filter(|t| t.service_id == service.id)
         .collect();
+    let failures = failed_tasks(service, &tasks);
+    let stable_since = now.checked_sub(STABLE_AFTER_FAILURE);
+    let stable = |t: &Task| {
+        failures.is_empty()
+            || t.at
+                .zip(stable_since)
+                .is_some_and(|(at, since)| at <= since)
+    };
     let nodes = state.nodes.as_deref().unwrap_or_default();
     let eligible = || {
         nodes
             .iter()
             .filter(|n| n.ready && n.active && placeable(n, &service.constraints))
     };
-    let running = |t: &&&Task| t.desired_live && t.phase == TaskPhase::Running;
+    let up = |t: &&&Task| t.desired_live && t.phase == TaskPhase::Running;
+    let running = |t: &&&Task| up(t) && stable(t);
     let completed =
         |t: &&&Task| t.phase == TaskPhase::Complete && t.job_iteration == service.job_iteration;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
@@ -141,14 +158,24 @@ fn judge_service(service: &Service, state: &StackState) -> ServiceReport {
         Some(state @ (UpdateState::Updating | UpdateState::RollbackStarted)) => Standing::Waiting(
             format!("{done}/{desired} {verb}; update {}", state.as_str()),
         ),
-        _ if !counted => Standing::Waiting(format!("{done}/{desired} {verb}")),
+        _ if !counted => {
+            let unsteady = count(tasks.iter().filter(up).count()).saturating_sub(done);
+            Standing::Waiting(if unsteady > 0 && verb == "running" {
+                format!(
+                    "{done}/{desired} {verb} ({unsteady} more up for less than {} s after a failure)",
+                    STABLE_AFTER_FAILURE.as_secs()
+                )
+            } else {
+                format!("{done}/{desired} {verb}")
+            })
+        }
         Some(UpdateState::RollbackCompleted) => Standing::RolledBack,
         _ => Standing::Converged,
     };
     let failures = if standing == Standing::Converged {
         Vec::new()
     } else {
-        failed_tasks(service, &tasks)
+        failures
     };
     ServiceReport {
         name: service.name.clone(),
@@ -166,7 +193,7 @@ fn judge_service(service: &Service, state: &StackState) -> ServiceReport {
 /// The failed and rejected tasks of the service's current spec (none from before its last
 /// update), newest first, one per slot (or node), at most [`ERRORS_SHOWN`].
 fn failed_tasks(service: &Service, tasks: &[&Task]) -> Vec<(String, String)> {
-    let since = service.updated_at.unwrap_or(SystemTime::UNIX_EPOCH);
+    let since = service.spec_since.unwrap_or(SystemTime::UNIX_EPOCH);
     let mut failed: Vec<&&Task> = tasks
         .iter()
         .filter(|t| matches!(t.phase, TaskPhase::Failed | TaskPhase::Rejected))
@@ -267,7 +294,10 @@ pub(crate) fn describe(reports: &[ServiceReport], stack: &str) -> String {
             };
             let mut line = format!("{} {what}", short(&r.name));
             if let Some(first) = r.errors.first() {
-                line.push_str(&format!(" ({})", first.replacen(&r.name, &short(&r.name), 1)));
+                line.push_str(&format!(
+                    " ({})",
+                    first.replacen(&r.name, &short(&r.name), 1)
+                ));
             }
             Some(line)
         })
@@ -279,7 +309,10 @@ pub(crate) fn describe(reports: &[ServiceReport], stack: &str) -> String {
 mod tests {
     use super::*;
     use rstest::rstest;
-    use std::time::Duration;
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1000)
+    }
 
     fn service(mode: Mode, update: Option<UpdateState>) -> Service {
         Service {
@@ -288,7 +321,7 @@ mod tests {
             mode,
             update,
             update_message: "update paused due to failure".into(),
-            updated_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(100)),
+            spec_since: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(100)),
             constraints: Vec::new(),
             job_iteration: 0,
         }
@@ -354,7 +387,7 @@ mod tests {
                 .collect(),
             nodes: None,
         };
-        let report = &judge(&state)[0];
+        let report = &judge(&state, now())[0];
         let got = match &report.standing {
             Standing::Converged => "converged".to_owned(),
             Standing::Waiting(why) => why.clone(),
@@ -374,14 +407,14 @@ mod tests {
             tasks: vec![old.clone()],
             nodes: None,
         };
-        assert_eq!(judge(&state)[0].running, 0);
+        assert_eq!(judge(&state, now())[0].running, 0);
         let mut new = old;
         new.job_iteration = 7;
         let state = StackState {
             tasks: vec![new],
             ..state
         };
-        assert_eq!(judge(&state)[0].standing, Standing::Converged);
+        assert_eq!(judge(&state, now())[0].standing, Standing::Converged);
     }
 
     #[test]
@@ -401,13 +434,13 @@ mod tests {
             tasks: vec![on("n2", Running)],
             nodes: Some(nodes),
         };
-        let r = &judge(&state)[0];
+        let r = &judge(&state, now())[0];
         assert_eq!((r.running, r.desired), (0, 1));
         let state = StackState {
             tasks: vec![on("n1", Running)],
             ..state
         };
-        assert_eq!(judge(&state)[0].standing, Standing::Converged);
+        assert_eq!(judge(&state, now())[0].standing, Standing::Converged);
     }
 
     #[rstest]
@@ -448,12 +481,35 @@ mod tests {
             tasks: vec![before, a, b, task(2, true, Pending)],
             nodes: None,
         };
-        let r = &judge(&state)[0];
+        let r = &judge(&state, now())[0];
         assert_eq!(r.errors, vec!["task st_app.1 failed: exit 3".to_owned()]);
         assert_eq!(
             describe(std::slice::from_ref(r), "st"),
             "app 0/2 running (task app.1 failed: exit 3)"
         );
+    }
+
+    /// A crash-looping task is running for a moment each restart: after a failure of the
+    /// current spec, a running task counts only once it has stayed up long enough.
+    #[rstest]
+    #[case::just_restarted(2, "0/1 running (1 more up for less than 5 s after a failure)")]
+    #[case::stayed_up(6, "converged")]
+    fn after_a_failure_a_running_task_must_stay_up(#[case] up_for: u64, #[case] want: &str) {
+        let mut failed = task(1, false, Failed);
+        failed.err = "task: non-zero exit (3)".into();
+        let mut restarted = task(1, true, Running);
+        restarted.at = Some(now() - Duration::from_secs(up_for));
+        let state = StackState {
+            services: vec![service(Mode::Replicated { replicas: 1 }, None)],
+            tasks: vec![failed, restarted],
+            nodes: None,
+        };
+        let r = &judge(&state, now())[0];
+        match &r.standing {
+            Standing::Converged => assert_eq!(want, "converged"),
+            Standing::Waiting(why) => assert_eq!(why, want),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[rstest]

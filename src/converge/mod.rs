@@ -38,6 +38,9 @@ pub(crate) struct ConvergeConfig {
 /// How often a long wait says what it is waiting for.
 const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
+/// How long the first poll may take past a short `--timeout`.
+const FIRST_POLL_LIMIT: Duration = Duration::from_secs(10);
+
 /// Why `converge` could not judge at all.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ConvergeError {
@@ -83,11 +86,17 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
     let mut backoff = Backoff::new(Policy::CONVERGE, rng, MonotonicClock);
     let mut last_error = None;
     let end = loop {
-        match seam.stack_state(&cfg.stack, Some(funnel.wake_fd()), deadline) {
+        // The first poll is always made, whatever the timeout (`--timeout 0` polls once).
+        let poll_until = if watch.polls == 0 {
+            deadline.max(started + FIRST_POLL_LIMIT)
+        } else {
+            deadline
+        };
+        match seam.stack_state(&cfg.stack, Some(funnel.wake_fd()), poll_until) {
             Ok(Polled::Seen(state)) => {
                 watch.polls += 1;
                 last_error = None;
-                let reports = judge::judge(&state);
+                let reports = judge::judge(&state, std::time::SystemTime::now());
                 let outcome = judge::outcome(&reports, cfg.allow_paused);
                 watch.saw(reports);
                 if outcome != Outcome::Waiting {

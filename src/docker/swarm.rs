@@ -21,10 +21,14 @@ use crate::docker::{DockerSeam, STACK_LABEL};
 /// A service's mode, with what it asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
-    Replicated { replicas: u64 },
+    Replicated {
+        replicas: u64,
+    },
     Global,
     /// Done once `completions` tasks of the current iteration have completed.
-    ReplicatedJob { completions: u64 },
+    ReplicatedJob {
+        completions: u64,
+    },
     GlobalJob,
 }
 
@@ -77,8 +81,10 @@ pub(crate) struct Service {
     pub mode: Mode,
     pub update: Option<UpdateState>,
     pub update_message: String,
-    /// When its spec last changed: tasks that failed before belong to an older spec.
-    pub updated_at: Option<SystemTime>,
+    /// When its current spec took over (the update's or rollback's start, else the service's
+    /// creation): tasks that failed before belong to an older spec. (`UpdatedAt` will not do:
+    /// swarm moves it with every write, the update status's own too.)
+    pub spec_since: Option<SystemTime>,
     /// `Placement.Constraints`, as written (`node.role == manager`).
     pub constraints: Vec<String>,
     /// A job's current iteration (`JobStatus.JobIteration.Index`).
@@ -172,7 +178,10 @@ impl DockerSeam {
                 // SAFETY: a `BorrowedFd` is open for as long as it is borrowed, and the
                 // registration is dropped before this call returns, inside the borrow.
                 let registered = wake.map(|fd| unsafe {
-                    tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+                    tokio::io::unix::AsyncFd::register_with_interest(
+                        fd,
+                        tokio::io::Interest::READABLE,
+                    )
                 });
                 match registered {
                     Some(Ok(fd)) => {
@@ -270,7 +279,7 @@ fn service(s: bollard::models::Service) -> Option<Service> {
         Mode::Replicated { replicas: 1 }
     };
     let status = s.update_status.unwrap_or_default();
-    let update = status.state.and_then(|state| match state {
+    let update = status.state.clone().and_then(|state| match state {
         ServiceUpdateStatusStateEnum::UPDATING => Some(UpdateState::Updating),
         ServiceUpdateStatusStateEnum::PAUSED => Some(UpdateState::Paused),
         ServiceUpdateStatusStateEnum::COMPLETED => Some(UpdateState::Completed),
@@ -285,7 +294,7 @@ fn service(s: bollard::models::Service) -> Option<Service> {
         mode,
         update,
         update_message: status.message.unwrap_or_default(),
-        updated_at: time(s.updated_at.as_ref()),
+        spec_since: time(status.started_at.as_ref()).or_else(|| time(s.created_at.as_ref())),
         constraints: spec
             .task_template
             .and_then(|t| t.placement)
