@@ -275,7 +275,22 @@ pub(crate) struct AppDomainArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").args(["domain", "stack", "recipe"])))]
+#[command(
+    group(clap::ArgGroup::new("target").args(["domain", "stack", "recipe"])),
+    long_about = "Wait until a deployed stack has converged: every service of the stack (label \
+        com.docker.stack.namespace) has as many tasks running as replicas (global: one on every \
+        eligible node; a job: its completions), and no update or rollback is in progress \
+        (UpdateStatus updating or rollback_started), so N/N replicas in the middle of a rolling \
+        update is not converged. A paused update or rollback is settled and reported. Once a task \
+        of a service's current spec has failed, a running task counts only after 5 s up. Polls \
+        (services and tasks, nodes only for a global service: one list call each for the whole \
+        stack) with full-jitter backoff; a line every 30 s names what is not converged (-v: every \
+        change), a failed task is named with its error, one summary line ends the wait.",
+    after_help = "Exit codes: 0 converged; 1 settled without converging (an update paused, \
+        unless --allow-paused, or rolled back) or no such stack; 2 invalid input; 75 not \
+        converged within --timeout, naming what was not; 125 Docker unreachable; 128+N signal N \
+        ended the wait."
+)]
 pub(crate) struct ConvergeArgs {
     /// The run app whose stack to wait for, by its domain (<prefix>-<hash6>.<domain-suffix>).
     #[arg(long, value_name = "D")]

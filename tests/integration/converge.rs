@@ -367,7 +367,8 @@ fn bad_targets_are_refused_and_a_missing_engine_is_125() {
     done.assert_stderr_has("failed to read stack a from Docker");
 }
 
-/// Inside a run, converge without a target waits for the run's own stack.
+/// Inside a run, converge without a target waits for the run's own stack; --recipe and
+/// --domain name the same one; a stack with no services is no such stack (1).
 #[test]
 fn inside_a_run_the_stack_is_the_runs_own() {
     let Some(sandbox) = Sandbox::with_docker() else {
@@ -394,4 +395,9 @@ fn inside_a_run_the_stack_is_the_runs_own() {
     let mut cmd = sandbox.ccci();
     cmd.args(["converge", "--json", "--domain", &domain]);
     assert_eq!(report(&run(cmd).out.join("\n"))["stack"], stack);
+    let mut cmd = sandbox.ccci();
+    cmd.args(["converge", "--stack", &format!("{stack}x")]);
+    let none = run(cmd);
+    none.assert_code(1);
+    none.assert_stderr_has("no such stack");
 }

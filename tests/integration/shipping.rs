@@ -622,6 +622,7 @@ fn cli_reference_matches_help() {
         Some("lock"),
         Some("app-domain"),
         Some("doctor"),
+        Some("converge"),
         Some("completions"),
         Some("man"),
     ] {
@@ -752,6 +753,7 @@ fn every_man_page_renders_with_its_sections() {
         "locks",
         "lock",
         "app-domain",
+        "converge",
         "completions",
         "man",
         "config",
