@@ -71,7 +71,11 @@ struct Events {
 impl Events {
     fn watch(filters: &[&str]) -> Self {
         let mut cmd = Command::new("docker");
-        cmd.args(["events", "--format", "{{.TimeNano}} {{json .Actor.Attributes}}"]);
+        cmd.args([
+            "events",
+            "--format",
+            "{{.TimeNano}} {{json .Actor.Attributes}}",
+        ]);
         for f in filters {
             cmd.args(["--filter", f]);
         }
@@ -294,7 +298,9 @@ fn main() {
         .output()
         .map_or(true, |o| !o.status.success())
     {
-        eprintln!("converge bench: no Docker engine at DOCKER_HOST; start one with scripts/docker-engine.sh start");
+        eprintln!(
+            "converge bench: no Docker engine at DOCKER_HOST; start one with scripts/docker-engine.sh start"
+        );
         std::process::exit(1);
     }
     let dir = tempfile::tempdir().unwrap();
@@ -309,7 +315,9 @@ fn main() {
         let samples: Vec<Sample> = (0..rounds).map(|r| fresh(waiter, dir.path(), r)).collect();
         summarise("fresh deploy", waiter, &samples);
         let updates = rounds.div_ceil(2).max(1);
-        let samples: Vec<Sample> = (0..updates).map(|r| update(waiter, dir.path(), r)).collect();
+        let samples: Vec<Sample> = (0..updates)
+            .map(|r| update(waiter, dir.path(), r))
+            .collect();
         summarise("stop-first upd", waiter, &samples);
         wait_gone("bcv");
     }

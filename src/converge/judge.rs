@@ -199,7 +199,7 @@ fn failed_tasks(service: &Service, tasks: &[&Task]) -> Vec<(String, String)> {
         .filter(|t| matches!(t.phase, TaskPhase::Failed | TaskPhase::Rejected))
         .filter(|t| t.at.is_none_or(|at| at >= since))
         .collect();
-    failed.sort_by(|a, b| b.at.cmp(&a.at));
+    failed.sort_by_key(|t| std::cmp::Reverse(t.at));
     let mut seen: Vec<String> = Vec::new();
     let mut out = Vec::new();
     for t in failed {

@@ -279,7 +279,7 @@ fn service(s: bollard::models::Service) -> Option<Service> {
         Mode::Replicated { replicas: 1 }
     };
     let status = s.update_status.unwrap_or_default();
-    let update = status.state.clone().and_then(|state| match state {
+    let update = status.state.and_then(|state| match state {
         ServiceUpdateStatusStateEnum::UPDATING => Some(UpdateState::Updating),
         ServiceUpdateStatusStateEnum::PAUSED => Some(UpdateState::Paused),
         ServiceUpdateStatusStateEnum::COMPLETED => Some(UpdateState::Completed),
