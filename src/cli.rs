@@ -15,7 +15,7 @@ use crate::config::{
     Origin, RunConfig, SweepOptions, Timing,
 };
 use crate::lock::queue::Class;
-use crate::names::{DomainSuffix, LockName, NameError, RunId};
+use crate::names::{DomainSuffix, LockName, NameError, RunId, StackName};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -123,6 +123,8 @@ pub(crate) enum Command {
     Stop(StopArgs),
     /// Print the app domain of a recipe run, and its stack name on a second line.
     AppDomain(AppDomainArgs),
+    /// Wait until a deployed stack has converged: every task running, no update in progress.
+    Converge(ConvergeArgs),
     /// Print shell completions.
     Completions {
         /// The shell to print completions for.
@@ -300,6 +302,53 @@ pub(crate) struct StopArgs {
 pub(crate) struct AppDomainArgs {
     #[command(flatten)]
     pub identity: IdentityArgs,
+    #[command(flatten)]
+    pub global: GlobalArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    group(clap::ArgGroup::new("target").args(["domain", "stack", "recipe"])),
+    long_about = "Wait until a deployed stack has converged: every service of the stack (label \
+        com.docker.stack.namespace) has as many tasks running as replicas (global: one on every \
+        eligible node; a job: its completions), and no update or rollback is in progress \
+        (UpdateStatus updating or rollback_started), so N/N replicas in the middle of a rolling \
+        update is not converged. A paused update or rollback is settled and reported. Once a task \
+        of a service's current spec has failed, a running task counts only after 5 s up. Polls \
+        (services and tasks, nodes only for a global service: one list call each for the whole \
+        stack) with full-jitter backoff; a line every 30 s names what is not converged (-v: every \
+        change), a failed task is named with its error, one summary line ends the wait.",
+    after_help = "Exit codes: 0 converged; 1 settled without converging (an update paused, \
+        unless --allow-paused, or rolled back) or no such stack; 2 invalid input; 75 not \
+        converged within --timeout, naming what was not; 125 Docker unreachable; 128+N signal N \
+        ended the wait."
+)]
+pub(crate) struct ConvergeArgs {
+    /// The run app whose stack to wait for, by its domain (<prefix>-<hash6>.<domain-suffix>).
+    #[arg(long, value_name = "D")]
+    pub domain: Option<String>,
+    /// The stack to wait for, by name (any stack) [default: $CCCI_STACK_NAME, the run's own].
+    #[arg(long, value_name = "S")]
+    pub stack: Option<String>,
+    /// The recipe of the run app whose stack to wait for, with --pr or --ref as for `run`.
+    #[arg(long, value_name = "R")]
+    pub recipe: Option<String>,
+    /// Pull request number (with --recipe).
+    #[arg(long, value_name = "N", requires = "recipe")]
+    pub pr: Option<String>,
+    /// Branch, tag or commit (with --recipe).
+    #[arg(long = "ref", value_name = "REF", requires = "recipe")]
+    pub git_ref: Option<String>,
+    /// Give up after DURATION and name what has not converged (exit 75); 0 polls once.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = any_duration)]
+    pub timeout: Duration,
+    /// A paused update or rollback (swarm's default failure action) counts as settled: exit 0
+    /// instead of 1; it is still reported.
+    #[arg(long)]
+    pub allow_paused: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub global: GlobalArgs,
 }
@@ -503,6 +552,7 @@ impl Command {
             Self::Runs(a) => Some(&a.global),
             Self::Stop(a) => Some(&a.global),
             Self::AppDomain(a) => Some(&a.global),
+            Self::Converge(a) => Some(&a.global),
             Self::Config(a) => Some(&a.global),
             Self::Doctor(a) => Some(&a.global),
             Self::Completions { .. } | Self::Man { .. } => None,
@@ -650,6 +700,73 @@ impl StopArgs {
             run_id: RunId::parse(&self.run_id)?,
             wait: self.wait,
             kill: self.kill,
+        })
+    }
+}
+
+impl ConvergeArgs {
+    /// The stack to wait for: named by --stack, derived from --domain or --recipe as `run`
+    /// derives it, or the run's own (`CCCI_STACK_NAME`).
+    pub(crate) fn validate(
+        &self,
+        global: &Global,
+    ) -> Result<crate::converge::ConvergeConfig, NameError> {
+        if global.docker == DockerMode::Off {
+            return Err(NameError {
+                what: "--docker / CCCI_DOCKER",
+                value: "off".to_owned(),
+                rule: "converge asks Docker about the stack: it cannot run with Docker off"
+                    .to_owned(),
+            });
+        }
+        let stack = if let Some(stack) = &self.stack {
+            StackName::parse(stack)?.as_str().to_owned()
+        } else if let Some(domain) = &self.domain {
+            crate::names::AppDomain::recognise(domain, &global.pattern)
+                .ok_or_else(|| NameError {
+                    what: "app domain (--domain)",
+                    value: domain.clone(),
+                    rule: format!(
+                        "not a run-app domain of the suffix {0} (<prefix>-<hash6>.{0}); name any \
+                         other stack with --stack",
+                        global.suffix
+                    ),
+                })?
+                .stack_name()
+        } else if let Some(recipe) = &self.recipe {
+            Identity::validate(
+                recipe,
+                self.pr.as_deref(),
+                self.git_ref.as_deref(),
+                &global.suffix,
+            )?
+            .domain
+            .stack_name()
+        } else {
+            match std::env::var("CCCI_STACK_NAME") {
+                Ok(stack) if !stack.is_empty() => StackName::parse(&stack)
+                    .map_err(|e| NameError {
+                        what: "CCCI_STACK_NAME",
+                        ..e
+                    })?
+                    .as_str()
+                    .to_owned(),
+                _ => {
+                    return Err(NameError {
+                        what: "converge target",
+                        value: String::new(),
+                        rule: "no stack to wait for: give --stack, --domain or --recipe (inside \
+                               `ccci-run run`, CCCI_STACK_NAME names the run's own)"
+                            .to_owned(),
+                    });
+                }
+            }
+        };
+        Ok(crate::converge::ConvergeConfig {
+            stack,
+            timeout: self.timeout,
+            allow_paused: self.allow_paused,
+            json: self.json,
         })
     }
 }

@@ -9,6 +9,8 @@ pub(crate) const FAILURE: u8 = 1;
 pub(crate) const USAGE: u8 = 2;
 /// A lock (the app lock or a named lock) was not acquired within its budget.
 pub(crate) const LOCK_TIMEOUT: u8 = 75;
+/// `converge`: the stack did not converge within `--timeout`.
+pub(crate) const CONVERGE_TIMEOUT: u8 = 75;
 /// A held lock was lost behind its holder's back (a lease that expired or was revoked); after
 /// teardown.
 pub(crate) const LOCK_LOST: u8 = 76;

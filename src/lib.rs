@@ -9,6 +9,7 @@ pub(crate) mod cli;
 mod completions;
 pub(crate) mod config;
 mod config_file;
+pub(crate) mod converge;
 pub(crate) mod docker;
 mod doctor;
 pub(crate) mod duration;
@@ -61,6 +62,8 @@ enum Error {
     },
     #[error(transparent)]
     Stop(#[from] run::stop::StopError),
+    #[error(transparent)]
+    Converge(#[from] converge::ConvergeError),
     #[error("failed to list the locks in {store}: {source}")]
     LockDir {
         store: String,
@@ -87,7 +90,7 @@ impl Error {
     fn exit_code(&self) -> u8 {
         match self {
             Self::Invalid(_) => exit::USAGE,
-            Self::Run(_) | Self::NamedLock(_) => exit::INTERNAL,
+            Self::Run(_) | Self::NamedLock(_) | Self::Converge(_) => exit::INTERNAL,
             Self::Metrics { .. }
             | Self::LockDir { .. }
             | Self::Locks(_)
@@ -250,6 +253,11 @@ fn command(
             let identity = args.identity.validate(&global.suffix)?;
             let text = format!("{}\n{}\n", identity.domain, identity.domain.stack_name());
             emit(text.as_bytes()).map(|()| 0)
+        }
+        Command::Converge(args) => {
+            let cfg = args.validate(global)?;
+            docker::DockerLink::check_env(global.docker)?;
+            Ok(converge::run(&cfg, start_ppid)?)
         }
         Command::Janitor(args) => janitor(&args, global),
         Command::Lock(args) => {

@@ -51,13 +51,16 @@ const EXIT_STATUS: &[(&str, &str)] = &[
         "janitor: a reap failed or did not finish within its budget, or the sweep could not \
          complete; doctor: a check failed; locks, app-domain, config: the output could not be \
          written; runs: the runs dir could not be read; stop: no such live run (unknown, \
-         finished, dead, or not to be judged from here), or it could not be signalled.",
+         finished, dead, or not to be judged from here), or it could not be signalled; \
+         converge: the stack settled without converging (an update paused or rolled back) or \
+         has no services.",
     ),
     ("2", "Invalid input: an option, a name, a duration."),
     (
         "75",
         "The app lock or the named lock was not acquired within its budget (lock: at once \
-         with -n; -E CODE chooses another code); stop: the run still runs after --wait.",
+         with -n; -E CODE chooses another code); stop: the run still runs after --wait; \
+         converge: the stack did not converge within --timeout.",
     ),
     (
         "76",
@@ -148,6 +151,28 @@ fn extra(command: &str) -> Extra {
                     "A run on a scratch host, without Docker or network:",
                     "ccci-run --runs-dir /tmp/r --abra-home /tmp/a --lock-dir /tmp/l --docker off \
                      run --recipe custom-html --pr 1 --no-fetch -- sh -c 'echo $CCCI_APP_DOMAIN'",
+                ),
+            ],
+        },
+        "converge" => Extra {
+            environment: &[
+                (
+                    "CCCI_STACK_NAME",
+                    "The stack to wait for when no --stack, --domain or --recipe is given: inside \
+                     `ccci-run run`, the run's own.",
+                ),
+                DOCKER_HOST,
+            ],
+            files: &[CONFIG_FILE],
+            examples: &[
+                (
+                    "In a run's script, after the deploy and before the tests:",
+                    "abra app deploy \"$CCCI_APP_DOMAIN\" --no-input && ccci-run converge --timeout 5m",
+                ),
+                (
+                    "Any stack, as a report for a script (exit 0 converged, 75 not in time, 1 \
+                     paused, rolled back or no such stack, 125 Docker unreachable):",
+                    "ccci-run converge --stack myapp_example_com --timeout 90s --json",
                 ),
             ],
         },

@@ -51,6 +51,7 @@ static PR: Rule = rule!("pull request number", r"^[0-9]{1,10}$");
 static GIT_REF: Rule = rule!("ref", r"^[A-Za-z0-9._/+-]{1,255}$");
 static RUN_ID: Rule = rule!("run id", r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$");
 static LOCK_NAME: Rule = rule!("lock name", r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$");
+static STACK_NAME: Rule = rule!("stack name", r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,44}$");
 static SUFFIX: Rule = rule!(
     "domain suffix",
     r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$"
@@ -116,6 +117,10 @@ validated_string!(
     LockName
 );
 validated_string!(
+    /// A Docker stack name: what `converge --stack` and `CCCI_STACK_NAME` name.
+    StackName
+);
+validated_string!(
     /// A DNS suffix short enough that every stack name built on it fits Docker's limit.
     DomainSuffix
 );
@@ -171,6 +176,12 @@ impl RunId {
 impl LockName {
     pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
         LOCK_NAME.check(value).map(|()| Self(value.to_owned()))
+    }
+}
+
+impl StackName {
+    pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
+        STACK_NAME.check(value).map(|()| Self(value.to_owned()))
     }
 }
 

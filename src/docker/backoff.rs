@@ -31,6 +31,16 @@ impl Policy {
         budget: Duration::from_secs(365 * 86_400),
     };
 
+    /// Polling a stack until it converges: the rounds stay short so that the command returns
+    /// soon after swarm has converged (p95 under a quarter of a second); `--timeout`, not this,
+    /// bounds the loop.
+    pub(crate) const CONVERGE: Policy = Policy {
+        base: Duration::from_millis(25),
+        cap: Duration::from_millis(160),
+        max_retries: u32::MAX,
+        budget: Duration::from_secs(365 * 86_400),
+    };
+
     /// The upper bound of the delay before retry `attempt` (0-based): `min(cap, base · 2^attempt)`,
     /// clamped before the multiplication could overflow.
     pub(crate) fn ceiling(&self, attempt: u32) -> Duration {

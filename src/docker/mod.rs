@@ -15,10 +15,13 @@
 //! services, then the stack's containers force-removed, networks, secrets, configs, and volumes
 //! last. Transient failures are retried with full jitter ([`crate::docker::backoff`]); other client
 //! errors are not. Only API 1.41 (Docker 20.10) endpoints are used; the version is negotiated.
+//!
+//! [`swarm`] reads one stack's services, tasks and nodes for `converge`, three list calls at most.
 #![allow(clippy::disallowed_types)]
 
 pub(crate) mod backoff;
 pub(crate) mod endpoint;
+pub(crate) mod swarm;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};

@@ -397,6 +397,13 @@ impl SignalFunnel {
         arrived
     }
 
+    /// The descriptor that turns readable when a signal arrives, for a wait that cannot be
+    /// [`wait`](Self::wait) (an engine request in flight); [`pending`](Self::pending) then says
+    /// what came.
+    pub(crate) fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+
     /// Wait until at least one signal arrives or `timeout` passes (`None`: no limit).
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> Arrived {
         self.wait_on(&[], timeout).0

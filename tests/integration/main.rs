@@ -8,6 +8,7 @@ mod bad_input;
 mod chaos;
 mod cli;
 mod config_file;
+mod converge;
 mod docker;
 mod docker_host;
 mod doctor;

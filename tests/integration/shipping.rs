@@ -624,6 +624,7 @@ fn cli_reference_matches_help() {
         Some("stop"),
         Some("app-domain"),
         Some("doctor"),
+        Some("converge"),
         Some("completions"),
         Some("man"),
     ] {
@@ -756,6 +757,7 @@ fn every_man_page_renders_with_its_sections() {
         "runs",
         "stop",
         "app-domain",
+        "converge",
         "completions",
         "man",
         "config",
