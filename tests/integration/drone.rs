@@ -925,7 +925,9 @@ fn systemd_stop_of_the_runner_unit_tears_the_run_down_within_the_window() {
 }
 
 /// A build that runs to its end: the command succeeds, the run exits 0, the build log has the
-/// run's lines, the runner reports success, and nothing of the run is left.
+/// run's lines, the runner reports success, and nothing of the run is left. Without an engine
+/// the recipe tests stop at `converge`, which cannot ask a Docker that is off: the build fails
+/// with its refusal (2) and still leaves nothing.
 #[test]
 fn a_successful_build_exits_0_and_leaves_nothing() {
     let (sandbox, docker) = sandbox_maybe_docker();
@@ -934,6 +936,17 @@ fn a_successful_build_exits_0_and_leaves_nothing() {
     let deployed = build.step.wait_for(Stream::Out, "deployed ");
     let Build { step, info } = build;
     let done = step.finish();
+    if !docker {
+        done.assert_stderr_has("runner: step exited 2");
+        assert!(
+            done.transcript().contains("cannot run with Docker off"),
+            "converge's refusal is in the build log\n{}",
+            done.transcript()
+        );
+        let record = assert_nothing_of_the_run_left(&sandbox, &info, &[info.shell]);
+        assert_eq!(record["exit_code"], 2, "{record:#} {deployed}");
+        return;
+    }
     done.assert_stderr_has("runner: step exited 0");
     assert!(
         done.out
