@@ -293,32 +293,6 @@ impl OtherConfig {
     }
 }
 
-/// The run's command line inside a pid namespace of its own with its own `/proc`, two shells
-/// deep (so its parent is no init); the namespace dies with `unshare`.
-fn in_pid_namespace(cmd: &Command) -> Command {
-    let mut out = Command::new("unshare");
-    out.args([
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        "--kill-child",
-        "--",
-        "sh",
-        "-c",
-    ])
-    .arg(r#"sh -c '"$@"; exit $?' inner "$@"; exit $?"#)
-    .arg("outer")
-    .arg(cmd.get_program())
-    .args(cmd.get_args());
-    for (key, value) in cmd.get_envs() {
-        match value {
-            Some(value) => out.env(key, value),
-            None => out.env_remove(key),
-        };
-    }
-    out
-}
-
 fn execute(
     plan: &Plan,
     hosts: &[Sandbox],
@@ -417,7 +391,7 @@ fn execute(
         let mut cmd = hosts[run.host].run_sh(&run.id, &extra, &script);
         cmd.env("CHAOS_LOG", log).env("CHAOS_COMPOSE", &compose);
         if run.fault == Fault::InPidNamespace {
-            cmd = in_pid_namespace(&cmd);
+            cmd = crate::identity::in_pid_namespace(&cmd);
             tally.count("InPidNamespace");
         }
         let index = procs.len();

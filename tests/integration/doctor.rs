@@ -292,21 +292,6 @@ fn doctor_judges_the_runner_unit_file_and_its_drop_ins() {
     );
 }
 
-/// Opens inotify instances until the kernel refuses one, prints `ready <count> <errno>`, and
-/// holds them until its stdin closes.
-const EXHAUST_INOTIFY: &str = r#"
-import ctypes, sys
-libc = ctypes.CDLL(None, use_errno=True)
-held = []
-while True:
-    fd = libc.inotify_init1(0)
-    if fd < 0:
-        break
-    held.append(fd)
-print("ready", len(held), ctypes.get_errno(), flush=True)
-sys.stdin.read()
-"#;
-
 /// With a user's inotify instances used up by another of its processes, doctor run as that
 /// user fails the instance check and names the sysctl; once they are given back, it passes.
 #[test]
@@ -343,7 +328,7 @@ fn doctor_fails_when_the_users_inotify_instances_are_used_up() {
         doctor_of(cmd).0
     };
     let mut exhaust = as_user("/usr/bin/python3");
-    exhaust.args(["-c", EXHAUST_INOTIFY]);
+    exhaust.args(["-c", crate::limits::EXHAUST_INOTIFY]);
     let mut exhaust = Proc::spawn(exhaust);
     let ready = exhaust.wait_for(Stream::Out, "ready");
     assert!(

@@ -541,17 +541,7 @@ fn a_supervisor_stopped_past_its_whole_bound_ends_142_teardown_timeout_every_tim
 /// `cmd` (a `ccci-run` command line) with at most `bytes` of address space (RLIMIT_AS binds
 /// root as it binds anyone).
 fn under_address_space(cmd: &Command, bytes: u64) -> Command {
-    let mut out = Command::new("prlimit");
-    out.arg(format!("--as={bytes}"))
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (key, value) in cmd.get_envs() {
-        match value {
-            Some(value) => out.env(key, value),
-            None => out.env_remove(key),
-        };
-    }
-    out
+    crate::identity::wrapped(&["prlimit", &format!("--as={bytes}")], cmd)
 }
 
 /// The smallest address space (to 64 KiB) in which `ccci-run --version` starts and exits 0:
