@@ -313,8 +313,9 @@ pub(crate) struct AppDomainArgs {
         com.docker.stack.namespace) has as many tasks running as replicas (global: one on every \
         eligible node; a job: its completions), and no update or rollback is in progress \
         (UpdateStatus updating or rollback_started), so N/N replicas in the middle of a rolling \
-        update is not converged. A paused update or rollback is settled and reported. Once a task \
-        of a service's current spec has failed, a running task counts only after 5 s up. Polls \
+        update is not converged. A paused update or rollback is settled and reported. A running task \
+        counts once it has been up for 1 s (5 s once a task of the service's current spec has \
+        failed), so a task that starts and crashes is not counted. Polls \
         (services and tasks, nodes only for a global service: one list call each for the whole \
         stack) with full-jitter backoff; a line every 30 s names what is not converged (-v: every \
         change), a failed task is named with its error, one summary line ends the wait.",
@@ -765,6 +766,7 @@ impl ConvergeArgs {
         Ok(crate::converge::ConvergeConfig {
             stack,
             timeout: self.timeout,
+            stable: crate::converge::judge::DEFAULT_STABLE,
             allow_paused: self.allow_paused,
             json: self.json,
         })
