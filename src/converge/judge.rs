@@ -443,7 +443,10 @@ mod tests {
             tasks: vec![new],
             ..state
         };
-        assert_eq!(judge(&state, now(), DEFAULT_STABLE)[0].standing, Standing::Converged);
+        assert_eq!(
+            judge(&state, now(), DEFAULT_STABLE)[0].standing,
+            Standing::Converged
+        );
     }
 
     #[test]
@@ -469,7 +472,10 @@ mod tests {
             tasks: vec![on("n1", Running)],
             ..state
         };
-        assert_eq!(judge(&state, now(), DEFAULT_STABLE)[0].standing, Standing::Converged);
+        assert_eq!(
+            judge(&state, now(), DEFAULT_STABLE)[0].standing,
+            Standing::Converged
+        );
     }
 
     #[rstest]
