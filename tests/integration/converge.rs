@@ -350,7 +350,7 @@ fn bad_targets_are_refused_and_a_missing_engine_is_125() {
         (&["--recipe", "Bad"], "invalid recipe name"),
         (&["--stack", "a", "--recipe", "b"], "cannot be used with"),
         (&["--timeout", "5x"], "is not a duration"),
-        (&["--stable", "-1s"], "--stable <DURATION>"),
+        (&["--stable=-1s"], "--stable <DURATION>"),
         (&[], "no stack to wait for"),
     ];
     for (args, message) in cases {
