@@ -314,7 +314,7 @@ pub(crate) struct AppDomainArgs {
         eligible node; a job: its completions), and no update or rollback is in progress \
         (UpdateStatus updating or rollback_started), so N/N replicas in the middle of a rolling \
         update is not converged. A paused update or rollback is settled and reported. A running task \
-        counts once it has been up for 1 s (5 s once a task of the service's current spec has \
+        counts once it has been up for --stable (1 s; 5 s at least once a task of the service's current spec has \
         failed), so a task that starts and crashes is not counted. Polls \
         (services and tasks, nodes only for a global service: one list call each for the whole \
         stack) with full-jitter backoff; a line every 30 s names what is not converged (-v: every \
