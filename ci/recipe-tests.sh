@@ -12,8 +12,9 @@ echo "$CCCI_APP_DOMAIN" >> "$CCCI_DEPLOYS_FILE"
 # The deploy returns before swarm has converged (a rolling update can show N/N replicas while it
 # is still going): the tests start only once every service of the run's stack (CCCI_STACK_NAME)
 # runs and no update is in progress. A paused or rolled-back update, or no convergence within
-# the timeout, fails the run here, naming the service and its task's error.
-"${CCCI_BIN:-ccci-run}" converge --timeout "${CCCI_CONVERGE_TIMEOUT:-5m}"
+# converge_timeout (CCCI_CONVERGE_TIMEOUT, the host's configuration file, 5m by default), fails
+# the run here, naming the service and its task's error.
+"${CCCI_BIN:-ccci-run}" converge
 
 if [ -x "$CCCI_RECIPE_DIR/tests/run.sh" ]; then
   "$CCCI_RECIPE_DIR/tests/run.sh" "$CCCI_APP_DOMAIN"

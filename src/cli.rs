@@ -50,7 +50,7 @@ pub(crate) struct GlobalArgs {
     /// docker, log_format, cgroup, etcd_endpoints, lease_ttl, recipe_url_template, and the run
     /// settings deadline,
     /// kill_grace, teardown_timeout, lock_wait, long_held, keep_runs, reap_budget,
-    /// promote_after) [default: /etc/ccci-run/config.toml when it exists].
+    /// promote_after, converge_timeout, converge_stable) [default: /etc/ccci-run/config.toml when it exists].
     /// Precedence: flag > environment > file > built-in default.
     #[arg(long, value_name = "FILE", env = "CCCI_CONFIG")]
     pub config: Option<PathBuf>,
@@ -313,8 +313,9 @@ pub(crate) struct AppDomainArgs {
         com.docker.stack.namespace) has as many tasks running as replicas (global: one on every \
         eligible node; a job: its completions), and no update or rollback is in progress \
         (UpdateStatus updating or rollback_started), so N/N replicas in the middle of a rolling \
-        update is not converged. A paused update or rollback is settled and reported. Once a task \
-        of a service's current spec has failed, a running task counts only after 5 s up. Polls \
+        update is not converged. A paused update or rollback is settled and reported. A running task \
+        counts once it has been up for --stable (1 s; 5 s at least once a task of the service's current spec has \
+        failed), so a task that starts and crashes is not counted. Polls \
         (services and tasks, nodes only for a global service: one list call each for the whole \
         stack) with full-jitter backoff; a line every 30 s names what is not converged (-v: every \
         change), a failed task is named with its error, one summary line ends the wait.",
@@ -339,9 +340,15 @@ pub(crate) struct ConvergeArgs {
     /// Branch, tag or commit (with --recipe).
     #[arg(long = "ref", value_name = "REF", requires = "recipe")]
     pub git_ref: Option<String>,
-    /// Give up after DURATION and name what has not converged (exit 75); 0 polls once.
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = any_duration)]
-    pub timeout: Duration,
+    /// Give up after DURATION and name what has not converged (exit 75); 0 polls once
+    /// [env: CCCI_CONVERGE_TIMEOUT; file: converge_timeout; default: 5m].
+    #[arg(long, value_name = "DURATION", value_parser = converge_timeout)]
+    pub timeout: Option<Duration>,
+    /// A running task counts once it has been up this long (at least 5 s after a failure of
+    /// its service); 0 counts it at once
+    /// [env: CCCI_CONVERGE_STABLE; file: converge_stable; default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = converge_stable)]
+    pub stable: Option<Duration>,
     /// A paused update or rollback (swarm's default failure action) counts as settled: exit 0
     /// instead of 1; it is still reported.
     #[arg(long)]
@@ -456,6 +463,14 @@ fn promote_after(value: &str) -> Result<Duration, String> {
     Timing::PromoteAfter.parse_flag(value)
 }
 
+fn converge_timeout(value: &str) -> Result<Duration, String> {
+    Timing::ConvergeTimeout.parse_flag(value)
+}
+
+fn converge_stable(value: &str) -> Result<Duration, String> {
+    Timing::ConvergeStable.parse_flag(value)
+}
+
 /// Any duration from nothing to a year.
 fn any_duration(value: &str) -> Result<Duration, String> {
     crate::duration::parse(value, &crate::duration::Spec::at_least(Duration::ZERO))
@@ -534,6 +549,10 @@ impl Command {
                 (Timing::KeepRuns, a.keep_runs),
             ],
             Self::Locks(a) => vec![(Timing::LongHeld, a.long_held)],
+            Self::Converge(a) => vec![
+                (Timing::ConvergeTimeout, a.timeout),
+                (Timing::ConvergeStable, a.stable),
+            ],
             _ => Vec::new(),
         };
         given
@@ -764,7 +783,8 @@ impl ConvergeArgs {
         };
         Ok(crate::converge::ConvergeConfig {
             stack,
-            timeout: self.timeout,
+            timeout: global.timings.value(Timing::ConvergeTimeout),
+            stable: global.timings.value(Timing::ConvergeStable),
             allow_paused: self.allow_paused,
             json: self.json,
         })

@@ -46,6 +46,8 @@ pub(crate) struct FileConfig {
     pub keep_runs: Option<FileDuration>,
     pub reap_budget: Option<FileDuration>,
     pub promote_after: Option<FileDuration>,
+    pub converge_timeout: Option<FileDuration>,
+    pub converge_stable: Option<FileDuration>,
 }
 
 impl FileConfig {
@@ -60,6 +62,8 @@ impl FileConfig {
             Timing::KeepRuns => self.keep_runs.as_ref(),
             Timing::ReapBudget => self.reap_budget.as_ref(),
             Timing::PromoteAfter => self.promote_after.as_ref(),
+            Timing::ConvergeTimeout => self.converge_timeout.as_ref(),
+            Timing::ConvergeStable => self.converge_stable.as_ref(),
         }
     }
 }
@@ -89,7 +93,8 @@ impl FileDuration {
 }
 
 /// The run settings a host sets once (configuration file, or the environment of every step)
-/// and a command line may override: the bounds and budgets of runs, locks and sweeps.
+/// and a command line may override: the bounds and budgets of runs, locks, sweeps and of the
+/// wait for a deploy to converge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Timing {
     Deadline,
@@ -100,6 +105,8 @@ pub(crate) enum Timing {
     KeepRuns,
     ReapBudget,
     PromoteAfter,
+    ConvergeTimeout,
+    ConvergeStable,
 }
 
 /// What a run setting is called and what it accepts.
@@ -118,7 +125,7 @@ pub(crate) struct TimingInfo {
 }
 
 /// Every run setting, in the order `ccci-run config` shows them.
-pub(crate) const TIMINGS: [TimingInfo; 8] = [
+pub(crate) const TIMINGS: [TimingInfo; 10] = [
     TimingInfo {
         timing: Timing::Deadline,
         key: "deadline",
@@ -188,6 +195,24 @@ pub(crate) const TIMINGS: [TimingInfo; 8] = [
         env: "CCCI_PROMOTE_AFTER",
         spec: Spec::at_least(Duration::ZERO),
         default: Some(Duration::from_secs(1200)),
+        unset: "",
+    },
+    TimingInfo {
+        timing: Timing::ConvergeTimeout,
+        key: "converge_timeout",
+        env: "CCCI_CONVERGE_TIMEOUT",
+        // Zero polls once.
+        spec: Spec::at_least(Duration::ZERO),
+        default: Some(Duration::from_secs(300)),
+        unset: "",
+    },
+    TimingInfo {
+        timing: Timing::ConvergeStable,
+        key: "converge_stable",
+        env: "CCCI_CONVERGE_STABLE",
+        // Zero counts a running task at once (as long as its service has not failed).
+        spec: Spec::at_least(Duration::ZERO),
+        default: Some(crate::converge::judge::DEFAULT_STABLE),
         unset: "",
     },
 ];

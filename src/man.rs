@@ -161,13 +161,18 @@ fn extra(command: &str) -> Extra {
                     "The stack to wait for when no --stack, --domain or --recipe is given: inside \
                      `ccci-run run`, the run's own.",
                 ),
+                (
+                    "CCCI_CONVERGE_TIMEOUT, CCCI_CONVERGE_STABLE",
+                    "As --timeout and --stable; each also a key of the configuration file \
+                     (converge_timeout, converge_stable).",
+                ),
                 DOCKER_HOST,
             ],
             files: &[CONFIG_FILE],
             examples: &[
                 (
                     "In a run's script, after the deploy and before the tests:",
-                    "abra app deploy \"$CCCI_APP_DOMAIN\" --no-input && ccci-run converge --timeout 5m",
+                    "abra app deploy \"$CCCI_APP_DOMAIN\" --no-input && ccci-run converge",
                 ),
                 (
                     "Any stack, as a report for a script (exit 0 converged, 75 not in time, 1 \

@@ -9,9 +9,18 @@
 //! acts, so they are settled, never waited for.
 //!
 //! And one a single look gets wrong: a crash-looping task is `running` for a moment every
-//! time it restarts. Once a task of the service's current spec has failed, a running task
-//! counts only after it has stayed up for [`STABLE_AFTER_FAILURE`]; a service that never
-//! failed counts at once, so a healthy stack is seen converged within one poll.
+//! time it restarts, its first start included, before any failure exists. So a running task
+//! counts only once it has stayed up for the stable window (`converge_stable`, default
+//! [`DEFAULT_STABLE`]; zero counts it at once), and for at least [`STABLE_AFTER_FAILURE`] once
+//! a task of the service's current spec has failed.
+//!
+//! How long a task has been up is `now` (this host's clock at the poll) minus the task's status
+//! timestamp, which swarm stamps with the clock of the engine that reports the task. On one
+//! host both are the same clock. Across hosts the two clocks differ by their skew: a worker
+//! whose clock runs ahead makes a task look younger (the wait is longer by the skew, never
+//! wrong), one that runs behind makes it look older (it counts early by the skew), so the
+//! window means what it says only as far as the nodes' clocks agree (NTP keeps them within
+//! milliseconds).
 
 use std::time::{Duration, SystemTime};
 
@@ -67,15 +76,19 @@ pub(crate) enum Outcome {
 /// How long a task must have been running to count, once a task of the same spec has failed.
 pub(crate) const STABLE_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
+/// How long any task must have been running to count, unless `converge_stable` says.
+pub(crate) const DEFAULT_STABLE: Duration = Duration::from_secs(1);
+
 /// How many failed tasks a service's report names.
 const ERRORS_SHOWN: usize = 3;
 
-/// Judge every service of one poll, seen at `now`.
-pub(crate) fn judge(state: &StackState, now: SystemTime) -> Vec<ServiceReport> {
+/// Judge every service of one poll, seen at `now`: a running task counts once it has been up
+/// for `stable` (for at least [`STABLE_AFTER_FAILURE`] after a failure).
+pub(crate) fn judge(state: &StackState, now: SystemTime, stable: Duration) -> Vec<ServiceReport> {
     let mut reports: Vec<ServiceReport> = state
         .services
         .iter()
-        .map(|service| judge_service(service, state, now))
+        .map(|service| judge_service(service, state, now, stable))
         .collect();
     reports.sort_by(|a, b| a.name.cmp(&b.name));
     reports
@@ -98,20 +111,27 @@ pub(crate) fn outcome(reports: &[ServiceReport], allow_paused: bool) -> Outcome 
     }
 }
 
-fn judge_service(service: &Service, state: &StackState, now: SystemTime) -> ServiceReport {
+fn judge_service(
+    service: &Service,
+    state: &StackState,
+    now: SystemTime,
+    stable: Duration,
+) -> ServiceReport {
     let tasks: Vec<&Task> = state
         .tasks
         .iter()
         .filter(|t| t.service_id == service.id)
         .collect();
     let failures = failed_tasks(service, &tasks);
-    let stable_since = now.checked_sub(STABLE_AFTER_FAILURE);
-    let stable = |t: &Task| {
-        failures.is_empty()
-            || t.at
-                .zip(stable_since)
-                .is_some_and(|(at, since)| at <= since)
+    let window = if failures.is_empty() {
+        stable
+    } else {
+        stable.max(STABLE_AFTER_FAILURE)
     };
+    // Up for how long, by the task's own status timestamp; a timestamp ahead of `now` (clock
+    // skew) is up for nothing yet, a missing one (never seen from swarm) for no known time.
+    let up_for = |t: &Task| t.at.map(|at| now.duration_since(at).unwrap_or_default());
+    let stable = |t: &Task| window.is_zero() || up_for(t).is_some_and(|up| up >= window);
     let nodes = state.nodes.as_deref().unwrap_or_default();
     let eligible = || {
         nodes
@@ -159,11 +179,20 @@ fn judge_service(service: &Service, state: &StackState, now: SystemTime) -> Serv
             format!("{done}/{desired} {verb}; update {}", state.as_str()),
         ),
         _ if !counted => {
-            let unsteady = count(tasks.iter().filter(up).count()).saturating_sub(done);
+            let young = || tasks.iter().filter(up).filter(|t| !stable(t));
+            let unsteady = count(young().count());
+            // The youngest of them, to say how far it is from counting.
+            let least = young().filter_map(|t| up_for(t)).min().unwrap_or_default();
             Standing::Waiting(if unsteady > 0 && verb == "running" {
                 format!(
-                    "{done}/{desired} {verb} ({unsteady} more up for less than {} s after a failure)",
-                    STABLE_AFTER_FAILURE.as_secs()
+                    "{done}/{desired} {verb} ({unsteady} more up {:.1}s < {}{})",
+                    least.as_secs_f64(),
+                    crate::duration::show(window),
+                    if failures.is_empty() {
+                        ""
+                    } else {
+                        " after a failure"
+                    }
                 )
             } else {
                 format!("{done}/{desired} {verb}")
@@ -387,7 +416,7 @@ mod tests {
                 .collect(),
             nodes: None,
         };
-        let report = &judge(&state, now())[0];
+        let report = &judge(&state, now(), DEFAULT_STABLE)[0];
         let got = match &report.standing {
             Standing::Converged => "converged".to_owned(),
             Standing::Waiting(why) => why.clone(),
@@ -407,14 +436,17 @@ mod tests {
             tasks: vec![old.clone()],
             nodes: None,
         };
-        assert_eq!(judge(&state, now())[0].running, 0);
+        assert_eq!(judge(&state, now(), DEFAULT_STABLE)[0].running, 0);
         let mut new = old;
         new.job_iteration = 7;
         let state = StackState {
             tasks: vec![new],
             ..state
         };
-        assert_eq!(judge(&state, now())[0].standing, Standing::Converged);
+        assert_eq!(
+            judge(&state, now(), DEFAULT_STABLE)[0].standing,
+            Standing::Converged
+        );
     }
 
     #[test]
@@ -434,13 +466,16 @@ mod tests {
             tasks: vec![on("n2", Running)],
             nodes: Some(nodes),
         };
-        let r = &judge(&state, now())[0];
+        let r = &judge(&state, now(), DEFAULT_STABLE)[0];
         assert_eq!((r.running, r.desired), (0, 1));
         let state = StackState {
             tasks: vec![on("n1", Running)],
             ..state
         };
-        assert_eq!(judge(&state, now())[0].standing, Standing::Converged);
+        assert_eq!(
+            judge(&state, now(), DEFAULT_STABLE)[0].standing,
+            Standing::Converged
+        );
     }
 
     #[rstest]
@@ -481,7 +516,7 @@ mod tests {
             tasks: vec![before, a, b, task(2, true, Pending)],
             nodes: None,
         };
-        let r = &judge(&state, now())[0];
+        let r = &judge(&state, now(), DEFAULT_STABLE)[0];
         assert_eq!(r.errors, vec!["task st_app.1 failed: exit 3".to_owned()]);
         assert_eq!(
             describe(std::slice::from_ref(r), "st"),
@@ -492,7 +527,7 @@ mod tests {
     /// A crash-looping task is running for a moment each restart: after a failure of the
     /// current spec, a running task counts only once it has stayed up long enough.
     #[rstest]
-    #[case::just_restarted(2, "0/1 running (1 more up for less than 5 s after a failure)")]
+    #[case::just_restarted(2, "0/1 running (1 more up 2.0s < 5s after a failure)")]
     #[case::stayed_up(6, "converged")]
     fn after_a_failure_a_running_task_must_stay_up(#[case] up_for: u64, #[case] want: &str) {
         let mut failed = task(1, false, Failed);
@@ -504,12 +539,57 @@ mod tests {
             tasks: vec![failed, restarted],
             nodes: None,
         };
-        let r = &judge(&state, now())[0];
+        let r = &judge(&state, now(), DEFAULT_STABLE)[0];
         match &r.standing {
             Standing::Converged => assert_eq!(want, "converged"),
             Standing::Waiting(why) => assert_eq!(why, want),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A task's first start is `running` for a moment too, before any failure exists: every
+    /// running task counts only once it has been up for the stable window; a window of zero
+    /// counts it at once.
+    #[rstest]
+    #[case::just_started(300, DEFAULT_STABLE, "0/1 running (1 more up 0.3s < 1s)")]
+    #[case::up_the_window(1000, DEFAULT_STABLE, "converged")]
+    #[case::up_longer(1700, DEFAULT_STABLE, "converged")]
+    #[case::zero_window_counts_at_once(0, Duration::ZERO, "converged")]
+    #[case::longer_window(1700, Duration::from_secs(3), "0/1 running (1 more up 1.7s < 3s)")]
+    fn a_running_task_must_stay_up_for_the_stable_window(
+        #[case] up_ms: u64,
+        #[case] stable: Duration,
+        #[case] want: &str,
+    ) {
+        let mut started = task(1, true, Running);
+        started.at = Some(now() - Duration::from_millis(up_ms));
+        let state = StackState {
+            services: vec![service(Mode::Replicated { replicas: 1 }, None)],
+            tasks: vec![started],
+            nodes: None,
+        };
+        let r = &judge(&state, now(), stable)[0];
+        match &r.standing {
+            Standing::Converged => assert_eq!(want, "converged"),
+            Standing::Waiting(why) => assert_eq!(why, want),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_timestamp_ahead_of_this_host_is_up_for_nothing_yet() {
+        let mut ahead = task(1, true, Running);
+        ahead.at = Some(now() + Duration::from_secs(2));
+        let state = StackState {
+            services: vec![service(Mode::Replicated { replicas: 1 }, None)],
+            tasks: vec![ahead],
+            nodes: None,
+        };
+        let r = &judge(&state, now(), DEFAULT_STABLE)[0];
+        assert_eq!(
+            r.standing,
+            Standing::Waiting("0/1 running (1 more up 0.0s < 1s)".into())
+        );
     }
 
     #[rstest]

@@ -31,6 +31,8 @@ use crate::supervise::signals::{SignalFunnel, shutdown_events};
 pub(crate) struct ConvergeConfig {
     pub stack: String,
     pub timeout: Duration,
+    /// How long a running task must have been up to count ([`judge`]).
+    pub stable: Duration,
     pub allow_paused: bool,
     pub json: bool,
 }
@@ -96,7 +98,7 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
             Ok(Polled::Seen(state)) => {
                 watch.polls += 1;
                 last_error = None;
-                let reports = judge::judge(&state, std::time::SystemTime::now());
+                let reports = judge::judge(&state, std::time::SystemTime::now(), cfg.stable);
                 let outcome = judge::outcome(&reports, cfg.allow_paused);
                 watch.saw(reports);
                 if outcome != Outcome::Waiting {

@@ -402,6 +402,8 @@ fn the_example_configuration_file_sets_every_run_setting() {
         ("keep_runs", "14d"),
         ("reap_budget", "2m"),
         ("promote_after", "20m"),
+        ("converge_timeout", "5m"),
+        ("converge_stable", "1s"),
     ] {
         let setting = get(key);
         assert_eq!(setting["value"], value, "{setting}");

@@ -111,8 +111,10 @@ fn a_stack_converges_within_one_poll_of_the_truth() {
         2 * r["polls"].as_u64().unwrap()
     );
     let late = returned.duration_since(truth.unwrap());
+    // Within a few polls of the truth plus the stable window (1 s: every task must be up that
+    // long to count).
     assert!(
-        late < Duration::from_secs(3),
+        late < Duration::from_secs(4),
         "returned {late:?} after docker ps showed the stack running: {}",
         done.transcript()
     );
@@ -149,7 +151,13 @@ fn n_of_n_running_mid_stop_first_update_is_not_converged_until_the_update_comple
         let running = tasks.lines().filter(|l| l.starts_with("Running")).count();
         running == 2 && update_state(&app) == "updating"
     });
-    let mid = run(converge(&sandbox, &stack, &["--timeout", "0"]));
+    // No stable window: the new tasks count the moment they run, so only the update state
+    // holds the answer back.
+    let mid = run(converge(
+        &sandbox,
+        &stack,
+        &["--timeout", "0", "--stable", "0"],
+    ));
     mid.assert_code(75);
     let r = report(&mid.out.join("\n"));
     let s = service(&r, &app);
@@ -224,7 +232,8 @@ fn a_rolled_back_update_is_waited_out_and_reported() {
     assert_eq!(service(&r, &app)["update_state"], "rollback_completed");
 }
 
-/// A service that never starts: 75 at the timeout, naming it and its task's error.
+/// A service that never starts: 75 at the timeout, naming it and its task's error — also when
+/// a poll catches its first task `running` before it has failed once.
 #[test]
 fn a_crash_looping_service_times_out_naming_it_and_its_error() {
     let Some(sandbox) = Sandbox::with_docker() else {
@@ -234,7 +243,10 @@ fn a_crash_looping_service_times_out_naming_it_and_its_error() {
     let services = "  app:\n    image: ccci-test/busybox:latest\n    command: [\"sh\", \"-c\", \"exit 3\"]\n    deploy: {endpoint_mode: dnsrr, restart_policy: {delay: 1s}}\n";
     let _cleanup = deploy(&sandbox, &stack, services);
     let started = Instant::now();
-    let done = run(converge(&sandbox, &stack, &["--timeout", "8"]));
+    // The timeout as ci/recipe-tests.sh gets it: from the environment, not a flag.
+    let mut cmd = converge(&sandbox, &stack, &[]);
+    cmd.env("CCCI_CONVERGE_TIMEOUT", "8");
+    let done = run(cmd);
     done.assert_code(75);
     assert!(started.elapsed() < Duration::from_secs(20));
     done.assert_stderr_has("not converged within 8s: app 0/1 running");
@@ -338,11 +350,37 @@ fn bad_targets_are_refused_and_a_missing_engine_is_125() {
         (&["--recipe", "Bad"], "invalid recipe name"),
         (&["--stack", "a", "--recipe", "b"], "cannot be used with"),
         (&["--timeout", "5x"], "is not a duration"),
+        (&["--stable=-1s"], "--stable <DURATION>"),
         (&[], "no stack to wait for"),
     ];
     for (args, message) in cases {
         let mut cmd = sandbox.ccci();
         cmd.args(["--docker", "auto", "converge"]).args(*args);
+        let done = run(cmd);
+        done.assert_code(2);
+        done.assert_stderr_has(message);
+    }
+    // The two settings from the environment and the configuration file, refused naming them.
+    let file = sandbox.path().join("converge.toml");
+    std::fs::write(&file, "converge_stable = \"forever\"\n").unwrap();
+    let file = file.to_string_lossy().into_owned();
+    let settings: &[(&str, &str, &str)] = &[
+        (
+            "CCCI_CONVERGE_TIMEOUT",
+            "soon",
+            "invalid CCCI_CONVERGE_TIMEOUT \"soon\"",
+        ),
+        (
+            "CCCI_CONVERGE_STABLE",
+            "-1s",
+            "invalid CCCI_CONVERGE_STABLE \"-1s\"",
+        ),
+        ("CCCI_CONFIG", &file, "invalid converge_stable \"forever\""),
+    ];
+    for (var, value, message) in settings {
+        let mut cmd = sandbox.ccci();
+        cmd.env(var, value)
+            .args(["--docker", "auto", "converge", "--stack", "a"]);
         let done = run(cmd);
         done.assert_code(2);
         done.assert_stderr_has(message);
