@@ -535,6 +535,16 @@ fn a_supervisor_stopped_past_its_whole_bound_ends_142_teardown_timeout_every_tim
             crate::util::lock_is_free(&sandbox.lock_file(domain)),
             "round {round}: the app lock must be free"
         );
+        // The hard end leaves the run's emptied cgroup to the next sweep; it must take it, so
+        // that nothing of this run is found by a later configuration on a reused inode.
+        let (_, swept) = sandbox.janitor(&[]);
+        swept.assert_code(0);
+        if let Some(cgroup) = record["cgroup"].as_str() {
+            assert!(
+                !std::path::Path::new(cgroup).exists(),
+                "round {round}: the sweep left the cgroup {cgroup}"
+            );
+        }
     }
 }
 

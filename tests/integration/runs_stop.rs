@@ -478,17 +478,22 @@ fn runs_on_an_unreadable_runs_dir_is_1_and_a_closed_stdout_is_no_panic() {
 
 /// `cmd` as one shell line (its environment changes included).
 fn shell_words(cmd: &Command) -> String {
-    let mut words = vec!["env".to_owned()];
+    // env(1) takes its -u options before any NAME=VALUE.
+    let mut unset = Vec::new();
+    let mut set = Vec::new();
     for (key, value) in cmd.get_envs() {
         match value {
-            Some(value) => words.push(crate::util::sh_quote(format!(
+            Some(value) => set.push(crate::util::sh_quote(format!(
                 "{}={}",
                 key.to_string_lossy(),
                 value.to_string_lossy()
             ))),
-            None => words.push(format!("-u {}", key.to_string_lossy())),
+            None => unset.push(format!("-u {}", crate::util::sh_quote(key))),
         }
     }
+    let mut words = vec!["env".to_owned()];
+    words.extend(unset);
+    words.extend(set);
     words.push(crate::util::sh_quote(cmd.get_program()));
     words.extend(cmd.get_args().map(crate::util::sh_quote));
     words.join(" ")
