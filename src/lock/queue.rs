@@ -208,11 +208,7 @@ impl Queue {
                 Err((_, err)) => return Err(err),
             }
         };
-        let mut file = held.file();
-        let mut text = String::new();
-        let _ = file
-            .rewind()
-            .and_then(|_| file.take(64).read_to_string(&mut text));
+        let (mut file, text) = counter_text(&held);
         // A garbled counter must not send sequence numbers backwards: never below a live ticket.
         let floor = self
             .scan()
@@ -269,11 +265,7 @@ impl Queue {
                 Err((_, err)) => return Err(err),
             }
         };
-        let mut file = held.file();
-        let mut text = String::new();
-        let _ = file
-            .rewind()
-            .and_then(|_| file.take(64).read_to_string(&mut text));
+        let (mut file, text) = counter_text(&held);
         let last = text.trim().parse::<i64>().unwrap_or(0);
         let clock = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -761,6 +753,17 @@ impl Waiter<'_> {
             self.ticket.class.as_str()
         ));
     }
+}
+
+/// A counter file's descriptor, rewound, and its first bytes (empty when unreadable: the caller
+/// floors a garbled counter).
+fn counter_text(held: &HeldLock) -> (&std::fs::File, String) {
+    let mut file = held.file();
+    let mut text = String::new();
+    let _ = file
+        .rewind()
+        .and_then(|_| file.take(64).read_to_string(&mut text));
+    (file, text)
 }
 
 fn first_shutdown(funnel: &SignalFunnel) -> Event {
