@@ -669,6 +669,9 @@ impl RunArgs {
             &identity.recipe,
         )?;
         let t = &global.timings;
+        if let Some(etcd) = &global.etcd {
+            etcd.check_stop_budget(t.value(Timing::KillGrace))?;
+        }
         Ok(RunConfig {
             identity,
             run_id,
@@ -689,6 +692,9 @@ impl RunArgs {
 impl LockArgs {
     pub(crate) fn validate(self, global: &Global) -> Result<LockConfig, NameError> {
         let t = &global.timings;
+        if let Some(etcd) = &global.etcd {
+            etcd.check_stop_budget(t.value(Timing::KillGrace))?;
+        }
         Ok(LockConfig {
             name: LockName::parse(&self.name)?,
             wait: if self.nonblock {

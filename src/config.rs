@@ -381,8 +381,21 @@ pub(crate) struct EtcdSettings {
     pub lease_ttl: Duration,
 }
 
-/// The lease TTL when none is given, in seconds.
-pub(crate) const DEFAULT_LEASE_TTL: u32 = 10;
+/// The lease TTL when none is given, in seconds: room for the default kill grace (10 s), the
+/// kill margin and the keepalive headroom ([`EtcdSettings::check_stop_budget`]).
+pub(crate) const DEFAULT_LEASE_TTL: u32 = 15;
+
+/// What a SIGKILL (to a process group, or `cgroup.kill`) may take to empty what it hits, added
+/// to the kill grace in a holder's stop budget. Measured at 0.1–3 ms on an idle host and under
+/// 40 ms with both cores busy (`cargo bench --bench etcd_handover`); a hundred times that
+/// leaves room for a host under memory pressure.
+pub(crate) const KILL_MARGIN: Duration = Duration::from_millis(500);
+
+/// How much of a lease's TTL must be left for keepalives once the stop budget is set aside:
+/// several keepalive rounds, each given up on a member that does not answer for the next, and
+/// an etcd leader election (1 s by default), or a healthy cluster would make a holder stop its
+/// command.
+pub(crate) const LEASE_HEADROOM: Duration = Duration::from_millis(1500);
 /// The bounds of a lease TTL, in seconds: below 2 s an etcd server rounds it up anyway (its
 /// election timeout), above an hour a dead holder blocks the fleet for too long.
 pub(crate) const LEASE_TTL_RANGE: std::ops::RangeInclusive<u32> = 2..=3600;
@@ -427,6 +440,52 @@ impl EtcdSettings {
             endpoints,
             lease_ttl: Duration::from_secs(lease_ttl.into()),
         }))
+    }
+
+    /// A holder of a lock under these settings stops its command before etcd can expire its
+    /// lease: from the moment the lease is at risk (less than the stop budget left), TERM, then
+    /// KILL at the grace, then [`KILL_MARGIN`] for the kill to take effect. That needs a TTL
+    /// of at least the stop budget plus [`LEASE_HEADROOM`] for the keepalives; refuse one
+    /// that cannot hold it, naming the smallest that can.
+    pub(crate) fn check_stop_budget(&self, kill_grace: Duration) -> Result<(), NameError> {
+        let budget = kill_grace.saturating_add(KILL_MARGIN);
+        let needed = budget.saturating_add(LEASE_HEADROOM);
+        if self.lease_ttl >= needed {
+            return Ok(());
+        }
+        let smallest = needed.as_secs() + u64::from(needed.subsec_nanos() > 0);
+        let grace_room = self
+            .lease_ttl
+            .saturating_sub(KILL_MARGIN)
+            .saturating_sub(LEASE_HEADROOM);
+        let or_grace = if grace_room.is_zero() {
+            String::new()
+        } else {
+            format!(
+                ", or a kill grace of at most {} (--kill-grace, CCCI_KILL_GRACE, kill_grace)",
+                crate::duration::show(grace_room)
+            )
+        };
+        Err(NameError {
+            what: "lease TTL",
+            value: crate::duration::show(self.lease_ttl),
+            rule: format!(
+                "a holder must be able to stop its command before etcd can expire its lease: \
+                 with a kill grace of {} its stop budget is {} (the grace and {} for the kill \
+                 to take effect), and the lease needs {} more for keepalives; the smallest \
+                 lease TTL that works is {smallest} s (--lease-ttl, CCCI_LEASE_TTL, \
+                 lease_ttl){or_grace}",
+                crate::duration::show(kill_grace),
+                crate::duration::show(budget),
+                crate::duration::show(KILL_MARGIN),
+                crate::duration::show(LEASE_HEADROOM),
+            ),
+        })
+    }
+
+    /// How long a holder with `kill_grace` may take to stop its command once it must.
+    pub(crate) fn stop_budget(kill_grace: Duration) -> Duration {
+        kill_grace.saturating_add(KILL_MARGIN)
     }
 }
 

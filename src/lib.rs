@@ -141,6 +141,13 @@ fn names_path_under(message: &str, dir: &std::path::Path) -> bool {
 
 /// The program: parse the command line, build the configuration, run one command.
 pub fn main() -> ExitCode {
+    // A run's fence is this binary too; it parses no command line.
+    if let Some(args) = supervise::fence::invoked() {
+        if args.last().is_some_and(|f| f == "json") {
+            init_logging(0, 0, LogFormat::Json);
+        }
+        return ExitCode::from(supervise::fence::main(&args));
+    }
     // Read before anything else: the orphan check compares it with the parent pid after the
     // parent-death signal is armed.
     let start_ppid = nix::unistd::getppid();

@@ -17,6 +17,11 @@ pub(crate) fn use_json() {
     JSON.store(true, Ordering::SeqCst);
 }
 
+/// Whether status lines are JSON events.
+pub(crate) fn is_json() -> bool {
+    JSON.load(Ordering::SeqCst)
+}
+
 /// Write one status line to stderr, unbuffered, whatever the log level.
 pub(crate) fn line(text: &str) {
     if JSON.load(Ordering::SeqCst) {

@@ -338,11 +338,18 @@ impl Sweep<'_> {
     /// confirmed gone before anything else of the app goes or the lock is released.
     fn reap(&mut self, to_reap: Vec<ToReap<'_>>, docker: &DockerState<'_>) {
         // A probe lock lost before the reap (an etcd lease that ran out) may be someone else's
-        // lock by now, and the app theirs: hands off.
-        let (to_reap, lost): (Vec<_>, Vec<_>) =
-            to_reap.into_iter().partition(|r| !is_lost(&*r.lock));
-        for r in lost {
-            self.lost_mid_reap(&r);
+        // lock by now, and the app theirs: hands off. For a lock that can be lost, the store
+        // must say it is still ours, right before the removal.
+        let (mut ready, mut lost) = (Vec::new(), Vec::new());
+        for r in to_reap {
+            match r.lock.confirm() {
+                Ok(()) => ready.push(r),
+                Err(why) => lost.push((r, why)),
+            }
+        }
+        let to_reap = ready;
+        for (r, why) in lost {
+            self.not_ours_mid_reap(&r, &why);
         }
         let stacks: Vec<(AppDomain, StackResources)> = to_reap
             .iter()
@@ -397,6 +404,15 @@ impl Sweep<'_> {
         let why = "the probe lock was lost (its lease ran out): left to the next sweep";
         status::line(&format!("!! janitor: {}: {why}", r.candidate.domain));
         line.error = Some(why.to_owned());
+    }
+
+    /// The probe lock of `r` is not provably ours (`why`): leave the app to the next sweep.
+    fn not_ours_mid_reap(&mut self, r: &ToReap<'_>, why: &str) {
+        let line = &mut self.report.candidates[r.line];
+        line.decision = Decision::ReapIncomplete;
+        let why = format!("the probe lock is not provably ours ({why}): left to the next sweep");
+        status::line(&format!("!! janitor: {}: {why}", r.candidate.domain));
+        line.error = Some(why);
     }
 
     /// Probe one candidate's lock and decide. A lock taken for a `reap` (or `raced`) is

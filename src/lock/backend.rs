@@ -67,6 +67,11 @@ pub(crate) struct Wait<'a> {
     /// Named locks: the queue class, and when a normal waiter joins the fast class.
     pub class: Class,
     pub promote_after: Duration,
+    /// How long the holder may take to stop its command once it must (its kill grace and
+    /// [`crate::config::KILL_MARGIN`]): a lock that can lapse behind its holder's back (a
+    /// lease) counts as lost that long before it may lapse, and the next holder waits that
+    /// long after a lapse.
+    pub stop_budget: Duration,
 }
 
 /// How a wait for a lock ended.
@@ -113,6 +118,28 @@ pub(crate) trait Lease {
     /// holder with its lock (an etcd key goes with its lease).
     fn predecessors(&self) -> Vec<Holder> {
         Vec::new()
+    }
+    /// Whether the lock can lapse behind its holder's back while the holder lives (a lease
+    /// that expires when it is not renewed), so that a fence must guard what runs under it.
+    fn lapses(&self) -> bool {
+        false
+    }
+    /// For a lock that can lapse behind its holder's back (a lease that expires when it is not
+    /// renewed): call `feed` at once, on the calling thread, and after every renewal with the earliest instant the lock
+    /// may lapse, by this host's monotonic clock, until the lock is released or lost. What
+    /// the holder started must be gone before then, whatever the holder itself is doing
+    /// ([`crate::supervise::fence`]). `false`: the lock cannot lapse while its holder lives
+    /// (the kernel's flock), and `feed` is never called.
+    fn feed_expiry(&self, feed: Box<dyn FnMut(Instant) + Send>) -> bool {
+        drop(feed);
+        false
+    }
+    /// Whether the lock is provably still ours, now, with its stop budget still ahead: asked
+    /// of the store (for etcd, a transaction on the owner key's revision and lease) right
+    /// before a step that acts on what the lock protects (the teardown hook, the app's
+    /// removal). `Err` says why not, or why it could not be proven.
+    fn confirm(&self) -> Result<(), String> {
+        Ok(())
     }
 }
 

@@ -21,6 +21,7 @@ use crate::lock::backend::{LockBackend, LockKey, Taken, Wait, loss_watch};
 use crate::lock::{Holder, LockError};
 use crate::names::LockName;
 use crate::report;
+use crate::supervise::fence::{self, Fence};
 use crate::supervise::guards::{self, GuardOptions};
 use crate::supervise::identity::{IdentityError, Owner};
 use crate::supervise::leftovers;
@@ -49,6 +50,11 @@ pub(crate) enum NamedLockError {
     Guards(String),
     #[error("failed to watch the lock for its loss: {0}")]
     LossWatch(std::io::Error),
+    #[error(
+        "failed to start the fence that stops the command before the lock's etcd lease can \
+         expire: {0}; not starting the command without it"
+    )]
+    Fence(std::io::Error),
     #[error("failed to create runs dir {path} (it names this configuration): {source}")]
     RunsDir {
         path: std::path::PathBuf,
@@ -114,6 +120,7 @@ pub(crate) fn run(
     let cgroups = cgroup::run_cgroup(opts.cgroup, "lock", opts.name.as_str(), owner);
     let key = LockKey::Named(&opts.name);
     let mut held = HeldLocks::inherited(std::env::var(HELD_VAR).unwrap_or_default());
+    let mut fence = None;
     let lease = match held.grant(backend, &opts.name)? {
         // The command inherits the ancestor's token with the rest of its environment.
         Some(depth) => {
@@ -130,6 +137,7 @@ pub(crate) fn run(
                 until: opts.wait.map(|w| Instant::now() + w),
                 class: opts.class,
                 promote_after: opts.promote_after,
+                stop_budget: crate::config::EtcdSettings::stop_budget(opts.kill_grace),
             };
             let waiting_since = Instant::now();
             let taken = backend.take(key, &wait, &mut |_, _| {})?;
@@ -139,6 +147,15 @@ pub(crate) fn run(
                     if let Some(fd) = loss_watch(&*lease).map_err(NamedLockError::LossWatch)? {
                         funnel.watch_loss(fd);
                     }
+                    let target = fence::Target {
+                        cgroup: cgroups.as_ref().map(|c| c.cgroup.path()),
+                        owner,
+                        label: &format!("lock {}", opts.name),
+                    };
+                    fence = fence::arm_fence(&*lease, &mut funnel, &target).map_err(|e| {
+                        remove_cgroup(&opts.name, cgroups.as_ref());
+                        NamedLockError::Fence(e)
+                    })?;
                     let what = format!("lock {}", opts.name);
                     let until = Instant::now() + leftovers::KILL_BUDGET;
                     for before in lease.predecessors() {
@@ -177,7 +194,18 @@ pub(crate) fn run(
         }
     };
     let token = lease.as_ref().and_then(|lease| lease.fencing_token());
-    Ok(run_holding(&funnel, opts, &held, token, cgroups.as_ref()))
+    let code = run_holding(
+        &funnel,
+        opts,
+        &held,
+        token,
+        cgroups.as_ref(),
+        fence.as_ref(),
+    );
+    // The lock first, then the fence that guarded what ran under it.
+    drop(lease);
+    drop(fence);
+    Ok(code)
 }
 
 /// Remove the (empty) cgroup made for a command that never started.
@@ -207,6 +235,7 @@ fn run_holding(
     held: &HeldLocks,
     fencing_token: Option<i64>,
     cgroups: Option<&cgroup::Cgroups>,
+    fence: Option<&Fence>,
 ) -> u8 {
     let (program, args) = opts.command.split_first().expect("clap requires a command");
     let mut env = vec![(HELD_VAR.to_owned(), held.to_string().into())];
@@ -225,6 +254,7 @@ fn run_holding(
         teardown_timeout: opts.teardown_timeout,
         hard_end: None,
         leaf: cgroups.map(|c| &c.command),
+        fence,
     };
     let stopped = supervisor.start_and_stop(&spec, VecDeque::new(), &mut |_| {});
     let mut problems = stopped.errors;

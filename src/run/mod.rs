@@ -50,6 +50,7 @@ use crate::run::record::RunRecord;
 use crate::run::state::{StateError, StateFiles};
 use crate::supervise::Supervisor;
 use crate::supervise::cgroup::{self, Cgroups};
+use crate::supervise::fence::{self, Fence, arm_fence};
 use crate::supervise::guards::{self, GuardError, GuardOptions};
 use crate::supervise::identity::{IdentityError, Owner};
 use crate::supervise::leftovers;
@@ -83,6 +84,11 @@ pub(crate) enum RunError {
     LossWatch(std::io::Error),
     #[error(transparent)]
     Watchdog(#[from] crate::supervise::watchdog::WatchdogError),
+    #[error(
+        "failed to start the fence that stops the run's processes before its etcd lease can \
+         expire: {0}; not starting the command without it"
+    )]
+    Fence(std::io::Error),
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error(
@@ -160,8 +166,10 @@ fn supervisor<'a>(
     cfg: &RunConfig,
     hard_end: Instant,
     cgroup: Option<&'a Cgroups>,
+    fence: Option<&'a Fence>,
 ) -> Supervisor<'a> {
     Supervisor {
+        fence,
         funnel,
         kill_grace: cfg.kill_grace,
         deadline: cfg.deadline,
@@ -193,6 +201,10 @@ struct Run<'a> {
     locks: Box<dyn LockBackend>,
     /// Held from step 5 until the process exits; the run never removes it.
     app_lock: Option<Box<dyn Lease>>,
+    /// While the app lock can lapse (etcd): what kills the run's processes in time even when
+    /// this process is stopped. Declared after the lock: it is disarmed only once the lock is
+    /// released.
+    fence: Option<Fence>,
     /// Some teardown step ran out of its budget.
     teardown_timed_out: bool,
     /// The run's cgroup and its leaves, where cgroup v2 is writable.
@@ -245,6 +257,7 @@ impl<'a> Run<'a> {
             env: Vec::new(),
             locks,
             app_lock: None,
+            fence: None,
             teardown_timed_out: false,
             cgroup,
             hard_end,
@@ -295,6 +308,7 @@ impl Run<'_> {
                     self.funnel.watch_loss(fd);
                 }
                 self.record.fencing_token = lease.fencing_token();
+                self.fence = self.arm_fence(&*lease)?;
                 self.app_lock = Some(lease);
             }
             Taken::Stopped(event) => {
@@ -324,6 +338,45 @@ impl Run<'_> {
             }
         }
         Ok(self.supervise_and_tear_down(early))
+    }
+
+    /// For an app lock that can lapse behind our back (an etcd lease): start the run's fence
+    /// and feed it every renewal, before anything runs under the lock.
+    fn arm_fence(&mut self, lease: &dyn Lease) -> Result<Option<Fence>, RunError> {
+        arm_fence(
+            lease,
+            &mut self.funnel,
+            &fence::Target {
+                cgroup: self.cgroup.as_ref().map(|c| c.cgroup.path()),
+                owner: self.owner,
+                label: &format!("the app lock of {}", self.cfg.identity.domain),
+            },
+        )
+        .map_err(RunError::Fence)
+    }
+
+    /// Whether the app lock is no longer ours for sure: lost, or its fence has fired.
+    fn lock_gone(&self) -> bool {
+        self.app_lock.as_deref().is_some_and(is_lost)
+            || self.fence.as_ref().is_some_and(Fence::ended)
+    }
+
+    /// Right before a teardown step that acts on the app: is the app lock provably ours? When
+    /// not, say why and leave the app alone.
+    fn lock_confirmed(&mut self, step: &str) -> bool {
+        let Some(lease) = self.app_lock.as_deref() else {
+            return false;
+        };
+        match lease.confirm() {
+            Ok(()) => true,
+            Err(why) => {
+                self.teardown_error(format!(
+                    "the app lock is not provably ours before {step} ({why}): the app is left \
+                     to whoever holds the lock now, or to the janitor"
+                ));
+                false
+            }
+        }
     }
 
     /// Step 3: the recipe into the run's tree, as configured. `Some(event)`: a way out ended a
@@ -394,6 +447,7 @@ impl Run<'_> {
             until: self.cfg.lock_wait.map(|budget| Instant::now() + budget),
             class: Class::Normal,
             promote_after: Duration::MAX,
+            stop_budget: crate::config::EtcdSettings::stop_budget(self.cfg.kill_grace),
         };
         let started = Instant::now();
         let mut waited = false;
@@ -555,7 +609,13 @@ impl Run<'_> {
     }
 
     fn supervisor(&self) -> Supervisor<'_> {
-        supervisor(&self.funnel, self.cfg, self.hard_end, self.cgroup.as_ref())
+        supervisor(
+            &self.funnel,
+            self.cfg,
+            self.hard_end,
+            self.cgroup.as_ref(),
+            self.fence.as_ref(),
+        )
     }
 
     /// Start the command (unless a way out already happened), wait for a way out, tear down.
@@ -575,7 +635,13 @@ impl Run<'_> {
         let record = &mut self.record;
         let record_path = &self.record_path;
         let watchdog = &self.watchdog;
-        let supervisor = supervisor(&self.funnel, self.cfg, self.hard_end, self.cgroup.as_ref());
+        let supervisor = supervisor(
+            &self.funnel,
+            self.cfg,
+            self.hard_end,
+            self.cgroup.as_ref(),
+            self.fence.as_ref(),
+        );
         let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
             watchdog.set_exit_code(reason.exit_code());
             record.shutdown_reason = Some(reason.name());
@@ -640,7 +706,7 @@ impl Run<'_> {
         self.kill_leftovers(until);
         if self.app_lock.is_none() {
             // Never held the app lock: the app, if any, is another run's. Hands off.
-        } else if self.app_lock.as_deref().is_some_and(is_lost) {
+        } else if self.lock_gone() {
             report::line(
                 "!! teardown: the app lock was lost; the app is left to whoever holds the lock \
                  now, or to the janitor",
@@ -649,8 +715,20 @@ impl Run<'_> {
             report::line("== --no-teardown: keeping the app; the next janitor sweep reaps it ==");
         } else {
             if let Some(hook) = self.cfg.on_teardown.clone() {
+                if !self.lock_confirmed("the teardown hook") {
+                    for err in self.state.remove() {
+                        self.teardown_error(err);
+                    }
+                    return;
+                }
                 self.run_hook(&hook, hook_share(Instant::now(), until));
                 self.kill_leftovers(until);
+            }
+            if !self.lock_confirmed("the app's removal") {
+                for err in self.state.remove() {
+                    self.teardown_error(err);
+                }
+                return;
             }
             let budget = until.saturating_duration_since(Instant::now());
             let (removed, errors) =

@@ -50,6 +50,12 @@ pub(crate) fn scan(scope: Scope) -> Vec<Marked> {
     scan_where(|owner| owner.scope == scope)
 }
 
+/// Every process (but this one and its ancestors) whose `CCCI_SUPERVISOR` names `owner`,
+/// alive or not: what a run's fence kills ([`crate::supervise::fence`]).
+pub(crate) fn scan_owned_by(owner: &Owner) -> Vec<Marked> {
+    scan_where(|found| found == owner)
+}
+
 fn scan_where(wanted: impl Fn(&Owner) -> bool) -> Vec<Marked> {
     let spared = ancestors_and_self();
     linux::all_pids()

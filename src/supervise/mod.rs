@@ -14,6 +14,7 @@
 //! reported and ignored.
 
 pub(crate) mod cgroup;
+pub(crate) mod fence;
 pub(crate) mod guards;
 pub(crate) mod identity;
 pub(crate) mod leftovers;
@@ -81,6 +82,9 @@ pub(crate) struct Supervisor<'a> {
     pub hard_end: Option<Instant>,
     /// The cgroup leaf the command runs in, when cgroups are in use.
     pub leaf: Option<&'a Leaf>,
+    /// The run's fence, while it holds a lock that can lapse: told of every process group
+    /// started, for a host without cgroups.
+    pub fence: Option<&'a fence::Fence>,
 }
 
 impl Supervisor<'_> {
@@ -97,6 +101,9 @@ impl Supervisor<'_> {
             match self.spawn_retrying(spec, &mut early) {
                 Some(Ok(started)) => {
                     tracing::info!(pid = started.0.as_raw(), "command started");
+                    if let Some(fence) = self.fence {
+                        fence.watch_group(started.1.id());
+                    }
                     leader = Some(started);
                 }
                 Some(Err(err)) => {
@@ -304,6 +311,9 @@ impl Supervisor<'_> {
         until: Instant,
     ) -> Result<ChildStatus, String> {
         let (pid, group) = process::spawn_group(spec, leaf).map_err(|e| e.to_string())?;
+        if let Some(fence) = self.fence {
+            fence.watch_group(group.id());
+        }
         loop {
             if let Some((_, status)) = process::reap_ready().into_iter().find(|(p, _)| *p == pid) {
                 return Ok(status);

@@ -476,7 +476,11 @@ pub(crate) fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut() ->
             return Vec::new();
         }
         survivors = match linux::living_descendants(me) {
-            Ok(found) => found,
+            // The run's fence stays until the lock is released (it kills, it is not killed).
+            Ok(found) => found
+                .into_iter()
+                .filter(|pid| !crate::supervise::fence::is_fence(*pid))
+                .collect(),
             Err(err) => {
                 tracing::warn!("failed to list descendants in /proc: {err}");
                 return Vec::new();

@@ -101,7 +101,7 @@ enum EtcdFault {
 }
 
 /// The lease TTL of two-host schedules, seconds.
-const CHAOS_TTL: u32 = 2;
+const CHAOS_TTL: u32 = 3;
 
 #[derive(Debug, Clone)]
 struct Plan {

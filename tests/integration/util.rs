@@ -140,6 +140,9 @@ impl Sandbox {
                 .arg(endpoints)
                 .arg("--lease-ttl")
                 .arg(ttl.to_string());
+            // The longest kill grace such a short lease allows (TTL - 0.5 s kill margin - 1.5 s
+            // keepalive headroom); a test's own --kill-grace overrides it.
+            cmd.env("CCCI_KILL_GRACE", ttl.saturating_sub(2).to_string());
         }
         cmd
     }

@@ -147,6 +147,28 @@ pub(super) struct Shared {
     /// This process's lease, granted at the first lock it takes or waits for.
     pub(super) session: Mutex<Option<Arc<Session>>>,
     pub(super) host: String,
+    /// How long before its lease may expire a holder of this process must begin to stop its
+    /// command (its kill grace and [`crate::config::KILL_MARGIN`]), in nanoseconds: the
+    /// keepalive counts the lease at risk, and the lock lost, that long before.
+    pub(super) stop_budget: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Shared {
+    /// The stop budget of this process's holders.
+    pub(super) fn stop_budget(&self) -> Duration {
+        Duration::from_nanos(self.stop_budget.load(Ordering::SeqCst))
+    }
+
+    /// Who this process is, in records others read: "pid N on HOST".
+    pub(super) fn who(&self) -> String {
+        format!("pid {} on {}", std::process::id(), self.host)
+    }
+
+    /// A holder of this process needs `budget` to stop its command: keep the largest asked.
+    pub(super) fn need_stop_budget(&self, budget: Duration) {
+        let nanos = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        self.stop_budget.fetch_max(nanos, Ordering::SeqCst);
+    }
 }
 
 /// One client per endpoint, asked in turn: a request that fails or hangs on one member is

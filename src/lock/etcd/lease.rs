@@ -7,7 +7,8 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tokio::sync::watch;
@@ -25,6 +26,9 @@ pub(super) struct Session {
     pub(super) id: i64,
     /// Why the lease counts as lost, once it does.
     pub(super) lost: watch::Receiver<Option<String>>,
+    /// The earliest instant etcd may expire the lease, by this host's monotonic clock: the send
+    /// time of the last answered keepalive (or of the grant) plus the TTL.
+    pub(super) expiry: watch::Receiver<tokio::time::Instant>,
     pub(super) keeper: tokio::task::JoinHandle<()>,
 }
 
@@ -44,17 +48,23 @@ impl Shared {
                 .call(|mut c| async move { c.lease_grant(ttl_secs, None).await }),
         )?;
         let (notify, lost) = watch::channel(None);
+        let (renewed, expiry) = watch::channel(asked + self.ttl);
         let keeper = self.handle.spawn(keep_alive(
-            self.pool.clone(),
-            granted.id(),
-            self.ttl,
+            Keeper {
+                pool: self.pool.clone(),
+                id: granted.id(),
+                ttl: self.ttl,
+                stop_budget: self.stop_budget.clone(),
+            },
             asked,
             notify,
+            renewed,
         ));
         tracing::debug!(lease = format!("{:x}", granted.id()), ttl = ?self.ttl, "lease granted");
         let session = Arc::new(Session {
             id: granted.id(),
             lost,
+            expiry,
             keeper,
         });
         *slot = Some(session.clone());
@@ -83,25 +93,59 @@ impl Shared {
     }
 }
 
-/// Keep lease `id` alive; once no keepalive has been answered for a whole TTL (or etcd says
-/// the lease is gone), say why on `lost` and stop. The TTL is counted from when the last
-/// answered keepalive was *sent*: the server renewed the lease no earlier than that, so this
-/// side gives up no later than the server expires it.
+/// The lease a keepalive task keeps alive.
+pub(super) struct Keeper {
+    pub(super) pool: Arc<Pool>,
+    pub(super) id: i64,
+    pub(super) ttl: Duration,
+    /// The holders' stop budget, in nanoseconds ([`Shared::stop_budget`]).
+    pub(super) stop_budget: Arc<AtomicU64>,
+}
+
+impl Keeper {
+    fn stop_budget(&self) -> Duration {
+        Duration::from_nanos(self.stop_budget.load(Ordering::SeqCst))
+    }
+}
+
+/// Keep the lease alive, publishing on `renewed` the earliest instant etcd may expire it after
+/// each answered keepalive. Once less than the stop budget is left until that instant (or etcd
+/// says the lease is gone), say why on `lost` and stop: the lease is at risk, and a holder
+/// that began stopping its command any later could still be stopping it when etcd expires the
+/// lease and hands the lock to the next holder.
+///
+/// The earliest expiry is counted from when the last answered keepalive was *sent*: etcd
+/// renewed the lease no earlier than that, so it cannot expire it before then plus the TTL.
+/// Keepalives go out often enough that a member that does not answer is given up for another
+/// well within the TTL less the stop budget ([`crate::config::LEASE_HEADROOM`] at least).
 pub(super) async fn keep_alive(
-    pool: Arc<Pool>,
-    id: i64,
-    ttl: Duration,
+    keeper: Keeper,
     granted: tokio::time::Instant,
     lost: watch::Sender<Option<String>>,
+    renewed: watch::Sender<tokio::time::Instant>,
 ) {
-    let every = (ttl / 3).max(Duration::from_millis(500));
+    let Keeper { pool, id, ttl, .. } = &keeper;
+    let (id, ttl) = (*id, *ttl);
     let mut good_until = granted + ttl;
+    let mut last_answer = granted;
     // The keepalive stream, and the member it goes to.
     let mut stream = None;
     let why = loop {
+        let budget = keeper.stop_budget();
+        let headroom = ttl.saturating_sub(budget);
+        // A few tries within the headroom, each given up on in time for the next.
+        let every = (headroom / 4).clamp(Duration::from_millis(100), ttl / 3);
+        let attempt = (headroom / 4).clamp(Duration::from_millis(200), ATTEMPT_TIMEOUT);
+        let at_risk = good_until.checked_sub(budget).unwrap_or(good_until);
         let now = tokio::time::Instant::now();
-        if now >= good_until {
-            break format!("no keepalive answered for {} s", ttl.as_secs_f64().round());
+        if now >= at_risk {
+            break format!(
+                "no keepalive answered for {:.1} s: etcd may expire the lease {:.1} s from now, \
+                 within the {:.1} s a holder needs to stop its command",
+                now.duration_since(last_answer).as_secs_f64(),
+                good_until.saturating_duration_since(now).as_secs_f64(),
+                budget.as_secs_f64()
+            );
         }
         let sent = now;
         let round = async {
@@ -114,12 +158,19 @@ pub(super) async fn keep_alive(
             keeper.keep_alive().await.map_err(|e| (at, e))?;
             answers.message().await.map_err(|e| (at, e))
         };
-        let limit = good_until.min(now + ATTEMPT_TIMEOUT);
+        let limit = at_risk.min(now + attempt);
         match tokio::time::timeout_at(limit, round).await {
             Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
-                let renewed = Duration::from_secs(answer.ttl().unsigned_abs()).min(ttl);
-                good_until = sent + renewed;
-                tokio::time::sleep(every).await;
+                let granted_ttl = Duration::from_secs(answer.ttl().unsigned_abs()).min(ttl);
+                // Never earlier than before: an answer to an older request (a slow member)
+                // must not shorten what a newer one already proved.
+                if sent + granted_ttl > good_until {
+                    good_until = sent + granted_ttl;
+                    renewed.send_replace(good_until);
+                }
+                last_answer = tokio::time::Instant::now();
+                let next = (sent + every).min(good_until.checked_sub(budget).unwrap_or(sent));
+                tokio::time::sleep_until(next).await;
             }
             Ok(Ok(Some(_))) => break "etcd says the lease has expired or was revoked".to_owned(),
             Ok(Ok(None)) => {
@@ -141,7 +192,7 @@ pub(super) async fn keep_alive(
             }
         }
     };
-    tracing::warn!(lease = format!("{id:x}"), "etcd lease lost: {why}");
+    tracing::warn!(lease = format!("{id:x}"), "etcd lease at risk: {why}");
     lost.send_replace(Some(why));
 }
 
@@ -155,6 +206,8 @@ struct EtcdLease {
     /// Readable once the guard saw the lock lost.
     lost: UnixStream,
     guard: tokio::task::JoinHandle<()>,
+    /// The tasks that pass the lease's renewals on ([`Lease::feed_expiry`]).
+    feeders: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Lease for EtcdLease {
@@ -185,6 +238,68 @@ impl Lease for EtcdLease {
     fn fencing_token(&self) -> Option<i64> {
         Some(self.claimed.token())
     }
+
+    fn lapses(&self) -> bool {
+        true
+    }
+
+    fn feed_expiry(&self, mut feed: Box<dyn FnMut(Instant) + Send>) -> bool {
+        let mut expiry = self.session.expiry.clone();
+        feed(expiry.borrow_and_update().into_std());
+        let task = self.shared.handle.spawn(async move {
+            loop {
+                // The keepalive ended (the lease is lost): nothing will renew it again.
+                if expiry.changed().await.is_err() {
+                    break;
+                }
+                let at = *expiry.borrow_and_update();
+                feed(at.into_std());
+            }
+        });
+        self.feeders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(task);
+        true
+    }
+
+    fn confirm(&self) -> Result<(), String> {
+        let at_risk = || {
+            let expiry = self.session.expiry.borrow().into_std();
+            let left = expiry.saturating_duration_since(Instant::now());
+            (left <= self.shared.stop_budget()).then(|| {
+                format!(
+                    "its lease may expire {:.1} s from now, within the {:.1} s its holder needs \
+                     to stop",
+                    left.as_secs_f64(),
+                    self.shared.stop_budget().as_secs_f64()
+                )
+            })
+        };
+        if crate::supervise::signals::readable_now(self.lost.as_fd()) {
+            return Err("the lock was lost".to_owned());
+        }
+        if let Some(why) = at_risk() {
+            return Err(why);
+        }
+        let owner = self.owner.as_str();
+        let txn = Txn::new().when([
+            Compare::create_revision(owner, CompareOp::Equal, self.claimed.revision),
+            Compare::lease(owner, CompareOp::Equal, self.session.id),
+        ]);
+        let response = self
+            .shared
+            .txn("confirm the lock is ours", RELEASE_TIMEOUT, txn)
+            .map_err(|e| format!("it could not be proven: {e}"))?;
+        if !response.succeeded() {
+            return Err(format!(
+                "etcd says its owner key {owner} is no longer ours (revision {}, lease {:x})",
+                self.claimed.revision, self.session.id
+            ));
+        }
+        // The answer may have come late: it proves nothing past the lease's safe time.
+        at_risk().map_or(Ok(()), Err)
+    }
 }
 
 impl Drop for EtcdLease {
@@ -199,6 +314,14 @@ impl Drop for EtcdLease {
                 .block_on(async move { tokio::time::timeout(RELEASE_TIMEOUT, guard).await });
         }
         self.guard.abort();
+        for feeder in self
+            .feeders
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+        {
+            feeder.abort();
+        }
         let owner = self.owner.as_str();
         let txn = Txn::new()
             .when([
@@ -246,6 +369,7 @@ impl Etcd {
             claimed,
             lost,
             guard,
+            feeders: std::sync::Mutex::new(Vec::new()),
         }))
     }
 }

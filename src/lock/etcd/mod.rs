@@ -111,6 +111,9 @@ impl Etcd {
                 host: nix::unistd::gethostname()
                     .map(|h| h.to_string_lossy().into_owned())
                     .unwrap_or_default(),
+                stop_budget: Arc::new(std::sync::atomic::AtomicU64::new(
+                    u64::try_from(crate::config::KILL_MARGIN.as_nanos()).unwrap_or(u64::MAX),
+                )),
             }),
         })
     }
@@ -169,6 +172,20 @@ impl LockBackend for Etcd {
             let snap = self.shared.snapshot(&dir)?;
             let obstacle = snap.obstacle(None);
             match &obstacle {
+                Some(Obstacle::Tenure(kv)) if create && kv.lease() == 0 => {
+                    // A holder whose lease expired: its stop budget begins now (a look only
+                    // looks).
+                    let who = self.shared.who();
+                    let lapsed = self.shared.block_on(
+                        "look at the lock's last holder",
+                        REQUEST_TIMEOUT,
+                        queue::lapse(&self.shared.pool, kv, &who),
+                    )?;
+                    if let queue::Tenure::Lapsed(value) = lapsed {
+                        report::line(&queue::lapsed_line(&self.describe(key), &value));
+                    }
+                    return Ok(held(snap.holder()));
+                }
                 Some(Obstacle::Owner(_) | Obstacle::Tenure(_)) => return Ok(held(snap.holder())),
                 // A live waiter is about to take it (its key lives only as long as its lease).
                 Some(Obstacle::Ahead(_)) => {
@@ -197,7 +214,15 @@ impl LockBackend for Etcd {
                     let claimed = self.shared.block_on(
                         "take the lock",
                         REQUEST_TIMEOUT,
-                        queue::claim(&self.shared.pool, &dir, lineage, None, session.id, &line),
+                        queue::claim(
+                            &self.shared.pool,
+                            &dir,
+                            lineage,
+                            None,
+                            session.id,
+                            &line,
+                            self.shared.stop_budget(),
+                        ),
                     )?;
                     return match claimed {
                         Some(claimed) => Ok(Attempt::Taken {
@@ -219,6 +244,7 @@ impl LockBackend for Etcd {
         on_wait: &mut dyn FnMut(Option<&Holder>, Duration),
     ) -> Result<Taken, LockError> {
         let dir = lock_dir(key);
+        self.shared.need_stop_budget(wait.stop_budget);
         let session = self.shared.session()?;
         let started = Instant::now();
         let value = WaiterValue {
@@ -269,6 +295,8 @@ impl LockBackend for Etcd {
                     promote,
                     ttl: self.shared.ttl,
                     label: self.describe(key),
+                    stop_budget: self.shared.stop_budget(),
+                    who: self.shared.who(),
                 },
             );
             let mut notify = notify;
@@ -387,6 +415,9 @@ impl LockBackend for Etcd {
                 return (tidied, errors);
             }
         };
+        if !dry_run {
+            self.lapse_tenures(&mut errors);
+        }
         for kv in junk {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             if dry_run {
@@ -415,6 +446,49 @@ impl LockBackend for Etcd {
 }
 
 impl Etcd {
+    /// Every tenure record whose holder's lease expired without a release begins its stop
+    /// budget now, on a lease of its own: so the keys of a holder that was cut off go by
+    /// themselves even when nobody waits for its lock.
+    fn lapse_tenures(&self, errors: &mut Vec<String>) {
+        let response = match self.shared.get(
+            "look for lapsed holders",
+            keys::PREFIX,
+            Some(GetOptions::new().with_prefix()),
+        ) {
+            Ok(response) => response,
+            Err(err) => {
+                errors.push(format!("failed to look for lapsed holders: {err}"));
+                return;
+            }
+        };
+        let who = self.shared.who();
+        for kv in response.kvs() {
+            let Some((kind, name, rest)) =
+                std::str::from_utf8(kv.key()).ok().and_then(keys::key_parts)
+            else {
+                continue;
+            };
+            if kv.lease() != 0
+                || !rest.starts_with("tenure/")
+                || queue::TenureValue::parse(kv).is_none()
+            {
+                continue;
+            }
+            let label = format!("etcd key {}", keys::owner_key(&keys::lock_dir(kind, name)));
+            match self.shared.block_on(
+                "look at a lock's last holder",
+                REQUEST_TIMEOUT,
+                queue::lapse(&self.shared.pool, kv, &who),
+            ) {
+                Ok(queue::Tenure::Lapsed(value)) => {
+                    report::line(&queue::lapsed_line(&label, &value));
+                }
+                Ok(_) => {}
+                Err(err) => errors.push(format!("failed to look at {label}'s last holder: {err}")),
+            }
+        }
+    }
+
     /// Every key under the prefix that ccci-run binds to a lease, found without one.
     fn junk(&self) -> Result<Vec<KeyValue>, LockError> {
         let response = self.shared.get(
@@ -459,12 +533,18 @@ fn describe_lock(
     let holder = snap.holder();
     let age = holder.as_ref().and_then(age_of);
     let mut problems = Vec::new();
-    if snap.owner.is_none() && !snap.tenures.is_empty() {
-        problems.push(
-            "its holder lost the owner key and has not ended yet (nobody else is let in \
-             until it has)"
+    if let (None, Some(kv)) = (&snap.owner, snap.tenures.first()) {
+        problems.push(match queue::TenureValue::parse(kv) {
+            Some(value) if kv.lease() != 0 => format!(
+                "its holder lost its lease without releasing the lock: nobody else is let in \
+                 until its stop budget of {:.1} s has passed",
+                value.stop_budget().as_secs_f64()
+            ),
+            _ => "its holder lost the owner key and has not ended yet (nobody else is let in \
+                  until it has, or until the janitor finds its lease expired and its stop \
+                  budget has passed)"
                 .to_owned(),
-        );
+        });
     }
     if !snap.junk.is_empty() {
         let junk: Vec<String> = snap

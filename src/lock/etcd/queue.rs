@@ -34,6 +34,36 @@ use crate::supervise::worker::Awaitable;
 /// How often a waiter reads its queue again even though its watch said nothing.
 pub(super) const RECHECK_EVERY: Duration = Duration::from_secs(3);
 
+/// What a tenure key holds: the holder's line, and how long it may take to stop its command
+/// once its lease is at risk (its kill grace and the kill margin). Written without a lease, so
+/// that it outlives a lease that expires: then whoever finds it first binds it to a lease of
+/// that length of its own ([`lapse`]), and nobody takes the lock until it is gone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct TenureValue {
+    pub(super) holder: String,
+    pub(super) stop_budget_ms: u64,
+    /// Once the holder's lease was found expired: who found it, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) lapsed: Option<String>,
+}
+
+impl TenureValue {
+    pub(super) fn parse(kv: &KeyValue) -> Option<Self> {
+        serde_json::from_slice(kv.value()).ok()
+    }
+
+    pub(super) fn stop_budget(&self) -> Duration {
+        Duration::from_millis(self.stop_budget_ms)
+    }
+}
+
+/// The lease a tenure key names (`tenure/<lease id>`).
+fn tenure_lease(kv: &KeyValue) -> Option<i64> {
+    let key = std::str::from_utf8(kv.key()).ok()?;
+    let (_, id) = key.rsplit_once('/')?;
+    i64::from_str_radix(id, 16).ok()
+}
+
 /// What a waiter's key holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct WaiterValue {
@@ -71,8 +101,9 @@ pub(super) enum Obstacle<'s> {
     },
     /// Held.
     Owner(&'s KeyValue),
-    /// An owner key without a lease: removed, then claimed over.
-    JunkOwner(&'s KeyValue),
+    /// An owner or tenure key without a lease (or, for a tenure key, without a tenure record):
+    /// removed, then claimed over.
+    Junk(&'s KeyValue),
     /// A holder that lost its owner key and has not ended yet.
     Tenure(&'s KeyValue),
     /// A new lineage settles.
@@ -88,7 +119,7 @@ impl Obstacle<'_> {
             Self::Owner(kv) | Self::Tenure(kv) | Self::Settling(kv) | Self::Ahead(kv) => {
                 Some(kv.key())
             }
-            Self::Lineage { .. } | Self::JunkOwner(_) => None,
+            Self::Lineage { .. } | Self::Junk(_) => None,
         }
     }
 }
@@ -125,12 +156,14 @@ impl Snapshot {
             if !ours {
                 continue;
             }
-            if kv.lease() == 0 {
+            let tenure = key.starts_with(tenure_prefix.as_bytes());
+            if tenure && TenureValue::parse(kv).is_some() {
+                // Bound to no lease while its holder lives, to one of its own once it lapsed.
+                snap.tenures.push(kv.clone());
+            } else if kv.lease() == 0 || tenure {
                 snap.junk.push(kv.clone());
             } else if key == owner_key.as_bytes() {
                 snap.owner = Some(kv.clone());
-            } else if key.starts_with(tenure_prefix.as_bytes()) {
-                snap.tenures.push(kv.clone());
             } else {
                 let value = serde_json::from_slice::<WaiterValue>(kv.value()).ok();
                 snap.queue.push((kv.clone(), value));
@@ -144,14 +177,20 @@ impl Snapshot {
 
     /// Who holds the lock: the owner, else a holder that lost its key but has not ended.
     pub(super) fn holder(&self) -> Option<Holder> {
-        let kv = self.owner.as_ref().or_else(|| self.tenures.first())?;
-        Holder::parse(&String::from_utf8_lossy(kv.value()))
+        if let Some(kv) = &self.owner {
+            return Holder::parse(&String::from_utf8_lossy(kv.value()));
+        }
+        let tenure = TenureValue::parse(self.tenures.first()?)?;
+        Holder::parse(&tenure.holder)
     }
 
-    /// The owner key, when it is junk.
-    fn junk_owner(&self) -> Option<&KeyValue> {
+    /// A junk owner or tenure key: it would fail a claim's transaction, so it goes first.
+    fn junk_in_the_way(&self) -> Option<&KeyValue> {
         let owner = keys::owner_key(&self.dir);
-        self.junk.iter().find(|kv| kv.key() == owner.as_bytes())
+        let tenure = keys::tenure_prefix(&self.dir);
+        self.junk
+            .iter()
+            .find(|kv| kv.key() == owner.as_bytes() || kv.key().starts_with(tenure.as_bytes()))
     }
 
     /// What stands between `waiter` (or, without one, a claim from outside the line) and the
@@ -189,7 +228,7 @@ impl Snapshot {
         if let Some(kv) = &self.settling {
             return Some(Obstacle::Settling(kv));
         }
-        self.junk_owner().map(Obstacle::JunkOwner)
+        self.junk_in_the_way().map(Obstacle::Junk)
     }
 
     /// Whether the lock is held back for the lineage (one to begin, or settling), not by a
@@ -345,20 +384,29 @@ pub(super) async fn claim(
     waiter: Option<&str>,
     lease: i64,
     holder_line: &str,
+    stop_budget: Duration,
 ) -> Result<Option<Claimed>, etcd_client::Error> {
     let owner = keys::owner_key(dir);
     let bound = || Some(PutOptions::new().with_lease(lease));
+    let tenure = TenureValue {
+        holder: holder_line.to_owned(),
+        stop_budget_ms: u64::try_from(stop_budget.as_millis()).unwrap_or(u64::MAX),
+        lapsed: None,
+    };
+    let tenure = serde_json::to_string(&tenure).expect("a tenure record always serialises");
     let mut when = vec![
         Compare::create_revision(owner.as_str(), CompareOp::Equal, 0),
-        // Every tenure key, if any, is junk (a range compare holds for every key in it, and
-        // for an empty range as for an absent key).
-        Compare::lease(keys::tenure_prefix(dir), CompareOp::Equal, 0).with_prefix(),
+        // No tenure key at all (a range compare holds for every key in it, and for an empty
+        // range as for an absent key).
+        Compare::create_revision(keys::tenure_prefix(dir), CompareOp::Equal, 0).with_prefix(),
         Compare::lease(keys::SETTLING, CompareOp::Equal, 0),
         Compare::mod_revision(keys::LINEAGE, CompareOp::Equal, lineage.mod_revision),
     ];
     let mut then = vec![
         TxnOp::put(owner.as_str(), holder_line, bound()),
-        TxnOp::put(keys::tenure_key(dir, lease), holder_line, bound()),
+        // Bound to no lease: it outlives ours if ours expires, and says how long we may take
+        // to stop (see [`lapse`]).
+        TxnOp::put(keys::tenure_key(dir, lease), tenure, None),
     ];
     if let Some(waiter) = waiter {
         when.push(Compare::lease(waiter, CompareOp::Equal, lease));
@@ -398,11 +446,11 @@ pub(super) async fn clear(
                 report::line(&line);
             }
         }
-        Obstacle::JunkOwner(kv) => {
+        Obstacle::Junk(kv) => {
             let removed = remove_junk(pool, kv).await?;
             if removed {
                 report::line(&format!(
-                    "== etcd: removed {}, an owner key without a lease (written by hand?): it \
+                    "== etcd: removed {}, a key without a lease or record (written by hand?): it \
                      held nobody's lock ==",
                     String::from_utf8_lossy(kv.key())
                 ));
@@ -411,6 +459,91 @@ pub(super) async fn clear(
         _ => {}
     }
     Ok(())
+}
+
+/// What a look at a tenure key found.
+pub(super) enum Tenure {
+    /// Its holder's lease lives: the holder is stopping its command, and removes the key when
+    /// it has.
+    Alive,
+    /// Its holder's lease expired without a release (cut off, stalled or killed): the key was
+    /// just bound to a lease of the holder's stop budget, or already was; nobody takes the lock
+    /// until it is gone.
+    Lapsed(TenureValue),
+    /// It changed meanwhile: read again.
+    Changed,
+}
+
+/// Look at tenure key `kv`: a key bound to no lease whose holder's lease is gone (etcd expired
+/// it) is rebound to a lease of its own that lasts the holder's stop budget, from now: the
+/// holder may have begun stopping its command no earlier than etcd could expire its lease, and
+/// has that long to finish. `who` says who found it.
+pub(super) async fn lapse(
+    pool: &Pool,
+    kv: &KeyValue,
+    who: &str,
+) -> Result<Tenure, etcd_client::Error> {
+    let Some(value) = TenureValue::parse(kv) else {
+        return Ok(Tenure::Changed);
+    };
+    if kv.lease() != 0 {
+        return Ok(Tenure::Lapsed(value));
+    }
+    if let Some(id) = tenure_lease(kv) {
+        let alive = pool
+            .call(|mut c| async move { c.lease_time_to_live(id, None).await })
+            .await?;
+        if alive.ttl() > 0 {
+            return Ok(Tenure::Alive);
+        }
+    }
+    let budget = value.stop_budget();
+    let ttl = budget.as_secs() + u64::from(budget.subsec_nanos() > 0);
+    let ttl = i64::try_from(ttl.max(1)).unwrap_or(i64::MAX);
+    let grant = pool
+        .call(|mut c| async move { c.lease_grant(ttl, None).await })
+        .await?;
+    let lapsed = TenureValue {
+        lapsed: Some(format!(
+            "found expired by {who} at {}",
+            humantime::format_rfc3339_millis(std::time::SystemTime::now())
+        )),
+        ..value.clone()
+    };
+    let line = serde_json::to_string(&lapsed).expect("a tenure record always serialises");
+    let txn = Txn::new()
+        .when([
+            Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
+            Compare::lease(kv.key(), CompareOp::Equal, 0),
+        ])
+        .and_then([TxnOp::put(
+            kv.key(),
+            line,
+            Some(PutOptions::new().with_lease(grant.id())),
+        )]);
+    let response = pool
+        .call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+    Ok(if response.succeeded() {
+        Tenure::Lapsed(lapsed)
+    } else {
+        Tenure::Changed
+    })
+}
+
+/// The line a waiter says once about a holder that lost its lease without a release.
+pub(super) fn lapsed_line(label: &str, value: &TenureValue) -> String {
+    let holder = Holder::parse(&value.holder);
+    format!(
+        "== {label}: its last holder, {}, lost its lease without releasing the lock (cut off, \
+         stalled or killed): its command may still be stopping, so the lock is taken only \
+         once its stop budget of {:.1} s has passed ==",
+        Holder::describe(holder.as_ref()),
+        value.stop_budget().as_secs_f64()
+    )
 }
 
 /// How a waiter waits for its turn.
@@ -425,13 +558,17 @@ pub(super) struct Turn {
     pub(super) ttl: Duration,
     /// The lock, as messages name it.
     pub(super) label: String,
+    /// How long our holder may take to stop its command, for our tenure record.
+    pub(super) stop_budget: Duration,
+    /// Who we are, for the record of a lapsed tenure we find.
+    pub(super) who: String,
 }
 
 /// Wait in line for the lock, as waiter key `turn.waiter` (already written), until we own it.
 pub(super) async fn wait_turn(pool: Arc<Pool>, mut turn: Turn) -> Result<Claimed, String> {
     let waiter = turn.waiter.clone();
     // The holder that lost its key we last said we wait for.
-    let mut told: Option<Vec<u8>> = None;
+    let mut told: Option<(Vec<u8>, bool)> = None;
     loop {
         let snap = match snapshot(&pool, &turn.dir).await {
             Ok(snap) => snap,
@@ -469,6 +606,7 @@ pub(super) async fn wait_turn(pool: Arc<Pool>, mut turn: Turn) -> Result<Claimed
                     Some(&waiter),
                     turn.lease,
                     &turn.holder_line,
+                    turn.stop_budget,
                 )
                 .await;
                 match claimed {
@@ -477,6 +615,16 @@ pub(super) async fn wait_turn(pool: Arc<Pool>, mut turn: Turn) -> Result<Claimed
                     Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
                 }
                 continue;
+            }
+            Some(Obstacle::Tenure(kv)) if kv.lease() == 0 => {
+                match lapse(&pool, kv, &turn.who).await {
+                    Ok(Tenure::Alive) => kv.key().to_vec(),
+                    Ok(_) => continue,
+                    Err(_) => {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        continue;
+                    }
+                }
             }
             Some(obstacle) => match obstacle.watched() {
                 Some(key) => key.to_vec(),
@@ -489,15 +637,24 @@ pub(super) async fn wait_turn(pool: Arc<Pool>, mut turn: Turn) -> Result<Claimed
             },
         };
         if let Some(Obstacle::Tenure(kv)) = &obstacle {
-            if told.as_deref() != Some(kv.key()) {
-                told = Some(kv.key().to_vec());
-                let holder = Holder::parse(&String::from_utf8_lossy(kv.value()));
-                report::line(&format!(
-                    "== {}: its last holder, {}, lost the lock but has not ended yet; waiting \
-                     until it has ==",
-                    turn.label,
-                    Holder::describe(holder.as_ref())
-                ));
+            let lapsed = kv.lease() != 0;
+            if told.as_ref() != Some(&(kv.key().to_vec(), lapsed)) {
+                told = Some((kv.key().to_vec(), lapsed));
+                let value = TenureValue::parse(kv);
+                match value {
+                    Some(value) if lapsed => {
+                        report::line(&lapsed_line(&turn.label, &value));
+                    }
+                    _ => {
+                        let holder = value.and_then(|v| Holder::parse(&v.holder));
+                        report::line(&format!(
+                            "== {}: its last holder, {}, lost the lock but has not ended yet; \
+                             waiting until it has ==",
+                            turn.label,
+                            Holder::describe(holder.as_ref())
+                        ));
+                    }
+                }
             }
         }
         // Wait for the one change that can make us the owner: the head waits for what stands
@@ -612,6 +769,7 @@ impl Etcd {
         let line = serde_json::to_string(value).expect("a waiter always serialises");
         let holder_line = value.holder.to_line();
         let id = session.id;
+        let stop_budget = self.shared.stop_budget();
         let pool = &self.shared.pool;
         let (claimed, snap) = self.shared.block_on("join the queue", REQUEST_TIMEOUT, {
             let (dir, waiter) = (dir.to_owned(), waiter.clone());
@@ -627,7 +785,15 @@ impl Etcd {
                 let snap = snapshot(pool, &dir).await?;
                 if let (None, Some(lineage)) = (snap.obstacle(Some(&waiter)), snap.lineage.valid())
                 {
-                    let claimed = claim(pool, &dir, lineage, Some(&waiter), id, &holder_line);
+                    let claimed = claim(
+                        pool,
+                        &dir,
+                        lineage,
+                        Some(&waiter),
+                        id,
+                        &holder_line,
+                        stop_budget,
+                    );
                     if let Some(claimed) = claimed.await? {
                         return Ok((Some(claimed), snap));
                     }
