@@ -220,7 +220,10 @@ pub(crate) fn arm_fence(
     if !lease.lapses() {
         return Ok(None);
     }
-    let fence = Fence::spawn(target, report::is_json())?;
+    let fence = Fence::spawn(target, report::is_json()).map_err(|err| {
+        let hint = crate::supervise::linux::thread_limit_hint(&err);
+        io::Error::new(err.kind(), format!("{err}{hint}"))
+    })?;
     let feed = fence.feed();
     lease.feed_expiry(Box::new(move |expiry| feed.expires_at(expiry)));
     funnel.watch_loss(fence.ended_fd()?);

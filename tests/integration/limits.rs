@@ -341,7 +341,7 @@ fn with_etcd_a_thread_that_cannot_be_created_is_an_error_naming_the_limit_not_a_
 /// panic inside the client ("OS can't spawn worker thread") reported as "service was not ready"
 /// or "no answer within 5 s". With room for exactly the etcd client thread and no more, `locks`
 /// and `janitor` work, and `lock` and `run` reach their lock and fail only at the fork of the
-/// command, with 125 naming the limit.
+/// fence that guards the command, with 125 naming the limit.
 #[cfg(feature = "etcd")]
 #[test]
 fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thread() {
@@ -388,8 +388,9 @@ fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thr
         }
         done.assert_code(code);
         if code == 125 {
-            // The lock was had: only the command's fork met the limit.
-            done.assert_stderr_has("failed to start the command after");
+            // The lock was had: only the fork of the fence that guards the command (with etcd,
+            // before the command) met the limit.
+            done.assert_stderr_has("failed to start the fence");
             done.assert_stderr_has("RLIMIT_NPROC");
             assert!(!done.out.iter().any(|l| l == "command-ran"));
         }

@@ -140,9 +140,11 @@ impl Sandbox {
                 .arg(endpoints)
                 .arg("--lease-ttl")
                 .arg(ttl.to_string());
-            // The longest kill grace such a short lease allows (TTL - 0.5 s kill margin - 1.5 s
-            // keepalive headroom); a test's own --kill-grace overrides it.
-            cmd.env("CCCI_KILL_GRACE", ttl.saturating_sub(2).to_string());
+            // Half the longest kill grace such a short lease allows (TTL - 0.5 s kill margin -
+            // 1.5 s keepalive headroom), so the keepalives keep some room to ride out an etcd
+            // election; a test's own --kill-grace overrides it.
+            let grace = f64::from(ttl.saturating_sub(2)) / 2.0;
+            cmd.env("CCCI_KILL_GRACE", format!("{grace}"));
         }
         cmd
     }
