@@ -844,3 +844,39 @@ fn named_lock_holders_across_hosts_see_strictly_increasing_fencing_tokens() {
         "every token is the base plus its owner key's create revision: {seen:?}"
     );
 }
+
+/// A run whose command ends while no etcd member answers cannot prove it still holds its app
+/// lock: its teardown hook does not run (nor would the app's removal), the record says why, and
+/// the app is left to whoever holds the lock next, or to the janitor. Before, a lock whose loss
+/// had not been noticed yet counted as held, and the hook acted on an app that may have been
+/// another run's by then.
+#[test]
+fn a_teardown_acts_on_the_app_only_after_etcd_confirms_the_lock() {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let host = Host::on(&cluster, 5);
+    let hook_ran = host.sandbox.path().join("hook-ran");
+    let hook = format!("touch {}", hook_ran.display());
+    let confirmed = run(host.run("r0", &["--on-teardown", &hook], "true"));
+    confirmed.assert_code(0);
+    assert!(hook_ran.exists(), "{}", confirmed.transcript());
+    std::fs::remove_file(&hook_ran).unwrap();
+
+    let mut r1 = Proc::spawn(host.run("r1", &["--on-teardown", &hook], HOLD));
+    r1.wait_ready();
+    cluster.signal_all(Signal::SIGSTOP);
+    r1.close_stdin();
+    r1.wait_for(Stream::Err, "finished, exit");
+    let done = r1.finish();
+    cluster.signal_all(Signal::SIGCONT);
+    done.assert_stderr_has("the app lock is not provably ours before the teardown hook");
+    assert!(!hook_ran.exists(), "{}", done.transcript());
+    let record = host.record("r1");
+    assert!(
+        record["teardown_errors"]
+            .to_string()
+            .contains("not provably ours"),
+        "{record}"
+    );
+}
