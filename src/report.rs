@@ -57,8 +57,9 @@ fn plain(text: &str) {
 /// stderr for `tracing` and status lines: one line a write, and a write that fails (a closed
 /// pipe, a full disk, anything) is dropped and counted as written. `tracing_subscriber`'s fmt
 /// layer reports a failed write with `eprintln!`, which panics when stderr fails: a closed
-/// stderr turned the first event after it into exit 101, and in a task of the etcd runtime
-/// into a lost loss notice. This writer never gives it an error to report.
+/// stderr turned the first event after it into exit 101 (run.json saying otherwise), and in
+/// the etcd guard's task (JSON logs, where its loss line is an event) a panic before it could
+/// tell the run its lock was lost. This writer never gives it an error to report.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Stderr;
 
