@@ -270,6 +270,10 @@ fn every_target_survives_a_short_run() {
 
 #[test]
 #[ignore = "a soak: run it on purpose, see the module docs"]
+#[expect(
+    clippy::disallowed_macros,
+    reason = "a soak prints its counts to the harness"
+)]
 fn soak() {
     let wanted = std::env::var("CCCI_FUZZ_TARGET").ok();
     let secs: u64 = std::env::var("CCCI_FUZZ_SECS")

@@ -460,12 +460,7 @@ fn runs(args: &RunsArgs, global: &Global) -> Result<u8, Error> {
 /// Write `bytes` to stdout. A closed stdout (`| head`) ends the output quietly, as coreutils
 /// do; any other write error (a full disk) is a clear error. Never a panic.
 fn emit(bytes: &[u8]) -> Result<(), Error> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.map_err(Error::Output),
-    }
+    report::stdout(bytes).map_err(Error::Output)
 }
 
 /// Pretty JSON of a report made of plain data.
@@ -489,11 +484,12 @@ fn init_logging(quiet: u8, verbose: u8, format: LogFormat) {
         .unwrap_or_else(|_| EnvFilter::new(format!("ccci_run={level}")))
         .add_directive(status);
     // Colour only for a person at a terminal, and never when NO_COLOR says so.
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let colour =
+        report::stderr_is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    // A stderr nobody reads any more (or a full disk) drops the event, never a panic.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(report::Stderr)
         .with_ansi(colour)
         .with_target(false);
     let _ = match format {

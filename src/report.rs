@@ -3,6 +3,16 @@
 //! so an operator can read them in a Drone log and a test can wait for them. With
 //! `--log-format json` everything on stderr is JSON, one object per line: status lines too are
 //! events then (`"status": true`), carrying the run's id and domain like every other event.
+//!
+//! This module owns the process's stdout and stderr: every byte ccci-run writes goes through
+//! [`Stderr`] (status lines and `tracing` events) or [`stdout`] (documents and tables). A write
+//! to a closed pipe (EPIPE: the reader died) or a full disk (ENOSPC) is dropped here and never
+//! becomes a panic, so it cannot change the exit code a run records. `clippy.toml` keeps
+//! `print!`, `eprintln!` and `std::io::stdout()`/`stderr()` out of every other module.
+#![expect(
+    clippy::disallowed_methods,
+    reason = "the one module that writes to stdout and stderr"
+)]
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,10 +53,56 @@ pub(crate) fn failure(text: &str, kind: &str, exit_code: u8) {
 }
 
 fn plain(text: &str) {
-    let mut err = std::io::stderr().lock();
-    // A closed stderr must not turn into a panic in the middle of a teardown.
-    let _ = writeln!(err, "{text}");
-    let _ = err.flush();
+    let mut line = String::with_capacity(text.len() + 1);
+    line.push_str(text);
+    line.push('\n');
+    let _ = Stderr.write_all(line.as_bytes());
+}
+
+/// stderr for `tracing` and status lines: one line a write, and a write that fails (a closed
+/// pipe, a full disk, anything) is dropped and counted as written. `tracing_subscriber`'s fmt
+/// layer reports a failed write with `eprintln!`, which panics when stderr fails: a closed
+/// stderr turned the first event after it into exit 101 (run.json saying otherwise), and in
+/// the etcd guard's task (JSON logs, where its loss line is an event) a panic before it could
+/// tell the run its lock was lost. This writer never gives it an error to report.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // One locked write_all a line, so that lines of several threads never interleave.
+        let _ = std::io::stderr().lock().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().lock().flush();
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Stderr {
+    type Writer = Stderr;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        Stderr
+    }
+}
+
+/// Whether stderr is a terminal (for colour).
+pub(crate) fn stderr_is_terminal() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+}
+
+/// Write `bytes` to stdout and flush. A closed stdout (`| head`) ends the output quietly, as
+/// coreutils do; any other error (a full disk) is returned for the caller to judge. Never a
+/// panic.
+pub(crate) fn stdout(bytes: &[u8]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
 }
 
 /// Send one line to the system journal (identifier `ccci-run`), for what must reach the

@@ -149,10 +149,8 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
         };
         let text = serde_json::to_string_pretty(&report)
             .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        // A closed stdout loses the report, never the exit code.
-        let _ = writeln!(out, "{text}").and_then(|()| out.flush());
+        // A closed or full stdout loses the report, never the exit code.
+        let _ = crate::report::stdout(format!("{text}\n").as_bytes());
     }
     Ok(code)
 }

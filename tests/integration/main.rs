@@ -1,12 +1,13 @@
 //! The integration suite: the real `ccci-run` binary against real processes, signals and flocks.
-// The boundaries in clippy.toml are the crate's: a test stands in for the world around it and
-// makes directories and cgroups of its own.
-#![allow(clippy::disallowed_methods)]
+// The boundaries in clippy.toml are the crate's: a test stands in for the world around it,
+// makes directories and cgroups of its own and prints what it measured.
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 
 mod app_lock;
 mod bad_input;
 mod chaos;
 mod cli;
+mod closed_output;
 mod config_file;
 mod converge;
 mod docker;
