@@ -71,6 +71,10 @@ pub(crate) struct Wait<'a> {
     /// [`crate::config::KILL_MARGIN`]): a lock that can lapse behind its holder's back (a
     /// lease) counts as lost that long before it may lapse, and the next holder waits that
     /// long after a lapse.
+    #[cfg_attr(
+        not(feature = "etcd"),
+        expect(dead_code, reason = "only a lock that can lapse needs it")
+    )]
     pub stop_budget: Duration,
 }
 
