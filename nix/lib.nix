@@ -177,7 +177,8 @@ rec {
     interval = "10min";
     longHeld = "2h";
     keepRuns = "14d";
-    leaseTtl = "10s";
+    # Room for the default kill grace (10 s), the 0.5 s kill margin and 1.5 s of keepalives.
+    leaseTtl = "15s";
     runnerCapacity = 2;
     # The binary's own kill grace and teardown timeout, in seconds: what a stop of the runner
     # must leave a run.

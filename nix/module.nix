@@ -86,6 +86,10 @@ let
     map (s: lib.nameValuePair s.key cfg.${s.option}) (lib.filter (s: cfg.${s.option} != null) helpers.runSettings)
   );
 
+  # The kill grace and the lease TTL in force, in whole seconds (rounded up).
+  killGraceSecs = if cfg.killGrace == null then defaults.killGrace else helpers.durationSeconds cfg.killGrace;
+  leaseTtlSecs = if builtins.isInt cfg.leaseTtl then cfg.leaseTtl else helpers.durationSeconds cfg.leaseTtl;
+
   # What a stop of the runner must leave its runs: their kill grace and teardown timeout.
   stopTimeout = helpers.stopTimeout {
     killGrace = if cfg.killGrace == null then defaults.killGrace else helpers.durationSeconds cfg.killGrace;
@@ -397,6 +401,21 @@ in
               );
             };
         };
+
+        assertions = [
+          {
+            # The binary refuses the same (exit 2): a holder must stop its command within its
+            # lease, before etcd can expire it and another host takes the lock.
+            assertion = cfg.etcdEndpoints == [ ] || killGraceSecs + 2 <= leaseTtlSecs;
+            message = ''
+              services.ccci-run.leaseTtl (${toString leaseTtlSecs} s) is too short for the kill
+              grace (${toString killGraceSecs} s): a holder cut off from etcd must have stopped
+              its command (the grace and 0.5 s for the kill) and kept 1.5 s for keepalives
+              before etcd may expire its lease. Set leaseTtl to at least
+              ${toString (killGraceSecs + 2)} s, or shorten killGrace.
+            '';
+          }
+        ];
 
         systemd.timers.ccci-run-janitor = {
           description = "Run the ccci-run janitor periodically";
