@@ -8,7 +8,7 @@
 //! a stopped supervisor stops nothing. So the supervisor starts the fence before its command,
 //! in a session of its own (a SIGSTOP of the supervisor's process group does not reach it), and
 //! feeds it, after every renewal, the instant by which the command must be gone: the earliest
-//! instant etcd may expire the lease, less [`KILL_MARGIN`]. When that instant passes without a
+//! instant etcd may expire the lease, less [`FENCE_LEAD`]. When that instant passes without a
 //! newer one, or the supervisor dies without saying it is done, the fence kills the run's
 //! cgroup (`cgroup.kill`), the process groups it was told of, and every process that names the
 //! supervisor in `CCCI_SUPERVISOR` ([`crate::supervise::leftovers`]), says so on stderr, and
@@ -44,6 +44,10 @@ pub(crate) use crate::config::KILL_MARGIN;
 use crate::report;
 use crate::supervise::identity::Owner;
 use crate::supervise::{cgroup, leftovers};
+
+/// How long before the lock may lapse the fence kills what is left: half the kill margin, a
+/// hundred times what `cgroup.kill` took to empty a run's cgroup when measured (a few ms).
+pub(crate) const FENCE_LEAD: Duration = Duration::from_millis(KILL_MARGIN.as_millis() as u64 / 2);
 
 /// The first argument that makes `ccci-run` the fence (not a subcommand: nobody types it).
 pub(crate) const ARGV_TAG: &str = "__ccci-run-fence";
@@ -97,10 +101,11 @@ impl Feed {
         self.send(&format!("kill-at {}\n", monotonic_ns(at)));
     }
 
-    /// The lock may lapse at `expiry`: what the run started must be gone [`KILL_MARGIN`]
-    /// before.
+    /// The lock may lapse at `expiry`: what the run started must be gone by then. The
+    /// supervisor's own SIGKILL comes [`KILL_MARGIN`] before it; the fence acts only after
+    /// that, [`FENCE_LEAD`] before it: a supervisor that runs always stops its command itself.
     pub(crate) fn expires_at(&self, expiry: Instant) {
-        self.kill_at(expiry.checked_sub(KILL_MARGIN).unwrap_or(expiry));
+        self.kill_at(expiry.checked_sub(FENCE_LEAD).unwrap_or(expiry));
     }
 
     fn send(&self, line: &str) {

@@ -290,7 +290,7 @@ fn run_cmd(sandbox: &Sandbox, run_id: &str, loud: bool, json: bool, script: &str
         run_id,
         "--no-fetch",
         "--kill-grace",
-        "30s",
+        &long_grace(sandbox),
         "--lock-wait",
         "60s",
         "--",
@@ -299,6 +299,15 @@ fn run_cmd(sandbox: &Sandbox, run_id: &str, loud: bool, json: bool, script: &str
         script,
     ]);
     cmd
+}
+
+/// A kill grace long enough for a test to close a reader while the command is still tearing
+/// down: 30 s, or with etcd the longest its lease allows (a lease TTL must cover the grace).
+fn long_grace(sandbox: &Sandbox) -> String {
+    match sandbox.etcd_ttl() {
+        Some(ttl) => format!("{}s", ttl.saturating_sub(2).min(30)),
+        None => "30s".to_owned(),
+    }
 }
 
 /// `ccci-run [-vv] [--log-format json] lock shared ... -- sh -c SCRIPT`.
@@ -314,7 +323,7 @@ fn lock_cmd(sandbox: &Sandbox, loud: bool, json: bool, script: &str) -> Command 
         "lock",
         "shared",
         "--kill-grace",
-        "30s",
+        &long_grace(sandbox),
         "--",
         "sh",
         "-c",

@@ -77,6 +77,12 @@ impl Sandbox {
         self.etcd = Some((endpoints, ttl));
     }
 
+    /// The lease TTL of a sandbox that keeps its locks in etcd.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub fn etcd_ttl(&self) -> Option<u32> {
+        self.etcd.as_ref().map(|(_, ttl)| *ttl)
+    }
+
     /// Use `--docker mode` from now on.
     pub fn set_docker(&mut self, mode: &'static str) {
         self.docker = mode;
