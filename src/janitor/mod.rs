@@ -360,7 +360,17 @@ impl Sweep<'_> {
             .collect();
         let reaped = match docker {
             DockerState::On(seam) if stacks.iter().any(|(_, s)| !s.is_empty()) => {
-                seam.reap(&self.global.pattern, stacks, self.opts.reap_budget)
+                // Not past the time the probe locks are safely ours (a lease not renewed
+                // meanwhile): what is not gone by then is the next sweep's.
+                let safe = to_reap
+                    .iter()
+                    .filter_map(|r| r.lock.safe_until())
+                    .min()
+                    .map(|until| until.saturating_duration_since(std::time::Instant::now()));
+                let budget = safe.map_or(self.opts.reap_budget, |safe| {
+                    safe.min(self.opts.reap_budget)
+                });
+                seam.reap(&self.global.pattern, stacks, budget)
             }
             _ => vec![
                 Reaped {

@@ -138,6 +138,12 @@ pub(crate) trait Lease {
         drop(feed);
         false
     }
+    /// Until when, as things stand, the lock is safely ours: for a lock that can lapse, its
+    /// earliest lapse less the holder's stop budget (later once the lease is renewed). `None`:
+    /// for as long as we hold it.
+    fn safe_until(&self) -> Option<Instant> {
+        None
+    }
     /// Whether the lock is provably still ours, now, with its stop budget still ahead: asked
     /// of the store (for etcd, a transaction on the owner key's revision and lease) right
     /// before a step that acts on what the lock protects (the teardown hook, the app's

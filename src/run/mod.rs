@@ -730,7 +730,14 @@ impl Run<'_> {
                 }
                 return;
             }
-            let budget = until.saturating_duration_since(Instant::now());
+            // Never past the time the app lock is safely ours (a lease not renewed meanwhile).
+            let safe = self
+                .app_lock
+                .as_deref()
+                .and_then(|lease| lease.safe_until());
+            let budget = safe
+                .map_or(until, |safe| safe.min(until))
+                .saturating_duration_since(Instant::now());
             let (removed, errors) =
                 app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
             for (kind, count) in removed.counts() {

@@ -263,6 +263,15 @@ impl Lease for EtcdLease {
         true
     }
 
+    fn safe_until(&self) -> Option<Instant> {
+        let expiry = self.session.expiry.borrow().into_std();
+        Some(
+            expiry
+                .checked_sub(self.shared.stop_budget())
+                .unwrap_or(expiry),
+        )
+    }
+
     fn confirm(&self) -> Result<(), String> {
         let at_risk = || {
             let expiry = self.session.expiry.borrow().into_std();
