@@ -397,18 +397,25 @@ impl Fleet {
         self.dir.path()
     }
 
-    /// `etcdctl` (API 3) against every member, from the observer, which is never cut off.
-    pub(crate) fn etcdctl(&self, args: &[&str]) -> Output {
-        Command::new("nsenter")
+    /// `cmd` as it runs on the observer, which no cut ever touches (in its network namespace
+    /// only).
+    pub(crate) fn on_observer(&self, cmd: &Command) -> Command {
+        let mut wrapped = Command::new("nsenter");
+        wrapped
             .arg(format!("--net={}", self.netns_path(Node::Observer)))
-            .arg("--")
-            .arg("etcdctl")
-            .env("ETCDCTL_API", "3")
+            .arg("--");
+        copy_command(cmd, &mut wrapped);
+        wrapped
+    }
+
+    /// `etcdctl` (API 3) against every member, from the observer.
+    pub(crate) fn etcdctl(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
             .args(["--endpoints", &self.endpoints()])
             .args(["--dial-timeout", "1s", "--command-timeout", "3s"])
-            .args(args)
-            .output()
-            .expect("run etcdctl")
+            .args(args);
+        self.on_observer(&cmd).output().expect("run etcdctl")
     }
 
     /// The keys under `prefix`, as the observer reads them.
@@ -485,20 +492,25 @@ impl Fleet {
             .arg(format!("--net={}", self.netns_path(Node::Host(host))))
             .args(["--", "unshare", "--uts", "--", "sh", "-c"])
             .arg(r#"hostname "$0" && exec "$@""#)
-            .arg(self.hostname(host))
-            .arg(cmd.get_program())
-            .args(cmd.get_args());
-        for (key, value) in cmd.get_envs() {
-            match value {
-                Some(value) => wrapped.env(key, value),
-                None => wrapped.env_remove(key),
-            };
-        }
-        if let Some(dir) = cmd.get_current_dir() {
-            wrapped.current_dir(dir);
-        }
+            .arg(self.hostname(host));
+        copy_command(cmd, &mut wrapped);
         std::os::unix::process::CommandExt::process_group(&mut wrapped, 0);
         wrapped
+    }
+}
+
+/// Append `cmd`'s program and arguments to `wrapped`'s, and give it `cmd`'s environment
+/// changes and working directory.
+fn copy_command(cmd: &Command, wrapped: &mut Command) {
+    wrapped.arg(cmd.get_program()).args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
     }
 }
 

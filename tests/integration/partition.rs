@@ -243,7 +243,7 @@ impl Outcome {
             .windows(2)
             .position(|w| w[0].split_whitespace().nth(1) != w[1].split_whitespace().nth(1))
             .unwrap_or(0);
-        let around = &lines[change.saturating_sub(5)..(change + 120).min(lines.len())];
+        let around = &lines[change.saturating_sub(5)..(change + 40).min(lines.len())];
         format!(
             "round {} of {:?}\nupset from {:.6} to {:.6}\ntenures {:?}\n--- log {} (around the \
              hand-off)\n{}\n--- holder: {}\n{}\n--- waiter: {}\n{}",
