@@ -24,7 +24,7 @@ use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[allow(dead_code)]
+// The suite's fleet (it allows what the bench leaves unused).
 #[path = "../tests/integration/netfleet.rs"]
 mod netfleet;
 
@@ -320,7 +320,7 @@ impl Bench {
         let b_first = t[1].1;
         Handoff {
             handover: b_first - t[0].2,
-            after_cut: lapse.then(|| b_first - cut_at),
+            after_cut: lapse.then_some(b_first - cut_at),
             after_expiry: if lapse {
                 watch.deleted_after(cut_at).map(|at| b_first - at)
             } else {
