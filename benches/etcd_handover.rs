@@ -63,6 +63,14 @@ impl Contender {
         }
     }
 
+    fn slug(self) -> &'static str {
+        match self {
+            Contender::CcciLock => "ccci-lock",
+            Contender::CcciRun => "ccci-run",
+            Contender::Etcdctl => "etcdctl",
+        }
+    }
+
     /// The prefix of the keys whose deletion hands the lock on.
     fn owner_prefix(self, domain: &str) -> String {
         match self {
@@ -84,10 +92,12 @@ fn now() -> f64 {
 struct Spawned {
     child: Child,
     lines: Receiver<String>,
+    cmdline: String,
 }
 
 impl Spawned {
     fn spawn(mut cmd: Command) -> Self {
+        let cmdline = format!("{cmd:?}");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -103,17 +113,26 @@ impl Spawned {
                 }
             });
         }
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            cmdline,
+        }
     }
 
     fn wait_for(&self, needle: &str) {
         let deadline = Instant::now() + PATIENCE;
+        let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.contains(needle) => return,
-                Ok(_) => {}
-                Err(e) => panic!("no line with {needle:?}: {e}"),
+                Ok(line) => seen.push(line),
+                Err(e) => panic!(
+                    "{}: no line with {needle:?} ({e}); it printed:\n{}",
+                    self.cmdline,
+                    seen.join("\n")
+                ),
             }
         }
     }
@@ -214,6 +233,7 @@ impl Bench {
     /// `ccci-run` on `host` with the host's own directories and the fleet's etcd.
     fn ccci(&self, host: Host) -> Command {
         let root = self.host_dir(host);
+        std::fs::create_dir_all(root.join("state")).unwrap();
         let mut c = Command::new(BIN);
         c.env("CCCI_CONFIG", "/dev/null")
             .arg("--runs-dir")
@@ -254,7 +274,7 @@ impl Bench {
                 let mut c = Command::new("etcdctl");
                 c.env("ETCDCTL_API", "3")
                     .args(["--endpoints", &self.fleet.endpoints()])
-                    .args(["lock", "--ttl", TTL, LOCK]);
+                    .args(["lock", "--ttl", TTL, LOCK, "--"]);
                 c
             }
         };
@@ -283,10 +303,10 @@ impl Bench {
 
     /// One hand-off from host A to host B: a clean release, or a lapse (A cut off).
     fn handoff(&self, who: Contender, round: usize, lapse: bool) -> Handoff {
-        let dir = self.dir.path().join(format!(
-            "{}-{round}-{lapse}",
-            who.name().split_whitespace().next().unwrap()
-        ));
+        let dir = self
+            .dir
+            .path()
+            .join(format!("{}-{round}-{lapse}", who.slug()));
         std::fs::create_dir_all(&dir).unwrap();
         let (log, stop_a, stop_b) = (dir.join("log"), dir.join("stop-a"), dir.join("stop-b"));
         let id = |host: Host| format!("{}{round}{}", host.tag(), u8::from(lapse));
@@ -365,7 +385,9 @@ fn main() {
             .args(["app-domain", "--recipe", "custom-html", "--pr", "1"])
             .output()
             .unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+        // The domain, then the stack name.
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.lines().next().expect("an app domain").to_owned()
     };
     let bench = Bench { fleet, dir, domain };
     println!(
