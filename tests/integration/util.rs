@@ -480,6 +480,7 @@ impl Finished {
     }
 
     /// The command line that ran, for a failure message.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub fn command_line(&self) -> &str {
         &self.cmdline
     }
