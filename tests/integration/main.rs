@@ -23,7 +23,11 @@ mod janitor;
 mod lifetime;
 mod limits;
 mod named_lock;
+#[cfg(feature = "etcd")]
+mod netfleet;
 mod nixos;
+#[cfg(feature = "etcd")]
+mod partition;
 mod reaped;
 mod retention;
 mod run_dirs;

@@ -305,6 +305,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("etcdctl", "etcd-client"),
     ("fish", "fish"),
     ("groff", "groff-base"),
+    ("ip", "iproute2"),
+    ("nft", "nftables"),
     ("nix-instantiate", "nix-bin"),
     ("readelf", "binutils"),
     ("strace", "strace"),
@@ -486,6 +488,12 @@ impl Finished {
 
     pub fn stderr(&self) -> String {
         self.err.join("\n")
+    }
+
+    /// The command line that ran, for a failure message.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub fn command_line(&self) -> &str {
+        &self.cmdline
     }
 
     #[track_caller]

@@ -1,0 +1,851 @@
+//! Two holders never, across hosts (issue 30): host A holds a domain (`run`) or a named lock
+//! (`lock`) through the fleet's etcd, host B waits for it, and A is cut off (from every member,
+//! from the leader only, one way, briefly) or its supervisor is stopped. Then the lock passes to
+//! B, or stays with A until A lets go.
+//!
+//! Measured, never inferred from exit codes: every holder's command appends
+//! `$EPOCHREALTIME host token` to one shared log every 50 ms (all namespaces share the clock),
+//! and the overlap of a hand-off is the lost holder's last write minus the next holder's first.
+//! Every scenario holds, in every round: overlap <= 0, the fencing token rises with every
+//! hand-off, and no key of a lock is left in etcd once both hosts are done.
+//!
+//! Each scenario runs `CCCI_PARTITION_REPEAT` rounds (default 2; the stalls of ten TTLs half as
+//! many) on a fleet of its own, and prints one summary line (`--nocapture` collects them). The
+//! chaos soak runs random rounds for `CCCI_PARTITION_SOAK` seconds (default 60, at most 8 rounds
+//! unless the variable is set) from the seed it prints (`CCCI_CHAOS_SEED` replays one).
+//!
+//! The settings are ones the lease rule accepts (TTL >= kill grace + 0.5 s + 2 s): a 5 s lease
+//! TTL and a 2 s kill grace.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::netfleet::{Fleet, Host, Way};
+use crate::util::{Finished, Proc, Sandbox, Stream, need, signal, skip};
+
+/// `--lease-ttl`, in seconds.
+const TTL: u32 = 5;
+/// `--kill-grace`.
+const KILL_GRACE: &str = "2";
+/// How long the next holder runs before a cut that handed the lock over heals.
+const WHILE_NEXT_RUNS: Duration = Duration::from_secs(1);
+/// The exit code of a run or lock whose lock was lost.
+const LOCK_LOST: i32 = 76;
+
+/// What every holder runs: a line to `$LOG` every 50 ms until `$STOP` exists. `$KIND` says how
+/// it takes SIGTERM: `prompt` dies, `slow` writes on for about 200 ms, `ignores` writes on
+/// until SIGKILL.
+const HOLDER: &str = r#"
+case "$KIND" in
+  slow) trap 'left=${left:-4}' TERM ;;
+  ignores) trap '' TERM ;;
+esac
+write() { echo "$EPOCHREALTIME $TAG $CCCI_FENCING_TOKEN" >> "$LOG"; }
+write
+echo "ready $$ $CCCI_FENCING_TOKEN"
+while :; do
+  [ -e "$STOP" ] && exit 0
+  if [ -n "$left" ]; then
+    left=$((left - 1))
+    [ "$left" -le 0 ] && exit 0
+  fi
+  sleep 0.05
+  write
+done
+"#;
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// `ccci-run run`: the app-domain lock of custom-html PR 1, the same on both hosts.
+    Run,
+    /// `ccci-run lock partition`.
+    Lock,
+}
+
+impl Mode {
+    /// The waiter's line once it waits for the holder.
+    fn waiting_line(self) -> &'static str {
+        match self {
+            Mode::Run => "waiting; held by",
+            Mode::Lock => "waiting as queue ticket",
+        }
+    }
+}
+
+/// How the holder's command takes SIGTERM.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Prompt,
+    /// Exits about 200 ms after SIGTERM.
+    Slow,
+    IgnoresTerm,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Prompt => "prompt",
+            Kind::Slow => "slow",
+            Kind::IgnoresTerm => "ignores",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Members {
+    All,
+    /// The member that leads when the cut is made.
+    Leader,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Length {
+    /// Until the waiter holds and has run [`WHILE_NEXT_RUNS`].
+    UntilHandedOver,
+    For(Duration),
+}
+
+/// What happens to the holder while the waiter waits.
+#[derive(Clone, Copy, Debug)]
+enum Upset {
+    Cut {
+        members: Members,
+        way: Way,
+        length: Length,
+    },
+    /// SIGSTOP of the holder's supervisor (`group`: of its whole process group), SIGCONT after.
+    Stop { group: bool, length: Duration },
+}
+
+/// What the holder's run must end with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    /// The lock was lost: exit 76.
+    Loss,
+    /// The holder kept the lock and the waiter did not start before the upset ended: exit 0.
+    Keep,
+    /// Either (the chaos soak).
+    Either,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    holder: Host,
+    mode: Mode,
+    kind: Kind,
+    upset: Upset,
+    expect: Expect,
+}
+
+/// One holder's writes in a round's log.
+#[derive(Debug)]
+struct Tenure {
+    tag: String,
+    token: i64,
+    first: f64,
+    last: f64,
+    writes: usize,
+}
+
+/// What one round left.
+struct Outcome {
+    spec: Spec,
+    round: usize,
+    log: PathBuf,
+    tenures: Vec<Tenure>,
+    /// When the upset began and ended (seconds since the epoch).
+    upset_at: f64,
+    upset_end: f64,
+    /// The waiter's writes before the upset ended.
+    waiter_during: usize,
+    holder: Finished,
+    waiter: Finished,
+    /// Keys of locks left in etcd once both were done.
+    keys: Vec<String>,
+}
+
+impl Outcome {
+    /// The lost holder's last write minus the next holder's first: positive is two holders.
+    fn overlap(&self) -> Option<f64> {
+        match self.tenures.as_slice() {
+            [first, second] => Some(first.last - second.first),
+            _ => None,
+        }
+    }
+
+    /// Everything that is wrong with this round.
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let (holder, waiter) = (self.spec.holder.tag(), self.spec.holder.other().tag());
+        let order: Vec<&str> = self.tenures.iter().map(|t| t.tag.as_str()).collect();
+        if order != [holder, waiter] {
+            problems.push(format!(
+                "the log shows holders {order:?}, not {holder} then {waiter}"
+            ));
+        }
+        if let Some(overlap) = self.overlap().filter(|o| *o > 0.0) {
+            problems.push(format!(
+                "two holders at once: {holder} wrote {overlap:.3} s after {waiter} began"
+            ));
+        }
+        if let [first, second] = self.tenures.as_slice() {
+            if second.token <= first.token {
+                problems.push(format!(
+                    "the fencing token did not rise: {} then {}",
+                    first.token, second.token
+                ));
+            }
+        }
+        let code = self.holder.status.code();
+        match self.spec.expect {
+            Expect::Loss if code != Some(LOCK_LOST) => {
+                problems.push(format!("the holder's exit is {code:?}, not {LOCK_LOST}"));
+            }
+            Expect::Keep if code != Some(0) => {
+                problems.push(format!(
+                    "the holder's exit is {code:?}, not 0: it lost the lock"
+                ));
+            }
+            Expect::Either if !matches!(code, Some(0 | LOCK_LOST)) => {
+                problems.push(format!(
+                    "the holder's exit is {code:?}, not 0 or {LOCK_LOST}"
+                ));
+            }
+            _ => {}
+        }
+        if self.spec.expect == Expect::Keep && self.waiter_during > 0 {
+            problems.push(format!(
+                "the waiter wrote {} line(s) while the holder kept the lock",
+                self.waiter_during
+            ));
+        }
+        if self.waiter.status.code() != Some(0) {
+            problems.push(format!(
+                "the waiter's exit is {:?}, not 0",
+                self.waiter.status.code()
+            ));
+        }
+        if !self.keys.is_empty() {
+            problems.push(format!("keys left in etcd: {:?}", self.keys));
+        }
+        problems
+    }
+
+    /// The round, its log's hand-off and both processes, for a failure message.
+    fn evidence(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        // The lines around the hand-off: where the tag first changes.
+        let change = lines
+            .windows(2)
+            .position(|w| w[0].split_whitespace().nth(1) != w[1].split_whitespace().nth(1))
+            .unwrap_or(0);
+        let around = &lines[change.saturating_sub(5)..(change + 40).min(lines.len())];
+        format!(
+            "round {} of {:?}\nupset from {:.6} to {:.6}\ntenures {:?}\n--- log {} (around the \
+             hand-off)\n{}\n--- holder: {}\n{}\n--- waiter: {}\n{}",
+            self.round,
+            self.spec,
+            self.upset_at,
+            self.upset_end,
+            self.tenures,
+            self.log.display(),
+            around.join("\n"),
+            self.holder.command_line(),
+            self.holder.transcript(),
+            self.waiter.command_line(),
+            self.waiter.transcript()
+        )
+    }
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_secs_f64()
+}
+
+/// The holders in `log`, in the order they began.
+fn tenures(log: &Path) -> Vec<Tenure> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut tenures: Vec<Tenure> = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(time), Some(tag), Some(token)) = (words.next(), words.next(), words.next())
+        else {
+            panic!("a malformed line in {}: {line:?}", log.display());
+        };
+        let time: f64 = time.parse().expect("$EPOCHREALTIME");
+        let token: i64 = token
+            .parse()
+            .unwrap_or_else(|_| panic!("no fencing token in {line:?}"));
+        match tenures
+            .iter_mut()
+            .find(|t| t.tag == tag && t.token == token)
+        {
+            Some(t) => {
+                t.first = t.first.min(time);
+                t.last = t.last.max(time);
+                t.writes += 1;
+            }
+            None => tenures.push(Tenure {
+                tag: tag.to_owned(),
+                token,
+                first: time,
+                last: time,
+                writes: 1,
+            }),
+        }
+    }
+    tenures.sort_by(|a, b| a.first.total_cmp(&b.first));
+    tenures
+}
+
+/// How many lines `tag` wrote to `log` so far.
+fn writes_of(log: &Path, tag: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(tag))
+        .count()
+}
+
+/// The number of rounds of a scenario: `CCCI_PARTITION_REPEAT`, default 2.
+fn repeat() -> usize {
+    std::env::var("CCCI_PARTITION_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(2)
+}
+
+/// A fleet of the test's own, or None (the test skipped, saying why; in CI a failure).
+fn fleet() -> Option<Fleet> {
+    for tool in ["ip", "nft", "etcd", "etcdctl", "bash"] {
+        if !need(tool) {
+            return None;
+        }
+    }
+    if !nix::unistd::geteuid().is_root() {
+        skip(
+            "a fleet of network namespaces needs root",
+            "run the suite as root, as CI does",
+        );
+        return None;
+    }
+    match Fleet::start() {
+        Ok(fleet) => Some(fleet),
+        Err(why) => {
+            skip(&why, "run the suite as root with CAP_SYS_ADMIN, as CI does");
+            None
+        }
+    }
+}
+
+/// The fleet and its two hosts' directories.
+struct Bench {
+    fleet: Fleet,
+    a: Sandbox,
+    b: Sandbox,
+}
+
+impl Bench {
+    fn new(fleet: Fleet) -> Self {
+        let host = || {
+            let mut sandbox = Sandbox::new();
+            sandbox.set_etcd(fleet.endpoints(), TTL);
+            sandbox
+        };
+        let (a, b) = (host(), host());
+        Self { fleet, a, b }
+    }
+
+    fn sandbox(&self, host: Host) -> &Sandbox {
+        match host {
+            Host::A => &self.a,
+            Host::B => &self.b,
+        }
+    }
+
+    /// The holder's (or waiter's) `ccci-run`, run on `host`.
+    fn command(&self, host: Host, spec: &Spec, round: usize, log: &Path, stop: &Path) -> Command {
+        let mut cmd = self.sandbox(host).ccci();
+        match spec.mode {
+            Mode::Run => {
+                let run_id = format!("{}{round}", host.tag());
+                cmd.args(["run", "--recipe", "custom-html", "--pr", "1", "--run-id"])
+                    .arg(run_id)
+                    .args(["--no-fetch", "--lock-wait", "120"])
+            }
+            Mode::Lock => cmd.args(["lock", "partition", "--wait", "120"]),
+        };
+        cmd.args(["--kill-grace", KILL_GRACE, "--", "bash", "-c", HOLDER])
+            .env("LOG", log)
+            .env("STOP", stop)
+            .env("TAG", host.tag())
+            // Only the holder's command is put to the test; the waiter's stops at once.
+            .env(
+                "KIND",
+                if host == spec.holder {
+                    spec.kind.name()
+                } else {
+                    Kind::Prompt.name()
+                },
+            );
+        self.fleet.on_host(host, &cmd)
+    }
+
+    /// Keys of locks left in etcd (the lineage record stays by design; the settling key
+    /// expires on its own one TTL after a lineage began).
+    fn keys_left(&self) -> Vec<String> {
+        self.fleet
+            .keys("/ccci-run/")
+            .into_iter()
+            .filter(|k| k != "/ccci-run/lineage" && k != "/ccci-run/settling")
+            .collect()
+    }
+
+    /// One hand-off: the holder takes the lock, the waiter queues, the upset happens to the
+    /// holder, then the holder is asked to end, and the waiter once it holds.
+    fn round(&self, spec: Spec, round: usize) -> Outcome {
+        let dir = self.fleet.dir().join(format!("round{round}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("log");
+        let stop = |host: Host| dir.join(format!("stop-{}", host.tag()));
+        let (holder_host, waiter_host) = (spec.holder, spec.holder.other());
+        let mut holder =
+            Proc::spawn(self.command(holder_host, &spec, round, &log, &stop(holder_host)));
+        holder.wait_for(Stream::Out, "ready");
+        let pid = holder.pid();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        assert_eq!(
+            comm.trim(),
+            "ccci-run",
+            "the spawned pid is the supervisor's"
+        );
+        let mut waiter =
+            Proc::spawn(self.command(waiter_host, &spec, round, &log, &stop(waiter_host)));
+        waiter.wait_for(Stream::Err, spec.mode.waiting_line());
+
+        let upset_at = now();
+        let mut waiter_ready = false;
+        match spec.upset {
+            Upset::Cut {
+                members,
+                way,
+                length,
+            } => {
+                let members = match members {
+                    Members::All => vec![0, 1, 2],
+                    Members::Leader => vec![self.fleet.leader()],
+                };
+                self.fleet.cut(holder_host, &members, way);
+                match length {
+                    Length::UntilHandedOver => {
+                        waiter.wait_for(Stream::Out, "ready");
+                        waiter_ready = true;
+                        std::thread::sleep(WHILE_NEXT_RUNS);
+                    }
+                    Length::For(length) => std::thread::sleep(length),
+                }
+                self.fleet.heal();
+            }
+            Upset::Stop { group, length } => {
+                let target = if group { -pid } else { pid };
+                signal(target, Signal::SIGSTOP);
+                std::thread::sleep(length);
+                signal(target, Signal::SIGCONT);
+            }
+        }
+        let upset_end = now();
+        let waiter_during = writes_of(&log, waiter_host.tag());
+
+        std::fs::write(stop(holder_host), "").unwrap();
+        let holder = holder.finish();
+        if !waiter_ready {
+            waiter.wait_for(Stream::Out, "ready");
+        }
+        std::fs::write(stop(waiter_host), "").unwrap();
+        let waiter = waiter.finish();
+        Outcome {
+            spec,
+            round,
+            tenures: tenures(&log),
+            log,
+            upset_at,
+            upset_end,
+            waiter_during,
+            holder,
+            waiter,
+            keys: self.keys_left(),
+        }
+    }
+}
+
+/// `min..max` of `values`, with `digits` decimals and a sign.
+fn range(values: impl Iterator<Item = f64>) -> String {
+    let values: Vec<f64> = values.collect();
+    if values.is_empty() {
+        return "-".to_owned();
+    }
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{min:+.3}..{max:+.3}")
+}
+
+/// One line for the scenario: runs, overlaps, how long after the upset began the holder last
+/// wrote and the waiter first wrote, the handover (waiter's first write minus holder's last),
+/// the holder's exits and the tokens of every hand-off.
+fn summary(name: &str, outcomes: &[Outcome]) -> String {
+    let pairs = || {
+        outcomes.iter().filter_map(|o| match o.tenures.as_slice() {
+            [first, second] => Some((o, first, second)),
+            _ => None,
+        })
+    };
+    let overlaps: Vec<f64> = outcomes.iter().filter_map(Outcome::overlap).collect();
+    let positive = overlaps.iter().filter(|o| **o > 0.0).count();
+    let tokens: Vec<String> = pairs()
+        .map(|(_, first, second)| format!("{}>{}", first.token, second.token))
+        .collect();
+    let exits: Vec<String> = outcomes
+        .iter()
+        .map(|o| {
+            o.holder
+                .status
+                .code()
+                .map_or("signal".to_owned(), |c| c.to_string())
+        })
+        .collect();
+    format!(
+        "partition: {name}: {} runs; overlap {} s ({positive} positive); holder stopped \
+         {} s after the upset began; next holder started {} s after; handover {} s; holder \
+         exits [{}]; tokens {}",
+        outcomes.len(),
+        range(overlaps.iter().copied()),
+        range(pairs().map(|(o, first, _)| first.last - o.upset_at)),
+        range(pairs().map(|(o, _, second)| second.first - o.upset_at)),
+        range(pairs().map(|(_, first, second)| second.first - first.last)),
+        exits.join(","),
+        tokens.join(" ")
+    )
+}
+
+/// Every problem of every round, and tokens that did not rise from one round to the next.
+#[track_caller]
+fn check(name: &str, outcomes: &[Outcome], context: &str) {
+    let mut problems = Vec::new();
+    for outcome in outcomes {
+        let found = outcome.problems();
+        if !found.is_empty() {
+            problems.push(format!("{}\n{}", found.join("\n"), outcome.evidence()));
+        }
+    }
+    let tokens: Vec<i64> = outcomes
+        .iter()
+        .flat_map(|o| o.tenures.iter().map(|t| t.token))
+        .collect();
+    if tokens.windows(2).any(|w| w[0] >= w[1]) {
+        problems.push(format!(
+            "fencing tokens must rise with every hand-off: {tokens:?}"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "{name}{context}: {} problem(s)\n\n{}",
+        problems.len(),
+        problems.join("\n\n")
+    );
+}
+
+/// Run `rounds` rounds of `spec` on a fleet of its own, print the summary, check every round.
+fn scenario(name: &str, spec: Spec, rounds: usize) {
+    let Some(fleet) = fleet() else {
+        return;
+    };
+    let bench = Bench::new(fleet);
+    let outcomes: Vec<Outcome> = (0..rounds).map(|i| bench.round(spec, i)).collect();
+    eprintln!("{}", summary(name, &outcomes));
+    check(name, &outcomes, "");
+}
+
+fn cut_off(mode: Mode, kind: Kind) -> Spec {
+    Spec {
+        holder: Host::A,
+        mode,
+        kind,
+        upset: Upset::Cut {
+            members: Members::All,
+            way: Way::Both,
+            length: Length::UntilHandedOver,
+        },
+        expect: Expect::Loss,
+    }
+}
+
+fn stopped(mode: Mode, kind: Kind, group: bool, n: u32) -> Spec {
+    Spec {
+        holder: Host::A,
+        mode,
+        kind,
+        upset: Upset::Stop {
+            group,
+            length: ttls(n),
+        },
+        expect: Expect::Loss,
+    }
+}
+
+fn ttls(n: u32) -> Duration {
+    Duration::from_secs(u64::from(n * TTL))
+}
+
+/// The issue's 5 of 16: a command that takes 200 ms to stop ran past the next holder's start.
+#[test]
+fn a_run_cut_off_from_every_member_ends_its_slow_command_before_the_next_host_starts() {
+    scenario(
+        "full cut, run, slow stop",
+        cut_off(Mode::Run, Kind::Slow),
+        repeat(),
+    );
+}
+
+/// The issue's 5 of 5: a command that ignores SIGTERM overlapped by the kill grace.
+#[test]
+fn a_run_cut_off_from_every_member_ends_a_term_ignoring_command_before_the_next_host_starts() {
+    scenario(
+        "full cut, run, ignores TERM",
+        cut_off(Mode::Run, Kind::IgnoresTerm),
+        repeat(),
+    );
+}
+
+/// The same as the run's, for a named lock.
+#[test]
+fn a_lock_cut_off_from_every_member_ends_its_slow_command_before_the_next_host_starts() {
+    scenario(
+        "full cut, lock, slow stop",
+        cut_off(Mode::Lock, Kind::Slow),
+        repeat(),
+    );
+}
+
+/// The same as the run's, for a named lock.
+#[test]
+fn a_lock_cut_off_from_every_member_ends_a_term_ignoring_command_before_the_next_host_starts() {
+    scenario(
+        "full cut, lock, ignores TERM",
+        cut_off(Mode::Lock, Kind::IgnoresTerm),
+        repeat(),
+    );
+}
+
+/// A holder that reaches the followers keeps its lease: the next host must not start.
+#[test]
+fn a_holder_cut_from_the_leader_only_keeps_the_lock_and_the_next_host_waits() {
+    let spec = Spec {
+        holder: Host::A,
+        mode: Mode::Run,
+        kind: Kind::Slow,
+        upset: Upset::Cut {
+            members: Members::Leader,
+            way: Way::Both,
+            length: Length::For(ttls(2)),
+        },
+        expect: Expect::Keep,
+    };
+    scenario("leader-only cut for 2 TTL, run", spec, repeat());
+}
+
+/// Keepalives that never arrive: a one-way cut is a full cut to the lease.
+#[test]
+fn a_holder_whose_packets_to_the_members_are_dropped_ends_before_the_next_host_starts() {
+    let spec = Spec {
+        upset: Upset::Cut {
+            members: Members::All,
+            way: Way::FromHost,
+            length: Length::UntilHandedOver,
+        },
+        ..cut_off(Mode::Run, Kind::Prompt)
+    };
+    scenario("one-way cut host->members, run", spec, repeat());
+}
+
+/// Keepalives that arrive but whose answers do not: the holder cannot know it was renewed.
+#[test]
+fn a_holder_whose_answers_from_the_members_are_dropped_ends_before_the_next_host_starts() {
+    let spec = Spec {
+        upset: Upset::Cut {
+            members: Members::All,
+            way: Way::ToHost,
+            length: Length::UntilHandedOver,
+        },
+        ..cut_off(Mode::Lock, Kind::Prompt)
+    };
+    scenario("one-way cut members->host, lock", spec, repeat());
+}
+
+/// A blip well inside the TTL costs nothing: the holder keeps its lock, the waiter waits.
+#[test]
+fn a_cut_shorter_than_the_ttl_keeps_the_lock_and_the_next_host_waits() {
+    let spec = Spec {
+        holder: Host::A,
+        mode: Mode::Run,
+        kind: Kind::Slow,
+        upset: Upset::Cut {
+            members: Members::All,
+            way: Way::Both,
+            length: Length::For(Duration::from_secs(1)),
+        },
+        expect: Expect::Keep,
+    };
+    scenario("1 s full cut, run", spec, repeat());
+}
+
+/// The issue's 10 of 10: a stopped supervisor stops nothing, its command ran on beside B's.
+#[test]
+fn a_run_whose_supervisor_is_stopped_for_two_ttls_ends_its_command_before_the_next_host_starts() {
+    scenario(
+        "supervisor SIGSTOP 2 TTL, run",
+        stopped(Mode::Run, Kind::Slow, false, 2),
+        repeat(),
+    );
+}
+
+/// The same for a named lock, with a command that ignores SIGTERM.
+#[test]
+fn a_lock_whose_supervisor_is_stopped_for_two_ttls_ends_its_command_before_the_next_host_starts() {
+    scenario(
+        "supervisor SIGSTOP 2 TTL, lock, ignores TERM",
+        stopped(Mode::Lock, Kind::IgnoresTerm, false, 2),
+        repeat(),
+    );
+}
+
+/// A long stall (swapping, a starved CPU): ten TTLs.
+#[test]
+fn a_run_whose_supervisor_is_stopped_for_ten_ttls_ends_its_command_before_the_next_host_starts() {
+    scenario(
+        "supervisor SIGSTOP 10 TTL, run",
+        stopped(Mode::Run, Kind::Slow, false, 10),
+        repeat().div_ceil(2),
+    );
+}
+
+/// Whatever enforces the deadline must not be in the supervisor's process group.
+#[test]
+fn a_run_whose_supervisors_process_group_is_stopped_ends_its_command_before_the_next_host_starts() {
+    scenario(
+        "supervisor's group SIGSTOP 2 TTL, run, ignores TERM",
+        stopped(Mode::Run, Kind::IgnoresTerm, true, 2),
+        repeat(),
+    );
+}
+
+/// The same for a named lock, stopped for ten TTLs.
+#[test]
+fn a_lock_whose_supervisors_process_group_is_stopped_for_ten_ttls_ends_its_command_in_time() {
+    scenario(
+        "supervisor's group SIGSTOP 10 TTL, lock",
+        stopped(Mode::Lock, Kind::Slow, true, 10),
+        repeat().div_ceil(2),
+    );
+}
+
+/// splitmix64: the soak's rounds follow from its seed alone.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// A duration from `min` to `max` seconds, in tenths.
+    fn seconds(&mut self, min: f64, max: f64) -> Duration {
+        let tenths = self.below(((max - min) * 10.0) as u64 + 1);
+        Duration::from_secs_f64(min + tenths as f64 / 10.0)
+    }
+
+    fn spec(&mut self) -> Spec {
+        let holder = if self.below(2) == 0 { Host::A } else { Host::B };
+        let mode = if self.below(2) == 0 {
+            Mode::Run
+        } else {
+            Mode::Lock
+        };
+        let kind = [Kind::Prompt, Kind::Slow, Kind::IgnoresTerm][self.below(3) as usize];
+        let cut = |members, way, length| Upset::Cut {
+            members,
+            way,
+            length: Length::For(length),
+        };
+        let upset = match self.below(6) {
+            0 => cut(Members::All, Way::Both, self.seconds(0.5, 9.0)),
+            1 => cut(Members::Leader, Way::Both, self.seconds(2.0, 10.0)),
+            2 => cut(Members::All, Way::FromHost, self.seconds(1.0, 9.0)),
+            3 => cut(Members::All, Way::ToHost, self.seconds(1.0, 9.0)),
+            n => Upset::Stop {
+                group: n == 5,
+                length: self.seconds(1.0, 12.0),
+            },
+        };
+        Spec {
+            holder,
+            mode,
+            kind,
+            upset,
+            expect: Expect::Either,
+        }
+    }
+}
+
+/// Random partitions and stalls of either host, one hand-off after another on one fleet.
+#[test]
+fn a_chaos_soak_of_random_partitions_and_stalls_never_has_two_holders_at_once() {
+    let seed = std::env::var("CCCI_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    let soak = std::env::var("CCCI_PARTITION_SOAK").ok();
+    let budget = Duration::from_secs(soak.as_deref().and_then(|s| s.parse().ok()).unwrap_or(60));
+    let most = if soak.is_some() { usize::MAX } else { 8 };
+    eprintln!("partition: chaos soak: seed {seed} (CCCI_CHAOS_SEED={seed} replays it)");
+    let Some(fleet) = fleet() else {
+        return;
+    };
+    let bench = Bench::new(fleet);
+    let mut rng = Rng(seed);
+    let began = Instant::now();
+    let mut outcomes = Vec::new();
+    while outcomes.len() < most && began.elapsed() < budget {
+        let spec = rng.spec();
+        let outcome = bench.round(spec, outcomes.len());
+        eprintln!(
+            "partition: chaos round {}: {:?}: overlap {:?} s, holder exit {:?}",
+            outcomes.len(),
+            spec,
+            outcome.overlap(),
+            outcome.holder.status.code()
+        );
+        outcomes.push(outcome);
+    }
+    eprintln!("{}", summary("chaos soak", &outcomes));
+    check("chaos soak", &outcomes, &format!(" (seed {seed})"));
+}
