@@ -37,11 +37,15 @@ const LOCK_LOST: i32 = 76;
 
 /// What every holder runs: a line to `$LOG` every 50 ms until `$STOP` exists. `$KIND` says how
 /// it takes SIGTERM: `prompt` dies, `slow` writes on for about 200 ms, `ignores` writes on
-/// until SIGKILL.
+/// until SIGKILL, `daemonises` also starts a writer in a session of its own (out of the
+/// command's process group) that ignores SIGTERM and outlives the command.
 const HOLDER: &str = r#"
 case "$KIND" in
   slow) trap 'left=${left:-4}' TERM ;;
   ignores) trap '' TERM ;;
+  daemonises)
+    setsid bash -c 'trap "" TERM; while :; do [ -e "$STOP" ] && exit 0; sleep 0.05; echo "$EPOCHREALTIME $TAG $CCCI_FENCING_TOKEN" >> "$LOG"; done' </dev/null >/dev/null 2>&1 &
+    ;;
 esac
 write() { echo "$EPOCHREALTIME $TAG $CCCI_FENCING_TOKEN" >> "$LOG"; }
 write
@@ -82,6 +86,9 @@ enum Kind {
     /// Exits about 200 ms after SIGTERM.
     Slow,
     IgnoresTerm,
+    /// Leaves a daemon that ignores SIGTERM, and runs without cgroups (`--cgroup off`): only
+    /// the process groups and `CCCI_SUPERVISOR` markers find it.
+    Daemonises,
 }
 
 impl Kind {
@@ -90,6 +97,7 @@ impl Kind {
             Kind::Prompt => "prompt",
             Kind::Slow => "slow",
             Kind::IgnoresTerm => "ignores",
+            Kind::Daemonises => "daemonises",
         }
     }
 }
@@ -118,6 +126,8 @@ enum Upset {
     },
     /// SIGSTOP of the holder's supervisor (`group`: of its whole process group), SIGCONT after.
     Stop { group: bool, length: Duration },
+    /// SIGKILL of the holder's supervisor (the OOM killer): nothing of it renews its lease.
+    Kill,
 }
 
 /// What the holder's run must end with.
@@ -129,6 +139,8 @@ enum Expect {
     Keep,
     /// Either (the chaos soak).
     Either,
+    /// The holder's supervisor was SIGKILLed.
+    Killed,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -213,6 +225,15 @@ impl Outcome {
                 problems.push(format!(
                     "the holder's exit is {code:?}, not 0 or {LOCK_LOST}"
                 ));
+            }
+            Expect::Killed => {
+                use std::os::unix::process::ExitStatusExt;
+                if self.holder.status.signal() != Some(9) {
+                    problems.push(format!(
+                        "the holder's status is {:?}, not SIGKILL",
+                        self.holder.status
+                    ));
+                }
             }
             _ => {}
         }
@@ -374,6 +395,9 @@ impl Bench {
     /// The holder's (or waiter's) `ccci-run`, run on `host`.
     fn command(&self, host: Host, spec: &Spec, round: usize, log: &Path, stop: &Path) -> Command {
         let mut cmd = self.sandbox(host).ccci();
+        if host == spec.holder && matches!(spec.kind, Kind::Daemonises) {
+            cmd.args(["--cgroup", "off"]);
+        }
         match spec.mode {
             Mode::Run => {
                 let run_id = format!("{}{round}", host.tag());
@@ -459,6 +483,12 @@ impl Bench {
                 signal(target, Signal::SIGSTOP);
                 std::thread::sleep(length);
                 signal(target, Signal::SIGCONT);
+            }
+            Upset::Kill => {
+                signal(pid, Signal::SIGKILL);
+                waiter.wait_for(Stream::Out, "ready");
+                waiter_ready = true;
+                std::thread::sleep(WHILE_NEXT_RUNS);
             }
         }
         let upset_end = now();
@@ -756,6 +786,36 @@ fn a_lock_whose_supervisors_process_group_is_stopped_for_ten_ttls_ends_its_comma
     );
 }
 
+/// A supervisor killed by the OOM killer whose command daemonised, on a host without cgroups:
+/// its fence sees its feed close and kills the command's group and every process naming the
+/// supervisor, daemon included, long before the lease expires and the next host starts.
+#[test]
+fn a_run_whose_supervisor_is_killed_leaves_no_daemon_writing_when_the_next_host_starts() {
+    let spec = Spec {
+        holder: Host::A,
+        mode: Mode::Run,
+        kind: Kind::Daemonises,
+        upset: Upset::Kill,
+        expect: Expect::Killed,
+    };
+    scenario(
+        "supervisor SIGKILLed, run, daemonised, no cgroups",
+        spec,
+        repeat(),
+    );
+}
+
+/// A stopped supervisor whose command daemonised, without cgroups: the fence finds the daemon
+/// by its marker.
+#[test]
+fn a_lock_whose_supervisor_is_stopped_leaves_no_daemon_writing_when_the_next_host_starts() {
+    scenario(
+        "supervisor SIGSTOP 2 TTL, lock, daemonised, no cgroups",
+        stopped(Mode::Lock, Kind::Daemonises, false, 2),
+        repeat(),
+    );
+}
+
 /// splitmix64: the soak's rounds follow from its seed alone.
 struct Rng(u64);
 
@@ -785,7 +845,12 @@ impl Rng {
         } else {
             Mode::Lock
         };
-        let kind = [Kind::Prompt, Kind::Slow, Kind::IgnoresTerm][self.below(3) as usize];
+        let kind = [
+            Kind::Prompt,
+            Kind::Slow,
+            Kind::IgnoresTerm,
+            Kind::Daemonises,
+        ][self.below(4) as usize];
         let cut = |members, way, length| Upset::Cut {
             members,
             way,
