@@ -1035,6 +1035,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lease_ttl_must_hold_the_kill_grace_the_margin_and_the_keepalive_headroom() {
+        let etcd = |ttl: u32| EtcdSettings {
+            endpoints: vec!["127.0.0.1:2379".into()],
+            lease_ttl: Duration::from_secs(ttl.into()),
+        };
+        // The defaults agree.
+        let grace = TIMINGS[1].default.unwrap();
+        assert_eq!(TIMINGS[1].timing, Timing::KillGrace);
+        etcd(DEFAULT_LEASE_TTL).check_stop_budget(grace).unwrap();
+        // Grace + 0.5 s + 1.5 s, to the second.
+        etcd(5).check_stop_budget(Duration::from_secs(3)).unwrap();
+        let err = etcd(5)
+            .check_stop_budget(Duration::from_millis(3001))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("smallest lease TTL that works is 6 s"),
+            "{err}"
+        );
+        assert!(err.contains("a kill grace of at most 3s"), "{err}");
+        // The smallest TTL allows no kill grace at all.
+        etcd(2).check_stop_budget(Duration::ZERO).unwrap();
+        let err = etcd(2)
+            .check_stop_budget(Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is 3 s"), "{err}");
+        assert!(!err.contains("at most"), "{err}");
+        assert_eq!(
+            EtcdSettings::stop_budget(Duration::from_secs(2)),
+            Duration::from_millis(2500)
+        );
+    }
+
+    #[test]
     fn every_key_parses_and_unknown_keys_are_refused() {
         let path = Path::new("/etc/ccci-run/config.toml");
         let config = parse(

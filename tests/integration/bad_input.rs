@@ -635,3 +635,57 @@ fn a_bad_value_in_a_json_configuration_file_is_reported_as_json() {
     cmd.env("CCCI_CONFIG", &config).arg("config");
     assert_one_json_error(&run(cmd), "invalid-input", "invalid deadline \"5x\"");
 }
+
+/// A lease TTL too short for the kill grace could let a holder cut off from etcd still be
+/// stopping its command when etcd hands the lock to another host: `run` and `lock` refuse it
+/// with 2 before anything runs, naming the smallest TTL that works and the longest kill grace
+/// the TTL allows; one that fits (TTL = grace + 2 s) passes the check.
+#[test]
+fn a_lease_ttl_too_short_for_the_kill_grace_is_refused_naming_the_smallest_that_works() {
+    let sandbox = Sandbox::new();
+    // Nothing listens there: a refusal must come before any attempt to reach it.
+    let etcd = ["--etcd-endpoints", "http://127.0.0.1:9", "--lease-ttl", "5"];
+    let run_cmd = |grace: &str| {
+        let mut cmd = sandbox.ccci();
+        cmd.args(etcd).args([
+            "run",
+            "--recipe",
+            "custom-html",
+            "--run-id",
+            "ttl",
+            "--no-fetch",
+            "--kill-grace",
+            grace,
+            "--",
+            "true",
+        ]);
+        run(cmd)
+    };
+    let refused = run_cmd("4");
+    refused.assert_code(2);
+    refused.assert_stderr_has("invalid lease TTL \"5s\"");
+    refused.assert_stderr_has("the smallest lease TTL that works is 6 s");
+    refused.assert_stderr_has("a kill grace of at most 3s");
+    assert!(
+        !sandbox.runs().join("ttl").exists(),
+        "{}",
+        refused.transcript()
+    );
+
+    let mut lock = sandbox.ccci();
+    lock.env("CCCI_KILL_GRACE", "10s")
+        .args(etcd)
+        .args(["lock", "cache", "--", "true"]);
+    let refused = run(lock);
+    refused.assert_code(2);
+    refused.assert_stderr_has("the smallest lease TTL that works is 12 s");
+
+    // Grace + 2 s fits: the run goes on past the check (and fails only at the endpoint, or in
+    // a build without etcd at the missing backend, both with their own codes).
+    let fits = run_cmd("3");
+    assert!(
+        !fits.stderr().contains("invalid lease TTL"),
+        "{}",
+        fits.transcript()
+    );
+}
