@@ -350,7 +350,7 @@ fn through_phase(
     json: bool,
     lose: &dyn Fn(&Sandbox),
 ) -> Done {
-    // The lock-lost case keeps the default level: its WARN line is what the issue saw panic.
+    // The lock-lost case keeps the default level: its WARN line is what used to panic.
     let loud = phase != Phase::LockLost;
     let script = match phase {
         Phase::Waiting | Phase::Running => WRITES_THEN_7,

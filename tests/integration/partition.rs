@@ -1,4 +1,4 @@
-//! Two holders never, across hosts (issue 30): host A holds a domain (`run`) or a named lock
+//! Two holders never, across hosts: host A holds a domain (`run`) or a named lock
 //! (`lock`) through the fleet's etcd, host B waits for it, and A is cut off (from every member,
 //! from the leader only, one way, briefly) or its supervisor is stopped. Then the lock passes to
 //! B, or stays with A until A lets go.
@@ -14,7 +14,7 @@
 //! chaos soak runs random rounds for `CCCI_PARTITION_SOAK` seconds (default 60, at most 8 rounds
 //! unless the variable is set) from the seed it prints (`CCCI_CHAOS_SEED` replays one).
 //!
-//! The settings are ones the lease rule accepts (TTL >= kill grace + 0.5 s + 2 s): a 5 s lease
+//! The settings are ones the lease rule accepts (TTL >= kill grace + 0.5 s + 1.5 s): a 5 s lease
 //! TTL and a 2 s kill grace.
 
 use std::path::{Path, PathBuf};
@@ -634,7 +634,7 @@ fn ttls(n: u32) -> Duration {
     Duration::from_secs(u64::from(n * TTL))
 }
 
-/// The issue's 5 of 16: a command that takes 200 ms to stop ran past the next holder's start.
+/// The issue this guards (5 of 16 rounds): a command that takes 200 ms to stop ran past the next holder's start.
 #[test]
 fn a_run_cut_off_from_every_member_ends_its_slow_command_before_the_next_host_starts() {
     scenario(
@@ -644,7 +644,7 @@ fn a_run_cut_off_from_every_member_ends_its_slow_command_before_the_next_host_st
     );
 }
 
-/// The issue's 5 of 5: a command that ignores SIGTERM overlapped by the kill grace.
+/// The issue this guards (5 of 5): a command that ignores SIGTERM overlapped by the kill grace.
 #[test]
 fn a_run_cut_off_from_every_member_ends_a_term_ignoring_command_before_the_next_host_starts() {
     scenario(
@@ -736,7 +736,7 @@ fn a_cut_shorter_than_the_ttl_keeps_the_lock_and_the_next_host_waits() {
     scenario("1 s full cut, run", spec, repeat());
 }
 
-/// The issue's 10 of 10: a stopped supervisor stops nothing, its command ran on beside B's.
+/// The issue this guards (10 of 10): a stopped supervisor stops nothing, its command ran on beside B's.
 #[test]
 fn a_run_whose_supervisor_is_stopped_for_two_ttls_ends_its_command_before_the_next_host_starts() {
     scenario(
