@@ -610,7 +610,24 @@ fn etcd(global: &Global) -> Vec<Check> {
             .fix("set etcd_endpoints to share locks with other hosts"),
         ];
     };
-    etcd_checks(settings)
+    let grace = global.timings.value(config::Timing::KillGrace);
+    let budget = match settings.check_stop_budget(grace) {
+        Ok(()) => check(
+            "etcd stop budget",
+            State::Ok,
+            format!(
+                "a {} lease holds the {} kill grace, the 0.5 s kill margin and 1.5 s of \
+                 keepalives: a holder stops its command before etcd can expire its lease",
+                crate::duration::show(settings.lease_ttl),
+                crate::duration::show(grace)
+            ),
+        ),
+        Err(err) => check("etcd stop budget", State::Fail, err.to_string())
+            .fix("raise lease_ttl, or lower kill_grace, as the message says: run and lock refuse these settings"),
+    };
+    let mut checks = vec![budget];
+    checks.extend(etcd_checks(settings));
+    checks
 }
 
 #[cfg(not(feature = "etcd"))]

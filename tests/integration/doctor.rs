@@ -400,6 +400,17 @@ fn doctor_asks_each_etcd_member_for_its_cluster_and_leader() {
     assert_state(&report, "etcd cluster", "ok", "one cluster");
     assert_state(&report, "etcd leader", "ok", "leads");
     assert_state(&report, "etcd lease ttl", "ok", "5 s, as asked");
+    assert_state(&report, "etcd stop budget", "ok", "kill grace");
+    // A kill grace the lease cannot hold: what run and lock would refuse, doctor fails.
+    let mut cmd = sandbox.ccci();
+    cmd.env("CCCI_KILL_GRACE", "10s").args(["doctor", "--json"]);
+    let (report, _) = doctor_of(cmd);
+    assert_state(
+        &report,
+        "etcd stop budget",
+        "fail",
+        "the smallest lease TTL that works is 12 s",
+    );
     assert_eq!(cluster.keys(), "", "doctor leaves nothing in etcd");
     // The named locks kept in etcd, in a metrics file the Prometheus parser reads. The first
     // lock on a new cluster waits one TTL for its lineage to settle; the next one does not.
