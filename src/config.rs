@@ -386,9 +386,10 @@ pub(crate) struct EtcdSettings {
 pub(crate) const DEFAULT_LEASE_TTL: u32 = 15;
 
 /// What a SIGKILL (to a process group, or `cgroup.kill`) may take to empty what it hits, added
-/// to the kill grace in a holder's stop budget. Measured at 0.1–3 ms on an idle host and under
-/// 40 ms with both cores busy (`cargo bench --bench etcd_handover`); a hundred times that
-/// leaves room for a host under memory pressure.
+/// to the kill grace in a holder's stop budget. Measured with the fence's own report (`cgroup.kill`,
+/// the process groups and the marker scan until nothing of a run with eight processes is left):
+/// 1.7–12 ms on an idle 2-core host, 3–23 ms with both cores busy; twenty times that leaves room
+/// for a host under memory pressure.
 pub(crate) const KILL_MARGIN: Duration = Duration::from_millis(500);
 
 /// How much of a lease's TTL must be left for keepalives once the stop budget is set aside:

@@ -45,8 +45,9 @@ use crate::report;
 use crate::supervise::identity::Owner;
 use crate::supervise::{cgroup, leftovers};
 
-/// How long before the lock may lapse the fence kills what is left: half the kill margin, a
-/// hundred times what `cgroup.kill` took to empty a run's cgroup when measured (a few ms).
+/// How long before the lock may lapse the fence kills what is left: half the kill margin, ten
+/// times the longest the fence took to leave nothing of a run when measured on a busy host
+/// (23 ms; [`KILL_MARGIN`]).
 pub(crate) const FENCE_LEAD: Duration = Duration::from_millis(KILL_MARGIN.as_millis() as u64 / 2);
 
 /// The first argument that makes `ccci-run` the fence (not a subcommand: nobody types it).
