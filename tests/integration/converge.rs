@@ -223,8 +223,14 @@ fn a_rolled_back_update_is_waited_out_and_reported() {
     docker(&["service", "update", "-d", "--args", "sh -c 'exit 1'", &app]);
     let done = run(converge(&sandbox, &stack, &["-v", "--timeout", "120"]));
     done.assert_code(1);
-    // Every change is a line at -v: the rollback was seen in progress, and waited out.
-    done.assert_stderr_has("update rollback_started");
+    // Every change is a line at -v. Swarm may pass from `updating` to `rollback_completed`
+    // between two polls on a busy host (seen in 2 of 3 full-suite runs with both cores busy),
+    // so the rollback seen in progress is reported, not required; that it was waited out is:
+    // converge returned only once swarm said the rollback completed.
+    eprintln!(
+        "rollback_started seen by converge: {}",
+        done.stderr().contains("update rollback_started")
+    );
     done.assert_stderr_has("update rolled back");
     assert_eq!(update_state(&app), "rollback_completed");
     let r = report(&done.out.join("\n"));
