@@ -2,7 +2,9 @@
 # A throwaway two-node Docker swarm on one machine, as root, for the multi-node tests: each node
 # is a network namespace with a dockerd of its own (socket, data root, exec root, pidfile,
 # cgroup parent), the two joined by a veth pair whose addresses exist only inside them. Node 1
-# is the manager, node 2 a worker; no registry: a busybox image is imported on both.
+# is the manager, node 2 a worker; no registry: a busybox image is imported on both, and an
+# image with busybox and the docker CLI (ccci-test/docker-cli) where a static docker CLI is on
+# PATH (Docker's own builds are static).
 #
 #   scripts/swarm-two-node.sh start    # prints CCCI_SWARM_MANAGER=… and CCCI_SWARM_WORKER=…
 #   scripts/swarm-two-node.sh status   # what runs, the swarm's nodes, the link
@@ -23,6 +25,7 @@ set -euo pipefail
 
 base=${CCCI_SWARM_BASE:-/tmp/ccci-swarm2}
 image=ccci-test/busybox:latest
+cli_image=ccci-test/docker-cli:latest
 # Addresses of the link (inside the namespaces only) and the pool of the swarm's overlays.
 net=10.214.0
 pool=10.215.0.0/16
@@ -191,22 +194,56 @@ wait_worker_ready() {
   return 1
 }
 
-import_image() {
-  local n=$1
-  d "$n" image inspect "$image" >/dev/null 2>&1 && return
-  if [ ! -f "$base/rootfs.tar" ]; then
-    local rootfs="$base/rootfs"
-    rm -rf "$rootfs"
-    mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/etc"
-    cp "$(command -v busybox)" "$rootfs/bin/busybox"
-    local applet
-    for applet in sh sleep cat echo ls true false kill ps wget nc rm mkdir touch date printf test; do
-      ln -sf busybox "$rootfs/bin/$applet"
-    done
-    tar -C "$rootfs" -cf "$base/rootfs.tar.part" .
-    mv "$base/rootfs.tar.part" "$base/rootfs.tar"
+# A rootfs tarball of busybox (with the applets the tests use) and, when `with_cli` is given,
+# the docker CLI at /usr/local/bin/docker; made once.
+rootfs_tar() { # rootfs_tar NAME [with_cli]
+  local tar="$base/$1.tar"
+  [ -f "$tar" ] && { echo "$tar"; return; }
+  local rootfs="$base/$1.rootfs"
+  rm -rf "$rootfs"
+  mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/etc" "$rootfs/usr/local/bin"
+  cp "$(command -v busybox)" "$rootfs/bin/busybox"
+  local applet
+  for applet in sh sleep cat echo ls true false kill ps wget nc rm mkdir touch date printf test \
+    chroot grep wc xargs seq; do
+    ln -sf busybox "$rootfs/bin/$applet"
+  done
+  if [ "${2:-}" = with_cli ]; then
+    cp "$(static_docker_cli)" "$rootfs/usr/local/bin/docker"
   fi
-  d "$n" import --change 'CMD ["/bin/sh"]' "$base/rootfs.tar" "$image" >/dev/null
+  tar -C "$rootfs" -cf "$tar.part" .
+  mv "$tar.part" "$tar"
+  rm -rf "$rootfs"
+  echo "$tar"
+}
+
+# A statically linked docker CLI on PATH (Docker's own builds are; Debian's is not), or nothing.
+static_docker_cli() {
+  local cli
+  for cli in $(type -ap docker); do
+    if ! ldd "$cli" >/dev/null 2>&1; then
+      echo "$cli"
+      return 0
+    fi
+  done
+  return 1
+}
+
+import_image() { # import_image NODE IMAGE TARBALL-NAME [with_cli]
+  local n=$1 name=$2
+  d "$n" image inspect "$name" >/dev/null 2>&1 && return
+  d "$n" import --change 'CMD ["/bin/sh"]' --change 'ENV PATH=/usr/local/bin:/bin' \
+    "$(rootfs_tar "$3" "${4:-}")" "$name" >/dev/null
+}
+
+# Both images on node N: the busybox image, and (where a static docker CLI is at hand) an
+# image holding that CLI too, standing in for docker:cli (no registry here) for anything that
+# must talk to its own node's engine from a task.
+import_images() {
+  import_image "$1" "$image" busybox
+  if static_docker_cli >/dev/null; then
+    import_image "$1" "$cli_image" docker-cli with_cli
+  fi
 }
 
 start() {
@@ -227,9 +264,9 @@ start() {
   done
   make_swarm
   wait_worker_ready
-  import_image 1
-  import_image 2
-  log "ready in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s: manager $(addr 1) ($(ns 1)), worker $(addr 2) ($(ns 2)), image $image"
+  import_images 1
+  import_images 2
+  log "ready in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s: manager $(addr 1) ($(ns 1)), worker $(addr 2) ($(ns 2)), images $image$(static_docker_cli >/dev/null && echo " $cli_image")"
   echo "CCCI_SWARM_MANAGER=unix://$(sock 1)"
   echo "CCCI_SWARM_WORKER=unix://$(sock 2)"
 }
