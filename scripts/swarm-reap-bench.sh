@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Time until a run app's stack is gone on every node of the two-node swarm
+# (scripts/swarm-two-node.sh), by hand, for the ways of removing it that a reap could use:
+#
+#   stack-rm   `docker stack rm`, then polling each node's engine until the stack's container
+#              is gone, then `docker volume rm` on each node (what an operator does today)
+#   job        the stack's services removed through the manager, then a one-shot global job
+#              (mode global-job) whose task on each node force-removes the stack's containers
+#              and volumes through that node's own engine socket and exits 0 only when nothing
+#              of the stack is left there; completion read from the manager's task list
+#
+#   scripts/swarm-reap-bench.sh [ROUNDS] [term|ignore-term]
+#
+# The stack: two replicas with max_replicas_per_node 1 (one task per node), a named volume each
+# task writes to, a secret, a config and an overlay network. Times are seconds from the first
+# removal call; a node's container (volume) time is the first poll that no longer lists it.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+rounds=${1:-3}
+term=${2:-term}
+base=${CCCI_SWARM_BASE:-/tmp/ccci-swarm2}
+M=unix://$base/n1/docker.sock
+W=unix://$base/n2/docker.sock
+# The path of every node's own engine socket, the same on each (see swarm-two-node.sh).
+node_sock=$base/node/docker.sock
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+m() { docker -H "$M" "$@"; }
+node() { local n=$1; shift; if [ "$n" = 1 ]; then docker -H "$M" "$@"; else docker -H "$W" "$@"; fi; }
+now() { echo "$EPOCHREALTIME"; }
+since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+if [ "$term" = ignore-term ]; then
+  command='trap "" TERM; ls /data; date > /data/written-by-$$RUN; while :; do sleep 1; done'
+  init=false
+else
+  command='ls /data; date > /data/written-by-$$RUN; exec sleep 100000'
+  init=true
+fi
+printf 's3cret\n' >"$work/secret.txt"
+printf 'conf\n' >"$work/conf.txt"
+cat >"$work/stack.yml" <<EOF
+version: "3.8"
+services:
+  app:
+    image: ccci-test/busybox:latest
+    command: ["sh", "-c", '$command']
+    init: $init
+    environment: {RUN: "\${RUN:-1}"}
+    networks: [internal]
+    volumes: [data:/data]
+    secrets: [db_password]
+    configs: [{source: app_conf, target: /etc/app.conf}]
+    deploy:
+      endpoint_mode: dnsrr
+      replicas: 2
+      placement: {max_replicas_per_node: 1}
+networks:
+  internal: {driver: overlay}
+volumes:
+  data: {}
+secrets:
+  db_password: {file: ./secret.txt}
+configs:
+  app_conf: {file: ./conf.txt}
+EOF
+
+label() { echo "label=com.docker.stack.namespace=$1"; }
+
+deploy() { # deploy STACK: both tasks running, one per node
+  (cd "$work" && RUN=$2 m stack deploy --detach=true --resolve-image never -c stack.yml "$1" >/dev/null)
+  local i
+  for i in $(seq 1 300); do
+    [ "$(node 1 ps -q --filter "$(label "$1")" | wc -l)$(node 2 ps -q --filter "$(label "$1")" | wc -l)" = 11 ] && return
+    sleep 0.1
+  done
+  echo "$1: tasks not running on both nodes" >&2
+  return 1
+}
+
+# Poll both nodes until neither lists a container of STACK; prints "c1 c2" times from T0.
+wait_containers_gone() {
+  local stack=$1 t0=$2 c1= c2= i
+  for i in $(seq 1 1200); do
+    [ -z "$c1" ] && [ -z "$(node 1 ps -aq --filter "$(label "$stack")")" ] && c1=$(since "$t0" "$(now)")
+    [ -z "$c2" ] && [ -z "$(node 2 ps -aq --filter "$(label "$stack")")" ] && c2=$(since "$t0" "$(now)")
+    [ -n "$c1" ] && [ -n "$c2" ] && break
+    sleep 0.05
+  done
+  echo "${c1:-never} ${c2:-never}"
+}
+
+wait_volumes_gone() {
+  local stack=$1 t0=$2 v1= v2= i
+  for i in $(seq 1 1200); do
+    [ -z "$v1" ] && [ -z "$(node 1 volume ls -q --filter name="${stack}_")" ] && v1=$(since "$t0" "$(now)")
+    [ -z "$v2" ] && [ -z "$(node 2 volume ls -q --filter name="${stack}_")" ] && v2=$(since "$t0" "$(now)")
+    [ -n "$v1" ] && [ -n "$v2" ] && break
+    sleep 0.05
+  done
+  echo "${v1:-never} ${v2:-never}"
+}
+
+bench_stack_rm() {
+  local stack=$1 t0 gone vols
+  deploy "$stack" 1
+  t0=$(now)
+  m stack rm "$stack" >/dev/null
+  gone=$(wait_containers_gone "$stack" "$t0")
+  node 1 volume rm "${stack}_data" >/dev/null
+  node 2 volume rm "${stack}_data" >/dev/null
+  vols=$(wait_volumes_gone "$stack" "$t0")
+  echo "stack-rm $term: containers gone node1 ${gone% *} s, node2 ${gone#* } s; volumes removed on each node by then: node1 ${vols% *} s, node2 ${vols#* } s"
+}
+
+# The global job that cleans STACK on every node: its task force-removes the stack's containers
+# on its node, then its volumes, and succeeds only if nothing of the stack is listed there.
+clean_job() {
+  local stack=$1
+  local script="
+    f=label=com.docker.stack.namespace=$stack
+    docker ps -aq --filter \$f | xargs -r docker rm -f >/dev/null
+    docker volume ls -q --filter \$f | xargs -r docker volume rm >/dev/null
+    left=\"\$(docker ps -aq --filter \$f) \$(docker volume ls -q --filter \$f)\"
+    echo \"\$(hostname) left: [\$left]\"
+    [ \"\$left\" = ' ' ]"
+  m service create -d --no-resolve-image --mode global-job --name "ccci-clean-$stack" \
+    --label "ccci.clean=$stack" --restart-condition none --restart-max-attempts 0 \
+    --mount "type=bind,source=$node_sock,target=/var/run/docker.sock" \
+    ccci-test/docker-cli:latest sh -c "$script" >/dev/null
+}
+
+# Poll the manager's task list until every node's task of the job is Complete (or failed);
+# prints "state1@t state2@t" per node name.
+wait_job() {
+  local job=$1 t0=$2 i line states
+  for i in $(seq 1 1200); do
+    states=$(m service ps --format '{{.Node}}={{.CurrentState}}' "$job" 2>/dev/null | sed 's/ .*//' | sort | tr '\n' ' ')
+    case "$states" in
+      *swarm2-node1=Complete*swarm2-node2=Complete*) echo "complete on both at $(since "$t0" "$(now)") s"; return ;;
+      *Failed*|*Rejected*) echo "failed: $states at $(since "$t0" "$(now)") s"; return ;;
+    esac
+    sleep 0.05
+  done
+  echo "not complete: $states"
+}
+
+bench_job() {
+  local stack=$1 t0 gone vols job_done
+  deploy "$stack" 1
+  t0=$(now)
+  m service ls -q --filter "$(label "$stack")" | xargs -r docker -H "$M" service rm >/dev/null
+  clean_job "$stack"
+  job_done=$(wait_job "ccci-clean-$stack" "$t0")
+  gone=$(wait_containers_gone "$stack" "$t0")
+  vols=$(wait_volumes_gone "$stack" "$t0")
+  m service rm "ccci-clean-$stack" >/dev/null
+  for kind in secret config network; do
+    m $kind ls -q --filter "$(label "$stack")" | xargs -r docker -H "$M" $kind rm >/dev/null 2>&1 || true
+  done
+  echo "job $term: job $job_done; containers gone node1 ${gone% *} s, node2 ${gone#* } s; volumes node1 ${vols% *} s, node2 ${vols#* } s"
+}
+
+for r in $(seq 1 "$rounds"); do
+  bench_stack_rm "bench_rm$r"
+  bench_job "bench_job$r"
+done
+# Whatever a round left (networks and the like that stack rm removes asynchronously).
+for r in $(seq 1 "$rounds"); do
+  for s in "bench_rm$r" "bench_job$r"; do
+    m stack rm "$s" >/dev/null 2>&1 || true
+  done
+done
