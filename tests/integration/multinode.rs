@@ -301,6 +301,18 @@ impl Case {
     fn new(swarm: &'static Swarm, prefix: &str) -> Self {
         let sandbox = Sandbox::with_engine_of_its_own();
         let domain = domain(&sandbox, prefix);
+        Self::with_domain(swarm, sandbox, domain)
+    }
+
+    /// The app of `ccci-run run --recipe custom-html` in a sandbox of its own: the stack its
+    /// command deploys.
+    fn for_run(swarm: &'static Swarm) -> Self {
+        let sandbox = Sandbox::with_engine_of_its_own();
+        let domain = sandbox.domain("custom-html", None);
+        Self::with_domain(swarm, sandbox, domain)
+    }
+
+    fn with_domain(swarm: &'static Swarm, sandbox: Sandbox, domain: String) -> Self {
         let stack = Sandbox::stack(&domain);
         std::fs::write(sandbox.path().join("secret.txt"), "s3cret\n").unwrap();
         std::fs::write(sandbox.path().join("conf.txt"), "conf\n").unwrap();
@@ -312,10 +324,8 @@ impl Case {
         }
     }
 
-    /// Deploy the stack through the manager as run `run` (its tasks write
-    /// `/data/written-by-RUN`) and wait until each node runs one task; returns how long that
-    /// took.
-    fn deploy(&self, run: u32, app: App) -> Duration {
+    /// The compose file of run `run` of the stack (beside its secret and config files).
+    fn compose(&self, run: u32, app: App) -> PathBuf {
         let (command, init) = match app {
             App::StopsOnTerm => ("date > /data/written-by-$${RUN}; exec sleep 100000", "true"),
             App::IgnoresTerm => (
@@ -329,6 +339,14 @@ impl Case {
             STACK.replace("@COMMAND@", command).replace("@INIT@", init),
         )
         .unwrap();
+        compose
+    }
+
+    /// Deploy the stack through the manager as run `run` (its tasks write
+    /// `/data/written-by-RUN`) and wait until each node runs one task; returns how long that
+    /// took.
+    fn deploy(&self, run: u32, app: App) -> Duration {
+        let compose = self.compose(run, app);
         let start = Instant::now();
         let out = Command::new("docker")
             .arg("--host")
@@ -716,4 +734,90 @@ fn worker_cut_off_during_the_reap_is_named_and_cleaned_by_the_next_sweep() {
         "after the heal, the next sweep reported the app reaped, but the nodes held {left:?}"
     );
     assert!(!env.exists());
+}
+
+/// A run deploys its app's stack on both nodes and ends; its own teardown leaves nothing of it
+/// on any node by the time the run exits.
+#[test]
+fn run_teardown_leaves_nothing_on_any_node() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::for_run(swarm);
+    let compose = case.compose(1, App::StopsOnTerm);
+    std::fs::create_dir_all(case.sandbox.abra_home().join("servers/ci")).unwrap();
+    // The command deploys through the manager (its DOCKER_HOST) and waits until the worker too
+    // runs the task, as a recipe's test would before it probes the app.
+    let script = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
+        && echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" \
+        && f=label=com.docker.stack.namespace=$CCCI_STACK_NAME \
+        && until [ -n \"$(docker ps -q --filter $f)\" ] && [ -n \"$(docker --host \"$WORKER\" ps -q --filter $f)\" ]; do sleep 0.1; done \
+        && echo \"deployed $CCCI_STACK_NAME\"";
+    let mut cmd = case.sandbox.run_sh("mn1", &[], script);
+    cmd.env("DOCKER_HOST", &swarm.manager)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH")
+        .env("WORKER", &swarm.worker)
+        .env("COMPOSE", &compose)
+        .env("RUN", "1");
+    let start = Instant::now();
+    let done = run(cmd);
+    done.assert_code(0);
+    let took = start.elapsed();
+    assert!(
+        done.out
+            .iter()
+            .any(|l| l == &format!("deployed {}", case.stack)),
+        "the command did not deploy {}\n{}",
+        case.stack,
+        done.transcript()
+    );
+    let left = case.left_now();
+    let objects = swarm.swarm_objects(&case.stack);
+    let watched = case.watch_until_gone(start);
+    assert!(
+        left.is_empty() && objects.is_empty(),
+        "the run ended after {:.1} s (teardown errors: {}), but the nodes held {left:?} and the \
+         manager listed {objects:?}; afterwards: {watched}",
+        took.as_secs_f64(),
+        case.sandbox.record("mn1")["teardown_errors"]
+    );
+}
+
+/// `ccci-run run` pointed at a worker: its command never starts, it says a manager is needed,
+/// exits 125 (ccci-run failed) and leaves no lock file.
+#[test]
+fn run_against_a_worker_needs_a_manager_and_never_starts_its_command() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::for_run(swarm);
+    let mut cmd = case.sandbox.run_sh("mnw", &[], "echo command-started");
+    cmd.env("DOCKER_HOST", &swarm.worker)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH");
+    let done = run(cmd);
+    eprintln!(
+        "run against the worker: {:?}\n{}",
+        done.status.code(),
+        done.transcript()
+    );
+    assert!(
+        !done.out.iter().any(|l| l == "command-started"),
+        "the command ran against a worker\n{}",
+        done.transcript()
+    );
+    done.assert_code(125);
+    assert!(
+        done.err.iter().any(|l| l.contains("manager")),
+        "the message does not say a manager is needed\n{}",
+        done.transcript()
+    );
+    assert!(
+        list(&case.sandbox.locks()).is_empty(),
+        "lock files left: {:?}",
+        list(&case.sandbox.locks())
+    );
 }
