@@ -11,6 +11,9 @@
 #
 #   scripts/swarm-reap-bench.sh [ROUNDS] [term|ignore-term]
 #
+# Each round also redeploys the stack at once after each way of removing it, and says what each
+# node's new task finds in its volume (written-by-1 is the previous run's file).
+#
 # The stack: two replicas with max_replicas_per_node 1 (one task per node), a named volume each
 # task writes to, a secret, a config and an overlay network. Times are seconds from the first
 # removal call; a node's container (volume) time is the first poll that no longer lists it.
@@ -69,11 +72,13 @@ EOF
 
 label() { echo "label=com.docker.stack.namespace=$1"; }
 
-deploy() { # deploy STACK: both tasks running, one per node
+deploy() { # deploy STACK RUN: both tasks of this deploy's service running, one per node
   (cd "$work" && RUN=$2 m stack deploy --detach=true --resolve-image never -c stack.yml "$1" >/dev/null)
-  local i
-  for i in $(seq 1 300); do
-    [ "$(node 1 ps -q --filter "$(label "$1")" | wc -l)$(node 2 ps -q --filter "$(label "$1")" | wc -l)" = 11 ] && return
+  # A container of the previous deploy may still run: count only this service's.
+  local i service
+  service="label=com.docker.swarm.service.id=$(m service inspect -f '{{.ID}}' "$1_app")"
+  for i in $(seq 1 600); do
+    [ "$(node 1 ps -q --filter "$service" | wc -l)$(node 2 ps -q --filter "$service" | wc -l)" = 11 ] && return
     sleep 0.1
   done
   echo "$1: tasks not running on both nodes" >&2
@@ -163,13 +168,51 @@ bench_job() {
   echo "job $term: job $job_done; containers gone node1 ${gone% *} s, node2 ${gone#* } s; volumes node1 ${vols% *} s, node2 ${vols#* } s"
 }
 
+# Remove STACK by MODE, then deploy it again at once as run 2: how long until both of run 2's
+# tasks run, and whether each node's task sees run 1's file in its volume.
+bench_redeploy() {
+  local mode=$1 stack=$2 t0 n c data report=
+  deploy "$stack" 1
+  if [ "$mode" = stack-rm ]; then
+    m stack rm "$stack" >/dev/null
+    # What stack rm leaves on the manager at once would make the deploy fail ("network not
+    # found"); wait for the manager's own network to go, as a reap on the manager does.
+    while m network ls -q --filter "$(label "$stack")" | grep -q .; do sleep 0.05; done
+  else
+    m service ls -q --filter "$(label "$stack")" | xargs -r docker -H "$M" service rm >/dev/null
+    clean_job "$stack"
+    wait_job "ccci-clean-$stack" "$(now)" >/dev/null
+    m service rm "ccci-clean-$stack" >/dev/null
+    for kind in secret config network; do
+      m $kind ls -q --filter "$(label "$stack")" | xargs -r docker -H "$M" $kind rm >/dev/null 2>&1 || true
+    done
+    while m network ls -q --filter "$(label "$stack")" | grep -q .; do sleep 0.05; done
+  fi
+  t0=$(now)
+  deploy "$stack" 2
+  local service
+  service="label=com.docker.swarm.service.id=$(m service inspect -f '{{.ID}}' "${stack}_app")"
+  for n in 1 2; do
+    c=$(node "$n" ps -q --filter "$service")
+    data=$(node "$n" exec "$c" ls /data | tr '\n' ' ')
+    report="$report node$n /data: [${data% }]"
+  done
+  echo "redeploy after $mode $term: run 2 running on both nodes $(since "$t0" "$(now)") s after its deploy;$report"
+  m stack rm "$stack" >/dev/null
+  wait_containers_gone "$stack" "$(now)" >/dev/null
+  node 1 volume rm -f "${stack}_data" >/dev/null
+  node 2 volume rm -f "${stack}_data" >/dev/null
+}
+
 for r in $(seq 1 "$rounds"); do
   bench_stack_rm "bench_rm$r"
   bench_job "bench_job$r"
+  bench_redeploy stack-rm "bench_rdrm$r"
+  bench_redeploy job "bench_rdjob$r"
 done
 # Whatever a round left (networks and the like that stack rm removes asynchronously).
 for r in $(seq 1 "$rounds"); do
-  for s in "bench_rm$r" "bench_job$r"; do
+  for s in "bench_rm$r" "bench_job$r" "bench_rdrm$r" "bench_rdjob$r"; do
     m stack rm "$s" >/dev/null 2>&1 || true
   done
 done
