@@ -298,6 +298,8 @@ struct Case {
 }
 
 impl Case {
+    /// The app `<prefix>-0d0c4e.<suffix>`: `prefix` is four characters, as in every run-app
+    /// domain (a longer one is not a run app, and the janitor never looks at it).
     fn new(swarm: &'static Swarm, prefix: &str) -> Self {
         let sandbox = Sandbox::with_engine_of_its_own();
         let domain = domain(&sandbox, prefix);
@@ -542,7 +544,7 @@ fn dead_run_s_app_is_gone_from_every_node_when_the_janitor_reports_it_reaped() {
         return;
     };
     let _gate = shared();
-    let case = Case::new(swarm, "mn-gone");
+    let case = Case::new(swarm, "mgon");
     case.deploy(1, App::StopsOnTerm);
     case.plant_dead_run();
     let start = Instant::now();
@@ -567,7 +569,7 @@ fn redeploy_straight_after_the_sweep_mounts_a_fresh_volume_on_every_node() {
         return;
     };
     let _gate = shared();
-    let case = Case::new(swarm, "mn-fresh");
+    let case = Case::new(swarm, "mfre");
     case.deploy(1, App::StopsOnTerm);
     case.plant_dead_run();
     case.janitor_reaps();
@@ -598,7 +600,7 @@ fn janitor_against_a_worker_needs_a_manager_and_touches_nothing() {
         return;
     };
     let _gate = shared();
-    let case = Case::new(swarm, "mn-work");
+    let case = Case::new(swarm, "mwrk");
     case.deploy(1, App::StopsOnTerm);
     let env = case.plant_dead_run();
     let before: Vec<(Vec<String>, Vec<String>)> = NODES
@@ -647,7 +649,7 @@ fn app_that_ignores_sigterm_is_gone_from_every_node_when_reported_reaped() {
         return;
     };
     let _gate = shared();
-    let case = Case::new(swarm, "mn-term");
+    let case = Case::new(swarm, "mtrm");
     case.deploy(1, App::IgnoresTerm);
     case.plant_dead_run();
     let start = Instant::now();
@@ -698,7 +700,7 @@ fn worker_cut_off_during_the_reap_is_named_and_cleaned_by_the_next_sweep() {
         return;
     }
     let _gate = exclusive();
-    let case = Case::new(swarm, "mn-cut");
+    let case = Case::new(swarm, "mcut");
     case.deploy(1, App::StopsOnTerm);
     let env = case.plant_dead_run();
     swarm.script(&["cut", "link"]).unwrap();
