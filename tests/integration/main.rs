@@ -22,6 +22,7 @@ mod identity;
 mod janitor;
 mod lifetime;
 mod limits;
+mod multinode;
 mod named_lock;
 #[cfg(feature = "etcd")]
 mod netfleet;

@@ -53,12 +53,19 @@ impl Sandbox {
         if !docker_available() {
             return None;
         }
+        Some(Self::with_engine_of_its_own())
+    }
+
+    /// A sandbox whose runs and janitors use Docker, with a domain suffix of its own, for a
+    /// test that points each command at an engine of its choosing (`DOCKER_HOST` on the
+    /// command) and has checked that engine itself.
+    pub fn with_engine_of_its_own() -> Self {
         static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut sandbox = Self::new();
         sandbox.docker = "auto";
         sandbox.suffix = Some(format!("t{}x{n}.test", std::process::id()));
-        Some(sandbox)
+        sandbox
     }
 
     /// Another "host" of the same fleet as `other`: directories of its own, the same engine and

@@ -1,0 +1,825 @@
+//! Reaped means gone on every node: run apps' stacks on a real two-node swarm, reaped by the
+//! janitor pointed at the manager, checked through each node's own engine.
+//!
+//! The swarm is `scripts/swarm-two-node.sh start`'s: a manager and a worker, each a dockerd in a
+//! network namespace of its own on this machine, whose sockets `start` prints as
+//! `CCCI_SWARM_MANAGER=unix://…` and `CCCI_SWARM_WORKER=unix://…` for the suite's environment.
+//! Without them these tests skip (under `CI=true` that fails: `.ci/run` starts the swarm).
+//!
+//! The stack (tests/fixtures/two-node-stack.yml) runs two replicas, at most one per node, with a
+//! named volume, a secret, a config and an overlay network, so each node holds a task's
+//! container and its own copy of the volume. The manager's API can neither list nor remove the
+//! worker's containers and volumes: what the worker still holds is seen only through the
+//! worker's own socket, and that is where these tests look. Each test prints, past the janitor,
+//! when each node's container and volume were gone, so a failure says what was left and for
+//! how long.
+//!
+//! Every test uses the one shared swarm; the test that cuts the worker off takes it for itself
+//! ([`exclusive`]), the others share it ([`shared`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::docker::domain;
+use crate::util::{Finished, PATIENCE, Sandbox, candidate, list, run, skip};
+
+/// The stack of a run app on two nodes; `@COMMAND@` and `@INIT@` are filled in per test.
+const STACK: &str = include_str!("../fixtures/two-node-stack.yml");
+
+/// How long the tests watch the nodes after a janitor is done, to say when (if ever) each
+/// node's leftovers went: past swarm's own removal of a task container on another node (4-7 s,
+/// 16 s for an app that ignores SIGTERM).
+const WATCH: Duration = Duration::from_secs(25);
+
+/// The exit code of a janitor pointed at a worker: invalid input, as for a `DOCKER_HOST` the
+/// janitor cannot work with (the engine answers, but cannot list or remove a stack's services).
+const JANITOR_ON_A_WORKER: i32 = 2;
+
+/// The two engines of the test swarm.
+pub(crate) struct Swarm {
+    /// `unix://…` of the manager's engine (node 1).
+    manager: String,
+    /// `unix://…` of the worker's engine (node 2).
+    worker: String,
+    /// The worker's node name, as the manager's node list shows it.
+    worker_name: String,
+    /// `CCCI_SWARM_BASE` of the script that made the swarm, when it can be told from the
+    /// manager's socket path (`BASE/n1/docker.sock`): what `cut` and `heal` need.
+    base: Option<PathBuf>,
+}
+
+/// The node a command is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Node {
+    Manager,
+    Worker,
+}
+
+const NODES: [Node; 2] = [Node::Manager, Node::Worker];
+
+impl Swarm {
+    /// The swarm of `CCCI_SWARM_MANAGER` and `CCCI_SWARM_WORKER`, once both answer as a
+    /// manager with two ready nodes and a worker of that swarm; otherwise `None`, the test
+    /// skipped (failed in CI) saying why.
+    fn get() -> Option<&'static Swarm> {
+        static SWARM: OnceLock<Result<Swarm, String>> = OnceLock::new();
+        match SWARM.get_or_init(Swarm::find) {
+            Ok(swarm) => Some(swarm),
+            Err(why) => {
+                skip(
+                    why,
+                    "start it with `scripts/swarm-two-node.sh start` as root and export the two \
+                     lines it prints (CCCI_SWARM_MANAGER, CCCI_SWARM_WORKER)",
+                );
+                None
+            }
+        }
+    }
+
+    fn find() -> Result<Swarm, String> {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| format!("no two-node swarm: {name} is not set"))
+        };
+        let manager = var("CCCI_SWARM_MANAGER")?;
+        let worker = var("CCCI_SWARM_WORKER")?;
+        let info = |host: &str, format: &str| {
+            let out = docker_output(host, &["info", "--format", format]);
+            if out.status.success() {
+                Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+            } else {
+                Err(format!(
+                    "no two-node swarm: the engine at {host} does not answer ({})",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        if info(&manager, "{{.Swarm.ControlAvailable}}")? != "true" {
+            return Err(format!(
+                "no two-node swarm: the engine at {manager} is not a swarm manager"
+            ));
+        }
+        let worker_id = info(&worker, "{{.Swarm.NodeID}}")?;
+        let worker_name = info(&worker, "{{.Name}}")?;
+        let ready = docker_at(&manager, &["node", "ls", "--format", "{{.ID}} {{.Status}}"]);
+        let ready: Vec<&str> = ready
+            .lines()
+            .filter(|l| l.ends_with(" Ready"))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        if ready.len() != 2 || !ready.contains(&worker_id.as_str()) {
+            return Err(format!(
+                "no two-node swarm: the manager at {manager} lists {ready:?} as ready, not \
+                 itself and the worker {worker_id}"
+            ));
+        }
+        let base = manager
+            .strip_prefix("unix://")
+            .map(Path::new)
+            .and_then(|sock| Some(sock.parent()?.parent()?.to_path_buf()))
+            .filter(|base| base.join("n2").is_dir());
+        Ok(Swarm {
+            manager,
+            worker,
+            worker_name,
+            base,
+        })
+    }
+
+    fn host(&self, node: Node) -> &str {
+        match node {
+            Node::Manager => &self.manager,
+            Node::Worker => &self.worker,
+        }
+    }
+
+    /// The docker CLI against `node`'s own engine; panics with its output when it fails.
+    fn docker(&self, node: Node, args: &[&str]) -> String {
+        docker_at(self.host(node), args)
+    }
+
+    /// Containers of `stack` on `node`, in any state.
+    fn containers(&self, node: Node, stack: &str) -> Vec<String> {
+        let filter = format!("label=com.docker.stack.namespace={stack}");
+        lines(&self.docker(node, &["ps", "-aq", "--filter", &filter]))
+    }
+
+    /// Running containers of `stack` on `node`.
+    fn running(&self, node: Node, stack: &str) -> Vec<String> {
+        let filter = format!("label=com.docker.stack.namespace={stack}");
+        lines(&self.docker(node, &["ps", "-q", "--filter", &filter]))
+    }
+
+    /// Volumes of `stack` on `node`: labelled with it, or named after it.
+    fn volumes(&self, node: Node, stack: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for filter in [
+            format!("label=com.docker.stack.namespace={stack}"),
+            format!("name={stack}_"),
+        ] {
+            for name in lines(&self.docker(node, &["volume", "ls", "-q", "--filter", &filter])) {
+                if !found.contains(&name) {
+                    found.push(name);
+                }
+            }
+        }
+        found
+    }
+
+    /// What the manager still lists of `stack` besides containers and volumes.
+    fn swarm_objects(&self, stack: &str) -> Vec<String> {
+        let label = format!("label=com.docker.stack.namespace={stack}");
+        let mut found = Vec::new();
+        for kind in ["service", "network", "secret", "config"] {
+            for id in lines(&self.docker(Node::Manager, &[kind, "ls", "-q", "--filter", &label])) {
+                found.push(format!("{kind} {id}"));
+            }
+        }
+        found
+    }
+
+    /// `scripts/swarm-two-node.sh ACTION [ARG]` for this swarm (`cut`, `heal`).
+    fn script(&self, args: &[&str]) -> Result<(), String> {
+        let base = self
+            .base
+            .as_ref()
+            .ok_or("the swarm was not made by scripts/swarm-two-node.sh")?;
+        let out = Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/swarm-two-node.sh"
+        ))
+        .args(args)
+        .env("CCCI_SWARM_BASE", base)
+        .output()
+        .map_err(|e| format!("swarm-two-node.sh {args:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "swarm-two-node.sh {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// Whether the manager lists the worker in `state` (`ready`, `down`) now.
+    fn worker_is(&self, state: &str) -> bool {
+        let out = docker_output(
+            &self.manager,
+            &[
+                "node",
+                "inspect",
+                "--format",
+                "{{.Status.State}}",
+                &self.worker_name,
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim() == state
+    }
+}
+
+/// The docker CLI against `host`, whatever `DOCKER_HOST` the suite has.
+fn docker_output(host: &str, args: &[&str]) -> Output {
+    Command::new("docker")
+        .arg("--host")
+        .arg(host)
+        .args(args)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH")
+        .env_remove("DOCKER_CONTEXT")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("docker {args:?}: {e}"))
+}
+
+/// [`docker_output`]; panics with the CLI's output when it fails.
+fn docker_at(host: &str, args: &[&str]) -> String {
+    let out = docker_output(host, args);
+    assert!(
+        out.status.success(),
+        "docker --host {host} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Wait until `done` holds, polling: a node's engine offers no event for another node's
+/// removals. Bounded by [`PATIENCE`].
+#[track_caller]
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every test shares the swarm, but for the one that cuts the worker off.
+static GATE: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    GATE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    GATE.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether the app stops on SIGTERM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum App {
+    /// `sleep` under `init: true`: stops at once.
+    StopsOnTerm,
+    /// A shell that traps TERM away, as PID 1: only SIGKILL stops it.
+    IgnoresTerm,
+}
+
+/// One test's run app on the swarm: its sandbox, domain and stack, and the clean-up of that
+/// stack on both nodes when the test ends (also when it fails).
+struct Case {
+    swarm: &'static Swarm,
+    sandbox: Sandbox,
+    domain: String,
+    stack: String,
+}
+
+impl Case {
+    /// The app `<prefix>-0d0c4e.<suffix>`: `prefix` is four characters, as in every run-app
+    /// domain (a longer one is not a run app, and the janitor never looks at it).
+    fn new(swarm: &'static Swarm, prefix: &str) -> Self {
+        let sandbox = Sandbox::with_engine_of_its_own();
+        let domain = domain(&sandbox, prefix);
+        Self::with_domain(swarm, sandbox, domain)
+    }
+
+    /// The app of `ccci-run run --recipe custom-html` in a sandbox of its own: the stack its
+    /// command deploys.
+    fn for_run(swarm: &'static Swarm) -> Self {
+        let sandbox = Sandbox::with_engine_of_its_own();
+        let domain = sandbox.domain("custom-html", None);
+        Self::with_domain(swarm, sandbox, domain)
+    }
+
+    fn with_domain(swarm: &'static Swarm, sandbox: Sandbox, domain: String) -> Self {
+        let stack = Sandbox::stack(&domain);
+        std::fs::write(sandbox.path().join("secret.txt"), "s3cret\n").unwrap();
+        std::fs::write(sandbox.path().join("conf.txt"), "conf\n").unwrap();
+        Self {
+            swarm,
+            sandbox,
+            domain,
+            stack,
+        }
+    }
+
+    /// The compose file of run `run` of the stack (beside its secret and config files).
+    fn compose(&self, run: u32, app: App) -> PathBuf {
+        let (command, init) = match app {
+            App::StopsOnTerm => ("date > /data/written-by-$${RUN}; exec sleep 100000", "true"),
+            App::IgnoresTerm => (
+                "trap '' TERM; date > /data/written-by-$${RUN}; while :; do sleep 1; done",
+                "false",
+            ),
+        };
+        let compose = self.sandbox.path().join(format!("stack-{run}.yml"));
+        std::fs::write(
+            &compose,
+            STACK.replace("@COMMAND@", command).replace("@INIT@", init),
+        )
+        .unwrap();
+        compose
+    }
+
+    /// Deploy the stack through the manager as run `run` (its tasks write
+    /// `/data/written-by-RUN`) and wait until each node runs one task; returns how long that
+    /// took.
+    fn deploy(&self, run: u32, app: App) -> Duration {
+        let compose = self.compose(run, app);
+        let start = Instant::now();
+        let out = Command::new("docker")
+            .arg("--host")
+            .arg(&self.swarm.manager)
+            .args(["stack", "deploy", "--resolve-image", "never", "-c"])
+            .arg(&compose)
+            .arg(&self.stack)
+            .env("RUN", run.to_string())
+            .env_remove("DOCKER_TLS_VERIFY")
+            .env_remove("DOCKER_CERT_PATH")
+            .current_dir(self.sandbox.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "deploy of {}: {}",
+            self.stack,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eventually(
+            &format!("{}: run {run}'s task running on each node", self.stack),
+            || {
+                NODES.iter().all(|&node| {
+                    let running = self.swarm.running(node, &self.stack);
+                    running.len() == 1 && self.has_file(node, &running[0], run)
+                })
+            },
+        );
+        start.elapsed()
+    }
+
+    /// Whether `container` on `node` sees `/data/written-by-RUN`.
+    fn has_file(&self, node: Node, container: &str, run: u32) -> bool {
+        docker_output(
+            self.swarm.host(node),
+            &[
+                "exec",
+                container,
+                "test",
+                "-e",
+                &format!("/data/written-by-{run}"),
+            ],
+        )
+        .status
+        .success()
+    }
+
+    /// What `/data` holds in the task running on `node`.
+    fn data_on(&self, node: Node) -> Vec<String> {
+        let running = self.swarm.running(node, &self.stack);
+        assert_eq!(running.len(), 1, "{node:?}: {running:?}");
+        lines(
+            &self
+                .swarm
+                .docker(node, &["exec", &running[0], "ls", "/data"]),
+        )
+    }
+
+    /// The run is dead and its app left: its `.env`, no lock held.
+    fn plant_dead_run(&self) -> PathBuf {
+        self.sandbox.plant_env("ci", &self.domain, "X=1\n")
+    }
+
+    /// `ccci-run janitor --json [extra...]` against the engine at `host`; its report (when it
+    /// printed one), the finished process and how long it took.
+    fn janitor(&self, host: &str, extra: &[&str]) -> (Option<Value>, Finished, Duration) {
+        let mut cmd = self.sandbox.ccci();
+        cmd.env("DOCKER_HOST", host)
+            .env_remove("DOCKER_TLS_VERIFY")
+            .env_remove("DOCKER_CERT_PATH")
+            .args(["janitor", "--json"])
+            .args(extra);
+        let start = Instant::now();
+        let done = run(cmd);
+        let took = start.elapsed();
+        let report = serde_json::from_str(&done.out.join("\n")).ok();
+        (report, done, took)
+    }
+
+    /// The janitor against the manager must reap the app: exit 0, decision `reap`.
+    #[track_caller]
+    fn janitor_reaps(&self) -> Duration {
+        let (report, done, took) = self.janitor(&self.swarm.manager, &[]);
+        done.assert_code(0);
+        let report = report.expect("a JSON report");
+        assert_eq!(
+            candidate(&report, &self.domain)["decision"],
+            "reap",
+            "{report:#}"
+        );
+        took
+    }
+
+    /// What each node holds of the stack right now: `node: containers [...] volumes [...]`,
+    /// only for nodes that hold something.
+    fn left_now(&self) -> Vec<String> {
+        NODES
+            .iter()
+            .filter_map(|&node| {
+                let containers = self.swarm.containers(node, &self.stack);
+                let volumes = self.swarm.volumes(node, &self.stack);
+                (!containers.is_empty() || !volumes.is_empty())
+                    .then(|| format!("{node:?}: containers {containers:?} volumes {volumes:?}"))
+            })
+            .collect()
+    }
+
+    /// Watch both nodes for up to [`WATCH`] from now: when each node's containers and volumes
+    /// of the stack were gone (seconds from `since`), or that they were still there. Printed,
+    /// and returned for a failure message.
+    fn watch_until_gone(&self, since: Instant) -> String {
+        let mut gone: [[Option<f64>; 2]; 2] = [[None; 2]; 2];
+        let deadline = Instant::now() + WATCH;
+        loop {
+            for (n, &node) in NODES.iter().enumerate() {
+                if gone[n][0].is_none() && self.swarm.containers(node, &self.stack).is_empty() {
+                    gone[n][0] = Some(since.elapsed().as_secs_f64());
+                }
+                if gone[n][1].is_none() && self.swarm.volumes(node, &self.stack).is_empty() {
+                    gone[n][1] = Some(since.elapsed().as_secs_f64());
+                }
+            }
+            if gone.iter().flatten().all(Option::is_some) || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let at = |t: Option<f64>| match t {
+            Some(t) => format!("gone at {t:.1} s"),
+            None => format!("still there at {:.0} s", since.elapsed().as_secs_f64()),
+        };
+        let text = NODES
+            .iter()
+            .enumerate()
+            .map(|(n, node)| {
+                format!(
+                    "{node:?}: container {}, volume {}",
+                    at(gone[n][0]),
+                    at(gone[n][1])
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        eprintln!("{}: {text}", self.stack);
+        text
+    }
+}
+
+impl Drop for Case {
+    fn drop(&mut self) {
+        let stack = &self.stack;
+        let label = format!("label=com.docker.stack.namespace={stack}");
+        let _ = docker_output(&self.swarm.manager, &["stack", "rm", stack]);
+        for node in NODES {
+            let host = self.swarm.host(node);
+            let ids = lines(&String::from_utf8_lossy(
+                &docker_output(host, &["ps", "-aq", "--filter", &label]).stdout,
+            ));
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f"];
+                args.extend(ids.iter().map(String::as_str));
+                let _ = docker_output(host, &args);
+            }
+            for volume in lines(&String::from_utf8_lossy(
+                &docker_output(
+                    host,
+                    &["volume", "ls", "-q", "--filter", &format!("name={stack}_")],
+                )
+                .stdout,
+            )) {
+                let _ = docker_output(host, &["volume", "rm", "-f", &volume]);
+            }
+        }
+        for kind in ["network", "secret", "config"] {
+            for name in lines(&String::from_utf8_lossy(
+                &docker_output(
+                    &self.swarm.manager,
+                    &[kind, "ls", "-q", "--filter", &format!("name={stack}_")],
+                )
+                .stdout,
+            )) {
+                let _ = docker_output(&self.swarm.manager, &[kind, "rm", &name]);
+            }
+        }
+    }
+}
+
+/// A dead run's app on both nodes: once the janitor against the manager reports it reaped,
+/// neither node holds a container or a volume of its stack.
+#[test]
+fn dead_run_s_app_is_gone_from_every_node_when_the_janitor_reports_it_reaped() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::new(swarm, "mgon");
+    case.deploy(1, App::StopsOnTerm);
+    case.plant_dead_run();
+    let start = Instant::now();
+    let took = case.janitor_reaps();
+    let left = case.left_now();
+    let objects = swarm.swarm_objects(&case.stack);
+    let watched = case.watch_until_gone(start);
+    assert!(
+        left.is_empty() && objects.is_empty(),
+        "the janitor reported {} reaped after {:.1} s, but at that moment the nodes held {left:?} \
+         and the manager listed {objects:?}; afterwards: {watched}",
+        case.domain,
+        took.as_secs_f64()
+    );
+}
+
+/// The same stack deployed again at once after the sweep starts with a fresh volume on every
+/// node: no file the dead run wrote is there for the next one.
+#[test]
+fn redeploy_straight_after_the_sweep_mounts_a_fresh_volume_on_every_node() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::new(swarm, "mfre");
+    case.deploy(1, App::StopsOnTerm);
+    case.plant_dead_run();
+    case.janitor_reaps();
+    let took = case.deploy(2, App::StopsOnTerm);
+    let mut stale = Vec::new();
+    for node in NODES {
+        let data = case.data_on(node);
+        eprintln!(
+            "{}: {node:?} /data after the redeploy: {data:?}",
+            case.stack
+        );
+        if data.iter().any(|f| f == "written-by-1") {
+            stale.push(format!("{node:?}: {data:?}"));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "run 2 mounted run 1's volume (redeployed, both tasks running, after {:.1} s): {stale:?}",
+        took.as_secs_f64()
+    );
+}
+
+/// The janitor pointed at a worker says at once that it needs a manager, with its documented
+/// exit code; it removes nothing and leaves no lock file.
+#[test]
+fn janitor_against_a_worker_needs_a_manager_and_touches_nothing() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::new(swarm, "mwrk");
+    case.deploy(1, App::StopsOnTerm);
+    let env = case.plant_dead_run();
+    let before: Vec<(Vec<String>, Vec<String>)> = NODES
+        .iter()
+        .map(|&n| (swarm.running(n, &case.stack), swarm.volumes(n, &case.stack)))
+        .collect();
+    let objects = swarm.swarm_objects(&case.stack);
+    let (_, done, took) = case.janitor(&swarm.worker, &[]);
+    eprintln!(
+        "{}: janitor against the worker: {:?} after {:.1} s\n{}",
+        case.stack,
+        done.status.code(),
+        took.as_secs_f64(),
+        done.stderr()
+    );
+    done.assert_code(JANITOR_ON_A_WORKER);
+    assert!(
+        done.err.iter().any(|l| l.contains("manager")),
+        "the message does not say a manager is needed\n{}",
+        done.transcript()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "took {:.1} s",
+        took.as_secs_f64()
+    );
+    assert!(env.exists(), "the .env was removed");
+    assert!(
+        list(&case.sandbox.locks()).is_empty(),
+        "lock files left: {:?}",
+        list(&case.sandbox.locks())
+    );
+    let after: Vec<(Vec<String>, Vec<String>)> = NODES
+        .iter()
+        .map(|&n| (swarm.running(n, &case.stack), swarm.volumes(n, &case.stack)))
+        .collect();
+    assert_eq!(after, before, "containers and volumes on the nodes changed");
+    assert_eq!(swarm.swarm_objects(&case.stack), objects);
+}
+
+/// An app whose PID 1 ignores SIGTERM: still gone from every node when the janitor reports it
+/// reaped (swarm alone takes the full stop grace on the worker).
+#[test]
+fn app_that_ignores_sigterm_is_gone_from_every_node_when_reported_reaped() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::new(swarm, "mtrm");
+    case.deploy(1, App::IgnoresTerm);
+    case.plant_dead_run();
+    let start = Instant::now();
+    let took = case.janitor_reaps();
+    let left = case.left_now();
+    let watched = case.watch_until_gone(start);
+    assert!(
+        left.is_empty(),
+        "the janitor reported {} reaped after {:.1} s, but at that moment the nodes held {left:?}; \
+         afterwards: {watched}",
+        case.domain,
+        took.as_secs_f64()
+    );
+}
+
+/// Heals the worker's link when the test ends, however it ends.
+struct Heal(&'static Swarm);
+
+impl Drop for Heal {
+    fn drop(&mut self) {
+        // Never a panic here (the test may be unwinding already): a failure is printed, and the
+        // next test that needs the worker skips or fails on its own.
+        if let Err(e) = self.0.script(&["heal"]) {
+            eprintln!("heal: {e}");
+            return;
+        }
+        let deadline = Instant::now() + PATIENCE;
+        while !self.0.worker_is("ready") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// The worker cut off (its link down) during the reap: the app is not reported gone but
+/// `reap-incomplete`, naming the worker; its `.env` and lock file stay. Once the link is back,
+/// the next sweep reaps it and every node is clean.
+#[test]
+fn worker_cut_off_during_the_reap_is_named_and_cleaned_by_the_next_sweep() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    if swarm.base.is_none() {
+        skip(
+            "the two-node swarm was not made by scripts/swarm-two-node.sh (no BASE/n2 beside \
+             the manager's socket), so it cannot be cut",
+            "start it with `scripts/swarm-two-node.sh start`",
+        );
+        return;
+    }
+    let _gate = exclusive();
+    let case = Case::new(swarm, "mcut");
+    case.deploy(1, App::StopsOnTerm);
+    let env = case.plant_dead_run();
+    swarm.script(&["cut", "link"]).unwrap();
+    let heal = Heal(swarm);
+    let (report, done, took) = case.janitor(&swarm.manager, &["--reap-budget", "20s"]);
+    eprintln!(
+        "{}: janitor with the worker cut off: {:?} after {:.1} s\n{}",
+        case.stack,
+        done.status.code(),
+        took.as_secs_f64(),
+        done.transcript()
+    );
+    done.assert_code(1);
+    let report = report.expect("a JSON report");
+    let c = candidate(&report, &case.domain);
+    assert_eq!(c["decision"], "reap-incomplete", "{report:#}");
+    let error = c["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&swarm.worker_name),
+        "the error does not name the worker {}: {report:#}",
+        swarm.worker_name
+    );
+    assert!(env.exists(), "the .env must stay for the next sweep");
+    assert!(
+        case.sandbox.lock_file(&case.domain).exists(),
+        "the lock file must stay"
+    );
+    drop(heal);
+    case.janitor_reaps();
+    let left = case.left_now();
+    assert!(
+        left.is_empty(),
+        "after the heal, the next sweep reported the app reaped, but the nodes held {left:?}"
+    );
+    assert!(!env.exists());
+}
+
+/// A run deploys its app's stack on both nodes and ends; its own teardown leaves nothing of it
+/// on any node by the time the run exits.
+#[test]
+fn run_teardown_leaves_nothing_on_any_node() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::for_run(swarm);
+    let compose = case.compose(1, App::StopsOnTerm);
+    std::fs::create_dir_all(case.sandbox.abra_home().join("servers/ci")).unwrap();
+    // The command deploys through the manager (its DOCKER_HOST) and waits until the worker too
+    // runs the task, as a recipe's test would before it probes the app.
+    let script = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
+        && echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" \
+        && f=label=com.docker.stack.namespace=$CCCI_STACK_NAME \
+        && until [ -n \"$(docker ps -q --filter $f)\" ] && [ -n \"$(docker --host \"$WORKER\" ps -q --filter $f)\" ]; do sleep 0.1; done \
+        && echo \"deployed $CCCI_STACK_NAME\"";
+    let mut cmd = case.sandbox.run_sh("mn1", &[], script);
+    cmd.env("DOCKER_HOST", &swarm.manager)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH")
+        .env("WORKER", &swarm.worker)
+        .env("COMPOSE", &compose)
+        .env("RUN", "1");
+    let start = Instant::now();
+    let done = run(cmd);
+    done.assert_code(0);
+    let took = start.elapsed();
+    assert!(
+        done.out
+            .iter()
+            .any(|l| l == &format!("deployed {}", case.stack)),
+        "the command did not deploy {}\n{}",
+        case.stack,
+        done.transcript()
+    );
+    let left = case.left_now();
+    let objects = swarm.swarm_objects(&case.stack);
+    let watched = case.watch_until_gone(start);
+    assert!(
+        left.is_empty() && objects.is_empty(),
+        "the run ended after {:.1} s (teardown errors: {}), but the nodes held {left:?} and the \
+         manager listed {objects:?}; afterwards: {watched}",
+        took.as_secs_f64(),
+        case.sandbox.record("mn1")["teardown_errors"]
+    );
+}
+
+/// `ccci-run run` pointed at a worker: its command never starts, it says a manager is needed,
+/// exits 125 (ccci-run failed) and leaves no lock file.
+#[test]
+fn run_against_a_worker_needs_a_manager_and_never_starts_its_command() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::for_run(swarm);
+    let mut cmd = case.sandbox.run_sh("mnw", &[], "echo command-started");
+    cmd.env("DOCKER_HOST", &swarm.worker)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH");
+    let done = run(cmd);
+    eprintln!(
+        "run against the worker: {:?}\n{}",
+        done.status.code(),
+        done.transcript()
+    );
+    assert!(
+        !done.out.iter().any(|l| l == "command-started"),
+        "the command ran against a worker\n{}",
+        done.transcript()
+    );
+    done.assert_code(125);
+    assert!(
+        done.err.iter().any(|l| l.contains("manager")),
+        "the message does not say a manager is needed\n{}",
+        done.transcript()
+    );
+    assert!(
+        list(&case.sandbox.locks()).is_empty(),
+        "lock files left: {:?}",
+        list(&case.sandbox.locks())
+    );
+}
