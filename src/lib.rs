@@ -349,6 +349,14 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     docker::DockerLink::check_env(global.docker)?;
     let opts = args.sweep_options(global);
     let link = docker::DockerLink::new(global.docker);
+    // A worker's engine can judge and remove nothing: say so before any lock is probed.
+    if let Some(Ok(seam)) = link.get() {
+        seam.refuse_a_worker().map_err(|err| names::NameError {
+            what: "Docker engine",
+            value: std::env::var("DOCKER_HOST").unwrap_or_else(|_| "(the default socket)".into()),
+            rule: err.to_string(),
+        })?;
+    }
     let mut report = janitor::sweep(global, &opts, &link);
     for warning in &report.warnings {
         report::line(&format!("ccci-run: warning: {warning}"));

@@ -220,6 +220,22 @@ impl DockerSeam {
         })
     }
 
+    /// Refuse an engine that is a swarm worker: a worker answers every stack call with 503
+    /// ("not a swarm manager"), so nothing of an app can be listed, judged or removed through it.
+    /// An engine outside a swarm, or a manager, passes.
+    pub(crate) fn refuse_a_worker(&self) -> Result<(), DockerError> {
+        let facts = self.engine_facts(Duration::from_secs(10))?;
+        if facts.swarm_state == "active" && !facts.swarm_manager {
+            return Err(DockerError(
+                "the Docker engine (DOCKER_HOST) is a swarm worker, not a manager: a stack's \
+                 services, secrets, configs and tasks are listed and removed only through a \
+                 manager; point DOCKER_HOST at a manager's engine"
+                    .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
     /// How many list calls this seam has made.
     pub(crate) fn list_calls(&self) -> usize {
         self.list_calls.get()

@@ -71,6 +71,8 @@ pub(crate) enum RunError {
     Lock(#[from] LockError),
     #[error("Docker is required (--docker required): {0}; {hint}", hint = crate::docker::REQUIRED_HINT)]
     DockerRequired(DockerError),
+    #[error("{0}")]
+    DockerWorker(DockerError),
     #[error(transparent)]
     State(#[from] StateError),
     #[error("failed to write run record {path}: {source}")]
@@ -299,6 +301,11 @@ impl Run<'_> {
             if let Some(Err(err)) = self.docker.get() {
                 return Err(RunError::DockerRequired(err.clone()));
             }
+        }
+        // Before any lock is taken or probed: a worker's engine can deploy, judge and remove
+        // nothing of the app.
+        if let Some(Ok(seam)) = self.docker.get() {
+            seam.refuse_a_worker().map_err(RunError::DockerWorker)?;
         }
         self.sweep();
         self.record.enter(Phase::Janitor);
