@@ -409,18 +409,24 @@ impl Sweep<'_> {
     /// The probe lock of `r` was lost: leave the rest of the app (its `.env`) to the next
     /// sweep, which will find out whose it is.
     fn lost_mid_reap(&mut self, r: &ToReap<'_>) {
-        let line = &mut self.report.candidates[r.line];
-        line.decision = Decision::ReapIncomplete;
-        let why = "the probe lock was lost (its lease ran out): left to the next sweep";
-        status::line(&format!("!! janitor: {}: {why}", r.candidate.domain));
-        line.error = Some(why.to_owned());
+        self.leave_to_next_sweep(
+            r,
+            "the probe lock was lost (its lease ran out): left to the next sweep".to_owned(),
+        );
     }
 
     /// The probe lock of `r` is not provably ours (`why`): leave the app to the next sweep.
     fn not_ours_mid_reap(&mut self, r: &ToReap<'_>, why: &str) {
+        self.leave_to_next_sweep(
+            r,
+            format!("the probe lock is not provably ours ({why}): left to the next sweep"),
+        );
+    }
+
+    /// Leave the rest of `r`'s app (its `.env`) to the next sweep, saying why.
+    fn leave_to_next_sweep(&mut self, r: &ToReap<'_>, why: String) {
         let line = &mut self.report.candidates[r.line];
         line.decision = Decision::ReapIncomplete;
-        let why = format!("the probe lock is not provably ours ({why}): left to the next sweep");
         status::line(&format!("!! janitor: {}: {why}", r.candidate.domain));
         line.error = Some(why);
     }

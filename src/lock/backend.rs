@@ -20,6 +20,7 @@ use crate::lock::list::LockInfo;
 use crate::lock::queue::Class;
 use crate::lock::{Holder, LockError};
 use crate::names::{AppDomain, LockName};
+use crate::supervise::fence;
 use crate::supervise::shutdown::Event;
 use crate::supervise::signals::SignalFunnel;
 
@@ -190,6 +191,27 @@ pub(crate) fn is_lost(lease: &dyn Lease) -> bool {
     lease
         .lost_fd()
         .is_some_and(crate::supervise::signals::readable_now)
+}
+
+/// For a held lock that can lapse behind its holder's back: start the fence for `target`, feed
+/// it every renewal of `lease` (the first before this returns), and have `funnel` take the
+/// fence's end as the lock's loss. `None` for a lock that cannot lapse (the kernel's flock).
+pub(crate) fn arm_fence(
+    lease: &dyn Lease,
+    funnel: &mut SignalFunnel,
+    target: &fence::Target<'_>,
+) -> std::io::Result<Option<fence::Fence>> {
+    if !lease.lapses() {
+        return Ok(None);
+    }
+    let fence = fence::Fence::spawn(target, crate::report::is_json()).map_err(|err| {
+        let hint = crate::supervise::linux::thread_limit_hint(&err);
+        std::io::Error::new(err.kind(), format!("{err}{hint}"))
+    })?;
+    let feed = fence.feed();
+    lease.feed_expiry(Box::new(move |expiry| feed.expires_at(expiry)));
+    funnel.watch_loss(fence.ended_fd()?);
+    Ok(Some(fence))
 }
 
 /// A descriptor of our own on `lease`'s loss, for the signal funnel to watch; `None` when it

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use crate::exit;
-use crate::lock::backend::{LockBackend, LockKey, Taken, Wait, loss_watch};
+use crate::lock::backend::{LockBackend, LockKey, Taken, Wait, arm_fence, loss_watch};
 use crate::lock::{Holder, LockError};
 use crate::names::LockName;
 use crate::report;
@@ -152,7 +152,7 @@ pub(crate) fn run(
                         owner,
                         label: &format!("lock {}", opts.name),
                     };
-                    fence = fence::arm_fence(&*lease, &mut funnel, &target).map_err(|e| {
+                    fence = arm_fence(&*lease, &mut funnel, &target).map_err(|e| {
                         remove_cgroup(&opts.name, cgroups.as_ref());
                         NamedLockError::Fence(e)
                     })?;

@@ -39,7 +39,7 @@ use crate::docker::DockerLink;
 use crate::exit;
 use crate::janitor::{self, decide::Decision};
 use crate::lock::backend::{
-    Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, is_lost, loss_watch,
+    Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, arm_fence, is_lost, loss_watch,
 };
 use crate::lock::queue::Class;
 use crate::lock::{Holder, LockError};
@@ -50,7 +50,7 @@ use crate::run::record::RunRecord;
 use crate::run::state::{StateError, StateFiles};
 use crate::supervise::Supervisor;
 use crate::supervise::cgroup::{self, Cgroups};
-use crate::supervise::fence::{self, Fence, arm_fence};
+use crate::supervise::fence::{self, Fence};
 use crate::supervise::guards::{self, GuardError, GuardOptions};
 use crate::supervise::identity::{IdentityError, Owner};
 use crate::supervise::leftovers;
@@ -721,45 +721,45 @@ impl Run<'_> {
         } else if self.cfg.no_teardown {
             report::line("== --no-teardown: keeping the app; the next janitor sweep reaps it ==");
         } else {
-            if let Some(hook) = self.cfg.on_teardown.clone() {
-                if !self.lock_confirmed("the teardown hook") {
-                    for err in self.state.remove() {
-                        self.teardown_error(err);
-                    }
-                    return;
-                }
-                self.run_hook(&hook, hook_share(Instant::now(), until));
-                self.kill_leftovers(until);
-            }
-            if !self.lock_confirmed("the app's removal") {
-                for err in self.state.remove() {
-                    self.teardown_error(err);
-                }
-                return;
-            }
-            // Never past the time the app lock is safely ours (a lease not renewed meanwhile).
-            let safe = self
-                .app_lock
-                .as_deref()
-                .and_then(|lease| lease.safe_until());
-            let budget = safe
-                .map_or(until, |safe| safe.min(until))
-                .saturating_duration_since(Instant::now());
-            let (removed, errors) =
-                app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
-            for (kind, count) in removed.counts() {
-                if count > 0 {
-                    tracing::info!(kind, count, "removed the app's resources");
-                }
-            }
-            if Instant::now() >= until && !errors.is_empty() {
-                self.teardown_timed_out = true;
-            }
-            for err in errors {
-                self.teardown_error(err);
-            }
+            self.tear_down_app(until);
         }
         for err in self.state.remove() {
+            self.teardown_error(err);
+        }
+    }
+
+    /// The app's part of a teardown, while the app lock is held: the hook (its share of the
+    /// budget), then the app's removal (the rest), each only once etcd confirms the lock.
+    fn tear_down_app(&mut self, until: Instant) {
+        if let Some(hook) = self.cfg.on_teardown.clone() {
+            if !self.lock_confirmed("the teardown hook") {
+                return;
+            }
+            self.run_hook(&hook, hook_share(Instant::now(), until));
+            self.kill_leftovers(until);
+        }
+        if !self.lock_confirmed("the app's removal") {
+            return;
+        }
+        // Never past the time the app lock is safely ours (a lease not renewed meanwhile).
+        let safe = self
+            .app_lock
+            .as_deref()
+            .and_then(|lease| lease.safe_until());
+        let budget = safe
+            .map_or(until, |safe| safe.min(until))
+            .saturating_duration_since(Instant::now());
+        let (removed, errors) =
+            app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
+        for (kind, count) in removed.counts() {
+            if count > 0 {
+                tracing::info!(kind, count, "removed the app's resources");
+            }
+        }
+        if Instant::now() >= until && !errors.is_empty() {
+            self.teardown_timed_out = true;
+        }
+        for err in errors {
             self.teardown_error(err);
         }
     }

@@ -215,27 +215,6 @@ impl Drop for Fence {
     }
 }
 
-/// For a held lock that can lapse behind its holder's back: start the fence for `target`, feed
-/// it every renewal of `lease` (the first before this returns), and have `funnel` take the
-/// fence's end as the lock's loss. `None` for a lock that cannot lapse (the kernel's flock).
-pub(crate) fn arm_fence(
-    lease: &dyn crate::lock::backend::Lease,
-    funnel: &mut crate::supervise::signals::SignalFunnel,
-    target: &Target<'_>,
-) -> io::Result<Option<Fence>> {
-    if !lease.lapses() {
-        return Ok(None);
-    }
-    let fence = Fence::spawn(target, report::is_json()).map_err(|err| {
-        let hint = crate::supervise::linux::thread_limit_hint(&err);
-        io::Error::new(err.kind(), format!("{err}{hint}"))
-    })?;
-    let feed = fence.feed();
-    lease.feed_expiry(Box::new(move |expiry| feed.expires_at(expiry)));
-    funnel.watch_loss(fence.ended_fd()?);
-    Ok(Some(fence))
-}
-
 fn set_nonblocking(file: &File) -> io::Result<()> {
     use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let flags = OFlag::from_bits_truncate(fcntl(file, FcntlArg::F_GETFL).map_err(io::Error::from)?);
