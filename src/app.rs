@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::config::Global;
-use crate::docker::{DockerLink, Reaped, RemovedNames};
+use crate::docker::{DockerLink, RemovedNames};
 use crate::names::AppDomain;
 
 /// What one removal took away.
@@ -146,55 +146,60 @@ pub(crate) fn app_present(global: &Global, domain: &AppDomain) -> bool {
     env_files(&global.abra_home, domain).is_ok_and(|files| !files.is_empty())
 }
 
-/// Remove one app right now, Docker resources first and confirmed gone, within `budget`: what
-/// a run's own teardown does while it still holds its app lock. Returns what went and what
-/// failed; when the stack is not confirmed gone, the `.env` stays for a later sweep.
+/// What [`remove_app_now`] did: what went, what failed (each in words), and of those, the
+/// nodes of a swarm not confirmed clean of the app's stack.
+#[derive(Debug, Default)]
+pub(crate) struct Removal {
+    pub removed: RemovedResources,
+    pub errors: Vec<String>,
+    pub nodes: Vec<String>,
+}
+
+/// Remove one app right now, Docker resources first and confirmed gone (on every node of a
+/// swarm), within `budget`: what a run's own teardown does while it still holds its app lock.
+/// When the stack is not confirmed gone, the `.env` stays for a later sweep.
 pub(crate) fn remove_app_now(
     global: &Global,
     link: &DockerLink,
     domain: &AppDomain,
     budget: Duration,
-) -> (RemovedResources, Vec<String>) {
-    let mut removed = RemovedResources::default();
+) -> Removal {
+    let mut out = Removal::default();
     if let Some(seam) = link.get() {
         let reaped = seam.map_err(Clone::clone).and_then(|seam| {
             let mut stacks = seam.discover(&global.pattern)?;
-            Ok(match stacks.remove(domain) {
-                Some(stack) if !stack.is_empty() => seam
-                    .reap(&global.pattern, vec![(domain.clone(), stack)], budget)
-                    .pop()
-                    .unwrap_or_default(),
-                _ => Reaped {
-                    confirmed: true,
-                    ..Reaped::default()
-                },
-            })
+            // Also when the engine lists nothing of it: what the other nodes of a swarm hold
+            // of the stack is swept off them.
+            let stack = stacks.remove(domain).unwrap_or_default();
+            Ok(seam
+                .reap(&global.pattern, vec![(domain.clone(), stack)], budget)
+                .pop()
+                .unwrap_or_default())
         });
         match reaped {
-            Ok(reaped) if reaped.gone() => removed.docker = reaped.removed,
+            Ok(reaped) if reaped.gone() => out.removed.docker = reaped.removed,
             Ok(reaped) => {
-                let mut problems = reaped.problems();
-                problems.push(format!(
+                out.errors = reaped.problems();
+                out.errors.push(format!(
                     "{domain} is not gone after {:.1} s; keeping its .env so the next sweep finishes the job",
                     budget.as_secs_f64()
                 ));
-                removed.docker = reaped.removed;
-                return (removed, problems);
+                out.nodes = reaped.nodes;
+                out.removed.docker = reaped.removed;
+                return out;
             }
             Err(err) => {
                 // Keep the .env: without it nothing would lead a later sweep to the stack.
-                return (
-                    removed,
-                    vec![format!(
-                        "{err}; keeping the app's .env so a later sweep reaps the stack"
-                    )],
-                );
+                out.errors.push(format!(
+                    "{err}; keeping the app's .env so a later sweep reaps the stack"
+                ));
+                return out;
             }
         }
     }
     match remove(&global.abra_home, domain) {
-        Ok(gone) => removed.env_files = gone.env_files,
-        Err(err) => return (removed, vec![err.to_string()]),
+        Ok(gone) => out.removed.env_files = gone.env_files,
+        Err(err) => out.errors.push(err.to_string()),
     }
-    (removed, Vec::new())
+    out
 }

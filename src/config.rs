@@ -38,6 +38,10 @@ pub(crate) struct FileConfig {
     pub lease_ttl: Option<FileDuration>,
     /// Where runs clone recipes from, `{recipe}` filled in (the host's forge).
     pub recipe_url_template: Option<String>,
+    /// The image of the job that cleans a stack's leftovers on every node of a swarm.
+    pub node_sweep_image: Option<String>,
+    /// Where each node's own engine socket is, on that node.
+    pub node_docker_socket: Option<PathBuf>,
     pub deadline: Option<FileDuration>,
     pub kill_grace: Option<FileDuration>,
     pub teardown_timeout: Option<FileDuration>,
@@ -371,6 +375,33 @@ pub(crate) struct Global {
     pub timings: Timings,
     /// Where runs clone recipes from (`{recipe}` filled in), unless `--recipe-url` says.
     pub recipe_url_template: Option<String>,
+    /// How a reap reaches every node of a multi-node swarm.
+    pub node_sweep: NodeSweepSettings,
+}
+
+/// How a reap cleans what a stack left on the other nodes of a swarm (their containers and
+/// local volumes, which a manager can neither list nor remove): a one-shot global job of this
+/// image, with each node's own engine socket bind-mounted from this path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeSweepSettings {
+    pub image: String,
+    pub socket: PathBuf,
+}
+
+/// The node sweep's image when none is given: Docker's own CLI image. A fleet without a
+/// registry pre-loads it (or its own) on every node.
+pub(crate) const DEFAULT_NODE_SWEEP_IMAGE: &str = "docker:27-cli";
+
+/// Where a node's engine listens when nothing else is said: the engine's default socket.
+pub(crate) const DEFAULT_NODE_DOCKER_SOCKET: &str = "/var/run/docker.sock";
+
+impl Default for NodeSweepSettings {
+    fn default() -> Self {
+        Self {
+            image: DEFAULT_NODE_SWEEP_IMAGE.to_owned(),
+            socket: PathBuf::from(DEFAULT_NODE_DOCKER_SOCKET),
+        }
+    }
 }
 
 /// Where the fleet's locks are kept when they are kept in etcd.
@@ -506,6 +537,7 @@ impl Global {
             etcd: resolved.etcd.clone(),
             timings: resolved.timings.clone(),
             recipe_url_template: resolved.recipe_url_template.clone(),
+            node_sweep: resolved.node_sweep.clone(),
         })
     }
 }
@@ -706,6 +738,7 @@ pub(crate) struct Resolved {
     pub etcd: Option<EtcdSettings>,
     pub timings: Timings,
     pub recipe_url_template: Option<String>,
+    pub node_sweep: NodeSweepSettings,
     /// Every setting with its origin, in a fixed order.
     pub settings: Vec<Setting>,
 }
@@ -761,6 +794,8 @@ fn home_default() -> PathBuf {
 pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
     let (file, path) = load(inputs.config.as_deref())?;
     let from_file = Origin::File(path.clone().unwrap_or_default());
+    let mut node_sweep_shown = Vec::new();
+    let node_sweep = node_sweep_settings(&file, &from_file, &mut node_sweep_shown)?;
     let i = inputs.clone();
     let (timings, shown_timings) = resolve_timings(
         &i.timings,
@@ -860,6 +895,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
             .map(|t| (t, from_file.clone())),
     };
     let mut settings = settings;
+    settings.extend(node_sweep_shown);
     settings.push(match &recipe_url_template {
         // Shown as the recipe URL is everywhere: credentials redacted.
         Some((t, origin)) => setting("recipe_url_template", crate::run::fetch::redact(t), origin),
@@ -882,8 +918,62 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         etcd,
         timings,
         recipe_url_template: recipe_url_template.map(|(t, _)| t),
+        node_sweep,
         settings,
     })
+}
+
+/// The node sweep's image and node socket: the environment, else the file, else the default;
+/// each shown with its origin. An empty image, or a socket path that is not absolute, is
+/// refused (the job would fail on every node, every sweep).
+fn node_sweep_settings(
+    file: &FileConfig,
+    from_file: &Origin,
+    settings: &mut Vec<Setting>,
+) -> Result<NodeSweepSettings, NameError> {
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|v| (v, Origin::Environment(name.to_owned())))
+    };
+    let (image, image_origin) = env("CCCI_NODE_SWEEP_IMAGE")
+        .or_else(|| {
+            file.node_sweep_image
+                .clone()
+                .map(|v| (v, from_file.clone()))
+        })
+        .unwrap_or_else(|| (DEFAULT_NODE_SWEEP_IMAGE.to_owned(), Origin::Default));
+    if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+        return Err(NameError {
+            what: "node sweep image (CCCI_NODE_SWEEP_IMAGE, node_sweep_image)",
+            value: image,
+            rule: "must name an image with a docker CLI, such as docker:27-cli, without spaces"
+                .to_owned(),
+        });
+    }
+    let (socket, socket_origin) = env("CCCI_NODE_DOCKER_SOCKET")
+        .map(|(v, o)| (PathBuf::from(v), o))
+        .or_else(|| {
+            file.node_docker_socket
+                .clone()
+                .map(|v| (v, from_file.clone()))
+        })
+        .unwrap_or_else(|| (PathBuf::from(DEFAULT_NODE_DOCKER_SOCKET), Origin::Default));
+    if !socket.is_absolute() {
+        return Err(NameError {
+            what: "node Docker socket (CCCI_NODE_DOCKER_SOCKET, node_docker_socket)",
+            value: socket.display().to_string(),
+            rule: "must be an absolute path, the same on every node, such as /var/run/docker.sock"
+                .to_owned(),
+        });
+    }
+    settings.push(setting("node_sweep_image", image.clone(), &image_origin));
+    settings.push(setting(
+        "node_docker_socket",
+        socket.display().to_string(),
+        &socket_origin,
+    ));
+    Ok(NodeSweepSettings { image, socket })
 }
 
 /// The run settings: each from the command line, else its environment variable, else the

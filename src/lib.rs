@@ -348,7 +348,7 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     }
     docker::DockerLink::check_env(global.docker)?;
     let opts = args.sweep_options(global);
-    let link = docker::DockerLink::new(global.docker);
+    let link = docker::DockerLink::new(global.docker, global.node_sweep.clone());
     // A worker's engine can judge and remove nothing: say so before any lock is probed.
     if let Some(Ok(seam)) = link.get() {
         seam.refuse_a_worker().map_err(|err| names::NameError {

@@ -21,6 +21,7 @@
 
 pub(crate) mod backoff;
 pub(crate) mod endpoint;
+pub(crate) mod nodes;
 pub(crate) mod swarm;
 
 use std::cell::Cell;
@@ -39,7 +40,7 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use serde::Serialize;
 
-use crate::config::DockerMode;
+use crate::config::{DockerMode, NodeSweepSettings};
 use crate::docker::backoff::{Backoff, MonotonicClock, Policy};
 pub(crate) use crate::docker::endpoint::Endpoint;
 use crate::names::{AppDomain, RunAppPattern};
@@ -133,6 +134,8 @@ pub(crate) struct DockerSeam {
     runtime: tokio::runtime::Runtime,
     list_calls: Cell<usize>,
     poll_rounds: Cell<usize>,
+    /// How a reap reaches the other nodes of a swarm.
+    node_sweep: NodeSweepSettings,
 }
 
 impl std::fmt::Debug for DockerSeam {
@@ -184,7 +187,14 @@ impl DockerSeam {
             runtime,
             list_calls: Cell::new(0),
             poll_rounds: Cell::new(0),
+            node_sweep: NodeSweepSettings::default(),
         })
+    }
+
+    /// The same seam, its reaps reaching the other nodes of a swarm as `settings` say.
+    pub(crate) fn with_node_sweep(mut self, settings: NodeSweepSettings) -> Self {
+        self.node_sweep = settings;
+        self
     }
 
     /// What `doctor` reports of the engine: its version, the API version spoken, and the swarm
@@ -234,6 +244,15 @@ impl DockerSeam {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the engine is the manager of a swarm of more than one node: only then can a
+    /// stack leave what this engine cannot list. An engine that cannot say counts as "yes":
+    /// the sweep that follows will say why.
+    pub(crate) fn several_nodes(&self) -> bool {
+        self.runtime
+            .block_on(self.swarm_nodes())
+            .map_or(true, |nodes| nodes.is_some_and(|n| n.several()))
     }
 
     /// How many list calls this seam has made.
@@ -322,7 +341,10 @@ impl DockerSeam {
     /// call per kind per round for all the stacks, full-jitter backoff between rounds — until
     /// the engine lists nothing of a stack any more, deleting again whatever is still listed.
     /// Past `budget` (or when all that is left is blocked by another stack) what is still
-    /// there is reported. The results come back in the order of `stacks`.
+    /// there is reported. On a swarm of several nodes, the stacks the manager no longer lists
+    /// are then swept off every node ([`nodes`]) within the same budget; a stack counts as
+    /// gone only when every node that must answer did. A stack with nothing listed is still
+    /// swept off the other nodes. The results come back in the order of `stacks`.
     pub(crate) fn reap(
         &self,
         pattern: &RunAppPattern,
@@ -330,8 +352,72 @@ impl DockerSeam {
         budget: Duration,
     ) -> Vec<Reaped> {
         let deadline = tokio::time::Instant::now() + budget;
-        self.runtime
-            .block_on(self.reap_until(pattern, stacks, deadline))
+        self.runtime.block_on(async {
+            let nodes = match self.swarm_nodes().await {
+                Ok(nodes) => nodes.filter(nodes::Nodes::several),
+                Err(err) => {
+                    return stacks
+                        .iter()
+                        .map(|_| Reaped {
+                            errors: vec![err.clone()],
+                            ..Reaped::default()
+                        })
+                        .collect();
+                }
+            };
+            let named: Vec<(String, Vec<String>)> = stacks
+                .iter()
+                .map(|(domain, stack)| {
+                    let ids = stack.services.iter().map(|s| s.id.clone()).collect();
+                    (domain.stack_name(), ids)
+                })
+                .collect();
+            // Where the stacks' tasks are, before their services go (and the tasks with them).
+            let had = match &nodes {
+                Some(_) => match self.stack_task_nodes(&named).await {
+                    Ok((had, _)) => Some(had),
+                    Err(err) => {
+                        return stacks
+                            .iter()
+                            .map(|_| Reaped {
+                                errors: vec![err.clone()],
+                                ..Reaped::default()
+                            })
+                            .collect();
+                    }
+                },
+                None => None,
+            };
+            let mut out = if stacks.iter().any(|(_, s)| !s.is_empty()) {
+                self.reap_until(pattern, stacks, deadline).await
+            } else {
+                vec![
+                    Reaped {
+                        confirmed: true,
+                        ..Reaped::default()
+                    };
+                    stacks.len()
+                ]
+            };
+            let (Some(nodes), Some(had)) = (nodes, had) else {
+                return out;
+            };
+            let ready: Vec<usize> = (0..out.len()).filter(|&i| out[i].gone()).collect();
+            if ready.is_empty() {
+                return out;
+            }
+            let swept: Vec<(String, Vec<String>)> =
+                ready.iter().map(|&i| named[i].clone()).collect();
+            let started = std::time::Instant::now();
+            let unconfirmed = self
+                .sweep_nodes(&self.node_sweep, &nodes, &swept, &had, deadline)
+                .await;
+            tracing::debug!(stacks = swept.len(), elapsed = ?started.elapsed(), "reap: node sweep done");
+            for (i, nodes) in ready.into_iter().zip(unconfirmed) {
+                out[i].nodes = nodes;
+            }
+            out
+        })
     }
 
     /// How many poll rounds reaps of this seam have made.
@@ -549,12 +635,14 @@ pub(crate) struct Reaped {
     pub blocked: Vec<String>,
     /// Failed requests, when the stack is not confirmed gone.
     pub errors: Vec<DockerError>,
+    /// Nodes of a swarm not confirmed clean of the stack, each with why.
+    pub nodes: Vec<String>,
 }
 
 impl Reaped {
     /// Gone for good: the next deploy of the same stack can start at once.
     pub(crate) fn gone(&self) -> bool {
-        self.confirmed && self.remaining.is_empty()
+        self.confirmed && self.remaining.is_empty() && self.nodes.is_empty()
     }
 
     /// Everything that went wrong, in words, for a report.
@@ -564,6 +652,7 @@ impl Reaped {
             problems.push(format!("still there: {}", self.remaining.join(", ")));
         }
         problems.extend(self.blocked.iter().cloned());
+        problems.extend(self.nodes.iter().cloned());
         problems
     }
 }
@@ -885,6 +974,7 @@ fn is_connect_failure(err: &std::io::Error) -> bool {
 /// API version once, whatever it asks of the engine later.
 pub(crate) struct DockerLink {
     mode: DockerMode,
+    node_sweep: NodeSweepSettings,
     seam: std::cell::OnceCell<Result<DockerSeam, DockerError>>,
 }
 
@@ -898,9 +988,10 @@ impl DockerLink {
         Endpoint::from_env().map(drop)
     }
 
-    pub(crate) fn new(mode: DockerMode) -> Self {
+    pub(crate) fn new(mode: DockerMode, node_sweep: NodeSweepSettings) -> Self {
         Self {
             mode,
+            node_sweep,
             seam: std::cell::OnceCell::new(),
         }
     }
@@ -914,7 +1005,13 @@ impl DockerLink {
         if self.mode == DockerMode::Off {
             return None;
         }
-        Some(self.seam.get_or_init(DockerSeam::connect).as_ref())
+        Some(
+            self.seam
+                .get_or_init(|| {
+                    DockerSeam::connect().map(|seam| seam.with_node_sweep(self.node_sweep.clone()))
+                })
+                .as_ref(),
+        )
     }
 }
 

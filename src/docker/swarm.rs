@@ -341,7 +341,7 @@ fn task(t: bollard::models::Task) -> Option<Task> {
     })
 }
 
-fn node(n: bollard::models::Node) -> Node {
+pub(crate) fn node(n: bollard::models::Node) -> Node {
     let spec = n.spec.unwrap_or_default();
     let description = n.description.unwrap_or_default();
     let platform = description.platform.unwrap_or_default();

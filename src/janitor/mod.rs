@@ -359,7 +359,9 @@ impl Sweep<'_> {
             })
             .collect();
         let reaped = match docker {
-            DockerState::On(seam) if stacks.iter().any(|(_, s)| !s.is_empty()) => {
+            // Also when the manager lists nothing of a stack: on a swarm of several nodes, what
+            // another node holds of it is seen only by sweeping that node.
+            DockerState::On(seam) if !stacks.is_empty() => {
                 // Not past the time the probe locks are safely ours (a lease not renewed
                 // meanwhile): what is not gone by then is the next sweep's.
                 let safe = to_reap

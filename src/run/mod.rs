@@ -98,6 +98,16 @@ pub(crate) enum RunError {
          not starting the command beside it"
     )]
     Predecessor { domain: String, why: String },
+    #[error(
+        "an earlier run of stack {stack} may have left containers or volumes on a node that \
+         could not be checked within {waited:.1?}: {why}; not starting the command, whose deploy \
+         could mount that data (the .env stays for the next sweep)"
+    )]
+    NodesNotClean {
+        stack: String,
+        waited: Duration,
+        why: String,
+    },
 }
 
 /// Run the `run` subcommand; returns the exit code.
@@ -264,7 +274,7 @@ impl<'a> Run<'a> {
             cgroup,
             hard_end,
             watchdog,
-            docker: DockerLink::new(global.docker),
+            docker: DockerLink::new(global.docker, global.node_sweep.clone()),
             owner,
         }
     }
@@ -329,7 +339,7 @@ impl Run<'_> {
         }
         self.record.enter(Phase::AppLock);
         self.clear_predecessors()?;
-        self.clear_leftovers();
+        self.clear_leftovers()?;
         self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
         self.env = self.command_env(abra_dir, recipe_dir);
         let early: VecDeque<Event> = shutdown_events(&self.funnel.pending()).collect();
@@ -564,28 +574,47 @@ impl Run<'_> {
 
     /// Holding the app lock, nothing else of this domain can be alive: whatever of the app is
     /// there now was left by a run that died while we waited (after our sweep). It goes before
-    /// the command starts, so the command never deploys over a dead run's stack.
-    fn clear_leftovers(&mut self) {
+    /// the command starts, so the command never deploys over a dead run's stack. On a swarm of
+    /// several nodes the stack is always swept off every node (another node's copy of a volume
+    /// is seen by no manager), within the lock wait: a node that may hold some of it and cannot
+    /// be checked stops the run (125), naming the node, rather than let the command's deploy
+    /// mount an earlier run's data there.
+    fn clear_leftovers(&mut self) -> Result<(), RunError> {
         let domain = &self.cfg.identity.domain;
-        if !app::app_has_leftovers(self.global, &self.docker, domain) {
-            return;
+        let several = match self.docker.get() {
+            Some(Ok(seam)) => seam.several_nodes(),
+            _ => false,
+        };
+        if !several && !app::app_has_leftovers(self.global, &self.docker, domain) {
+            return Ok(());
         }
         self.save();
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
         janitor::reap::reap_dead_runs_processes(self.owner.scope, &mut Vec::new(), false);
-        let budget = janitor::reap::DEFAULT_REAP_BUDGET
+        let mut budget = janitor::reap::DEFAULT_REAP_BUDGET
             .min(self.hard_end.saturating_duration_since(Instant::now()));
-        let (removed, errors) = app::remove_app_now(self.global, &self.docker, domain, budget);
-        if removed.counts().iter().any(|(_, n)| *n > 0) {
+        if let Some(wait) = self.cfg.lock_wait {
+            budget = budget.min(wait);
+        }
+        let removal = app::remove_app_now(self.global, &self.docker, domain, budget);
+        if removal.removed.counts().iter().any(|(_, n)| *n > 0) {
             report::line(&format!(
                 "== app lock: removed what a previous run of {domain} left: {} ==",
-                removed.summary()
+                removal.removed.summary()
             ));
         }
-        for err in errors {
+        if !removal.nodes.is_empty() {
+            return Err(RunError::NodesNotClean {
+                stack: domain.stack_name(),
+                waited: budget,
+                why: removal.nodes.join("; "),
+            });
+        }
+        for err in removal.errors {
             tracing::warn!("failed to clear leftovers of {domain}: {err}");
         }
+        Ok(())
     }
 
     /// Step 4: a janitor sweep. Whatever goes wrong is logged; it never stops the run.
@@ -749,8 +778,9 @@ impl Run<'_> {
         let budget = safe
             .map_or(until, |safe| safe.min(until))
             .saturating_duration_since(Instant::now());
-        let (removed, errors) =
-            app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
+        let app::Removal {
+            removed, errors, ..
+        } = app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
         for (kind, count) in removed.counts() {
             if count > 0 {
                 tracing::info!(kind, count, "removed the app's resources");

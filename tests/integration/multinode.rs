@@ -132,6 +132,15 @@ impl Swarm {
         })
     }
 
+    /// What ccci-run needs to sweep this swarm's nodes: the image with a docker CLI that the
+    /// script imported on each node, and the socket path every node's engine also listens on.
+    fn sweep_env(&self, cmd: &mut Command) {
+        cmd.env("CCCI_NODE_SWEEP_IMAGE", "ccci-test/docker-cli:latest");
+        if let Some(base) = &self.base {
+            cmd.env("CCCI_NODE_DOCKER_SOCKET", base.join("node/docker.sock"));
+        }
+    }
+
     fn host(&self, node: Node) -> &str {
         match node {
             Node::Manager => &self.manager,
@@ -416,6 +425,7 @@ impl Case {
     /// printed one), the finished process and how long it took.
     fn janitor(&self, host: &str, extra: &[&str]) -> (Option<Value>, Finished, Duration) {
         let mut cmd = self.sandbox.ccci();
+        self.swarm.sweep_env(&mut cmd);
         cmd.env("DOCKER_HOST", host)
             .env_remove("DOCKER_TLS_VERIFY")
             .env_remove("DOCKER_CERT_PATH")
@@ -539,7 +549,6 @@ impl Drop for Case {
 /// A dead run's app on both nodes: once the janitor against the manager reports it reaped,
 /// neither node holds a container or a volume of its stack.
 #[test]
-#[ignore = "reaped means gone on every node of a multi-node swarm is the next step: today the janitor and the teardown remove only what the manager sees"]
 fn dead_run_s_app_is_gone_from_every_node_when_the_janitor_reports_it_reaped() {
     let Some(swarm) = Swarm::get() else {
         return;
@@ -565,7 +574,6 @@ fn dead_run_s_app_is_gone_from_every_node_when_the_janitor_reports_it_reaped() {
 /// The same stack deployed again at once after the sweep starts with a fresh volume on every
 /// node: no file the dead run wrote is there for the next one.
 #[test]
-#[ignore = "reaped means gone on every node of a multi-node swarm is the next step: today the janitor and the teardown remove only what the manager sees"]
 fn redeploy_straight_after_the_sweep_mounts_a_fresh_volume_on_every_node() {
     let Some(swarm) = Swarm::get() else {
         return;
@@ -646,7 +654,6 @@ fn janitor_against_a_worker_needs_a_manager_and_touches_nothing() {
 /// An app whose PID 1 ignores SIGTERM: still gone from every node when the janitor reports it
 /// reaped (swarm alone takes the full stop grace on the worker).
 #[test]
-#[ignore = "reaped means gone on every node of a multi-node swarm is the next step: today the janitor and the teardown remove only what the manager sees"]
 fn app_that_ignores_sigterm_is_gone_from_every_node_when_reported_reaped() {
     let Some(swarm) = Swarm::get() else {
         return;
@@ -690,7 +697,6 @@ impl Drop for Heal {
 /// `reap-incomplete`, naming the worker; its `.env` and lock file stay. Once the link is back,
 /// the next sweep reaps it and every node is clean.
 #[test]
-#[ignore = "reaped means gone on every node of a multi-node swarm is the next step: today the janitor and the teardown remove only what the manager sees"]
 fn worker_cut_off_during_the_reap_is_named_and_cleaned_by_the_next_sweep() {
     let Some(swarm) = Swarm::get() else {
         return;
@@ -745,7 +751,6 @@ fn worker_cut_off_during_the_reap_is_named_and_cleaned_by_the_next_sweep() {
 /// A run deploys its app's stack on both nodes and ends; its own teardown leaves nothing of it
 /// on any node by the time the run exits.
 #[test]
-#[ignore = "reaped means gone on every node of a multi-node swarm is the next step: today the janitor and the teardown remove only what the manager sees"]
 fn run_teardown_leaves_nothing_on_any_node() {
     let Some(swarm) = Swarm::get() else {
         return;
@@ -762,6 +767,7 @@ fn run_teardown_leaves_nothing_on_any_node() {
         && until [ -n \"$(docker ps -q --filter $f)\" ] && [ -n \"$(docker --host \"$WORKER\" ps -q --filter $f)\" ]; do sleep 0.1; done \
         && echo \"deployed $CCCI_STACK_NAME\"";
     let mut cmd = case.sandbox.run_sh("mn1", &[], script);
+    swarm.sweep_env(&mut cmd);
     cmd.env("DOCKER_HOST", &swarm.manager)
         .env_remove("DOCKER_TLS_VERIFY")
         .env_remove("DOCKER_CERT_PATH")

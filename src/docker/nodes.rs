@@ -1,0 +1,506 @@
+//! Every node of a multi-node swarm: what a stack left on the nodes a manager cannot reach into.
+//!
+//! A manager lists and removes a stack's services, networks, secrets and configs for the whole
+//! swarm, but only its own node's containers and volumes: another node's task container goes
+//! when that node's agent gets to it (seconds later, or only after its link returns), and its
+//! copy of the stack's volumes stays for good, to be mounted by the next deploy of the same
+//! stack. So once the manager's side of a reap is confirmed, a swarm of more than one node gets
+//! a **node sweep**: a one-shot service in `global-job` mode, one task per ready node, whose
+//! container (an image with a docker CLI; [`NodeSweepSettings`]) talks to its own node's engine
+//! through the bind-mounted node socket, force-removes the stacks' containers, then their
+//! volumes, and exits 0 only when a fresh look finds nothing of them on that node.
+//!
+//! The stacks count as gone on every node only when
+//! - every node of the swarm ran the job to `complete` (and every node the manager's task list
+//!   showed a task of the stack on before its services were removed, should it have left the
+//!   swarm since);
+//! - and the manager's task list shows no task of the stacks in a non-terminal state anywhere.
+//!
+//! A node that cannot answer (down, drained, paused, cut off, or its task failing) is named,
+//! with why, and the reap is incomplete: the app's `.env` and lock file stay, and the next sweep
+//! makes a new job. A down or drained node may hold a copy of a volume as well as any other, and
+//! a deploy may place a task there once it is back: it is never taken as clean. A node gone for
+//! good is removed from the swarm (`docker node rm`) by its operator, and then no longer asked.
+//! Once every node that can answer has, the sweep does not wait for the rest: a job never
+//! reaches a node that was down or drained when it was made.
+//!
+//! The job is always removed (swarm retries a failed job task for ever), whatever happened; a
+//! job whose creator died is removed by the next node sweep once its own deadline (its label)
+//! has passed, and each job's task first removes the exited containers of earlier jobs past
+//! theirs (removing a job leaves them on every node).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bollard::models::{
+    Mount, MountType, ServiceSpec, ServiceSpecMode, TaskSpec, TaskSpecContainerSpec,
+    TaskSpecRestartPolicy, TaskSpecRestartPolicyConditionEnum, TaskState as ApiTaskState,
+};
+use bollard::query_parameters::{ListServicesOptions, ListTasksOptions};
+
+use crate::config::NodeSweepSettings;
+use crate::docker::swarm::{Node, node};
+use crate::docker::{DockerError, DockerSeam, STACK_LABEL};
+
+/// The label of a node sweep's service and containers; its value is the job's deadline, in
+/// seconds since the epoch: past it, the job is nobody's and may be removed.
+pub(crate) const SWEEP_LABEL: &str = "io.ccci-run.node-sweep";
+
+/// How often a node sweep asks the manager how its job stands.
+const POLL: Duration = Duration::from_millis(200);
+
+/// How long past its deadline an orphaned job (or its exited containers) is left alone.
+const ORPHAN_GRACE: Duration = Duration::from_secs(60);
+
+/// The job's task: remove the stacks' containers and volumes on this node, look again, and
+/// succeed only when nothing of them is there. Plain `sh` and the docker CLI only (the image
+/// may be a bare busybox with a docker CLI). A volume is the stack's when its namespace label
+/// names the stack, or when it has no such label and its name starts with `<stack>_`.
+const SCRIPT: &str = r#"
+set -u
+now=$(date +%s)
+docker ps -a --filter "label=$SWEEP_LABEL" --filter status=exited \
+  --format "{{.ID}} {{.Label \"$SWEEP_LABEL\"}}" | while read -r id until; do
+  case "$until" in ''|*[!0-9]*) continue ;; esac
+  [ "$until" -lt "$now" ] && docker rm "$id" >/dev/null 2>&1
+done
+volumes_of() {
+  docker volume ls --format "{{.Name}} {{.Label \"com.docker.stack.namespace\"}}" |
+    while read -r name label; do
+      if [ "$label" = "$1" ]; then echo "$name"; fi
+      if [ -z "$label" ]; then case "$name" in "$1"_*) echo "$name" ;; esac; fi
+    done
+}
+left_of() {
+  echo $(docker ps -aq --filter "label=com.docker.stack.namespace=$1") $(volumes_of "$1")
+}
+try=0
+while :; do
+  for s in $CCCI_STACKS; do
+    ids=$(docker ps -aq --filter "label=com.docker.stack.namespace=$s")
+    [ -z "$ids" ] || docker rm -f -v $ids >/dev/null 2>&1
+    vols=$(volumes_of "$s")
+    [ -z "$vols" ] || docker volume rm $vols >/dev/null 2>&1
+  done
+  left=
+  for s in $CCCI_STACKS; do
+    l=$(left_of "$s") || { echo "cannot ask this node's engine" >&2; exit 2; }
+    [ -z "$l" ] || left="$left $s: $l;"
+  done
+  if [ -z "$left" ]; then echo "clean"; exit 0; fi
+  try=$((try + 1))
+  if [ "$try" -ge 40 ]; then echo "still there:$left" >&2; exit 1; fi
+  sleep 0.25
+done
+"#;
+
+/// The swarm's nodes as a node sweep needs them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Nodes {
+    pub all: Vec<Node>,
+}
+
+impl Nodes {
+    /// Whether there is a node besides the one the manager runs on: only then can a stack
+    /// leave anything the manager's API does not show.
+    pub(crate) fn several(&self) -> bool {
+        self.all.len() > 1
+    }
+
+    fn name(&self, id: &str) -> String {
+        self.all
+            .iter()
+            .find(|n| n.id == id)
+            .map_or_else(|| format!("node {id}"), |n| n.hostname.clone())
+    }
+
+    fn get(&self, id: &str) -> Option<&Node> {
+        self.all.iter().find(|n| n.id == id)
+    }
+}
+
+/// Per stack, the nodes the manager's task list shows it on (tasks in any state).
+pub(crate) type TaskNodes = BTreeMap<String, BTreeSet<String>>;
+
+/// One stack's part of a node sweep: the nodes not confirmed clean, each with why.
+pub(crate) type Unconfirmed = Vec<String>;
+
+/// How one node's task of the job stands.
+#[derive(Debug, Clone, Default)]
+struct JobTask {
+    state: Option<ApiTaskState>,
+    at: Option<SystemTime>,
+    err: String,
+}
+
+impl DockerSeam {
+    /// The swarm's nodes; `None` when the engine is not a swarm manager (a plain engine has
+    /// only itself; a worker was refused before).
+    pub(crate) async fn swarm_nodes(&self) -> Result<Option<Nodes>, DockerError> {
+        match self.docker.list_nodes(None).await {
+            Ok(nodes) => Ok(Some(Nodes {
+                all: nodes.into_iter().map(node).collect(),
+            })),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 503, ..
+            }) => Ok(None),
+            Err(err) => Err(DockerError(format!(
+                "failed to list the swarm's nodes: {err}"
+            ))),
+        }
+    }
+
+    /// The nodes each of `stacks` has (or had) a task on, by the manager's task list: tasks
+    /// whose container carries the stack's namespace label, or of a service in `services`.
+    pub(crate) async fn stack_task_nodes(
+        &self,
+        stacks: &[(String, Vec<String>)],
+    ) -> Result<(TaskNodes, BTreeMap<String, BTreeSet<String>>), DockerError> {
+        let tasks = self
+            .docker
+            .list_tasks(None::<ListTasksOptions>)
+            .await
+            .map_err(|e| DockerError(format!("failed to list the swarm's tasks: {e}")))?;
+        let mut on: TaskNodes = BTreeMap::new();
+        let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for t in tasks {
+            let label = t
+                .spec
+                .as_ref()
+                .and_then(|s| s.container_spec.as_ref())
+                .and_then(|c| c.labels.as_ref())
+                .and_then(|l| l.get(STACK_LABEL))
+                .cloned();
+            let service = t.service_id.clone().unwrap_or_default();
+            let Some((stack, _)) = stacks
+                .iter()
+                .find(|(stack, ids)| label.as_deref() == Some(stack) || ids.contains(&service))
+            else {
+                continue;
+            };
+            let Some(node) = t.node_id.clone().filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let state = t.status.as_ref().and_then(|s| s.state);
+            let terminal = matches!(
+                state,
+                Some(
+                    ApiTaskState::COMPLETE
+                        | ApiTaskState::SHUTDOWN
+                        | ApiTaskState::FAILED
+                        | ApiTaskState::REJECTED
+                        | ApiTaskState::REMOVE
+                        | ApiTaskState::ORPHANED
+                )
+            );
+            on.entry(stack.clone()).or_default().insert(node.clone());
+            if !terminal {
+                live.entry(stack.clone()).or_default().insert(node);
+            }
+        }
+        Ok((on, live))
+    }
+
+    /// Clean `stacks` (name, service ids) off every node with a global job, until `deadline`:
+    /// per stack, in order, the nodes not confirmed clean (empty: gone everywhere). `had` is
+    /// where the manager saw each stack's tasks before its services were removed.
+    pub(crate) async fn sweep_nodes(
+        &self,
+        settings: &NodeSweepSettings,
+        nodes: &Nodes,
+        stacks: &[(String, Vec<String>)],
+        had: &TaskNodes,
+        deadline: tokio::time::Instant,
+    ) -> Vec<Unconfirmed> {
+        self.remove_orphaned_jobs().await;
+        let fail_all = |why: String| vec![vec![why]; stacks.len()];
+        let until =
+            SystemTime::now() + deadline.saturating_duration_since(tokio::time::Instant::now());
+        let until_secs = until.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let names: Vec<&str> = stacks.iter().map(|(s, _)| s.as_str()).collect();
+        let spec = job_spec(settings, &names, until_secs);
+        let created =
+            tokio::time::timeout_at(deadline, self.docker.create_service(spec, None)).await;
+        let job = match created {
+            Ok(Ok(created)) => created.id.unwrap_or_default(),
+            Ok(Err(err)) => {
+                return fail_all(format!(
+                    "not confirmed gone on the other nodes: failed to start the node sweep \
+                     (image {}): {err}",
+                    settings.image
+                ));
+            }
+            Err(_) => {
+                return fail_all(
+                    "not confirmed gone on the other nodes: no time left to start the node sweep"
+                        .to_owned(),
+                );
+            }
+        };
+        // Who must answer: every node of the swarm (a down or drained node may hold a copy of
+        // a volume as well as any other), and every node a task of the stack was on.
+        let all: BTreeSet<String> = nodes.all.iter().map(|n| n.id.clone()).collect();
+        let must: Vec<BTreeSet<String>> = stacks
+            .iter()
+            .map(|(stack, _)| {
+                let mut must = all.clone();
+                must.extend(had.get(stack).into_iter().flatten().cloned());
+                must
+            })
+            .collect();
+        let mut pending = must.clone();
+        let mut why: BTreeMap<String, String> = BTreeMap::new();
+        let mut current = nodes.clone();
+        loop {
+            let round = self.job_round(&job, stacks).await;
+            let now = tokio::time::Instant::now();
+            match round {
+                Ok((tasks, live, seen_nodes)) => {
+                    if let Some(seen) = seen_nodes {
+                        current = seen;
+                    }
+                    why.clear();
+                    for (i, set) in pending.iter_mut().enumerate() {
+                        set.clear();
+                        for id in &must[i] {
+                            let task = tasks.get(id);
+                            let done =
+                                task.is_some_and(|t| t.state == Some(ApiTaskState::COMPLETE));
+                            let stack_live =
+                                live.get(&stacks[i].0).is_some_and(|on| on.contains(id));
+                            if done && !stack_live {
+                                continue;
+                            }
+                            set.insert(id.clone());
+                            why.entry(id.clone())
+                                .or_insert_with(|| reason(current.get(id), task, stack_live));
+                        }
+                        // A live task of the stack on a node that need not answer keeps it
+                        // pending too.
+                        for id in live.get(&stacks[i].0).into_iter().flatten() {
+                            if set.insert(id.clone()) {
+                                why.entry(id.clone()).or_insert_with(|| {
+                                    reason(current.get(id), tasks.get(id), true)
+                                });
+                            }
+                        }
+                    }
+                    if pending.iter().all(BTreeSet::is_empty) {
+                        break;
+                    }
+                    // Nothing more can come from nodes that are down or not active: a job
+                    // never reaches them, not even once they are back.
+                    let hopeless = pending.iter().flatten().all(|id| {
+                        current.get(id).is_none_or(|n| !n.ready || !n.active)
+                            && !tasks.contains_key(id)
+                    });
+                    if hopeless {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    for set in &pending {
+                        for id in set {
+                            why.insert(id.clone(), err.0.clone());
+                        }
+                    }
+                }
+            }
+            if now >= deadline {
+                break;
+            }
+            tokio::time::sleep_until((now + POLL).min(deadline)).await;
+        }
+        self.remove_job(&job).await;
+        pending
+            .iter()
+            .map(|set| {
+                set.iter()
+                    .map(|id| {
+                        format!(
+                            "not confirmed gone on node {}: {}",
+                            current.name(id),
+                            why.get(id).map_or("no answer", String::as_str)
+                        )
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// One look at the job: its tasks by node (the newest of each), the stacks' live tasks
+    /// by node, and the nodes.
+    async fn job_round(
+        &self,
+        job: &str,
+        stacks: &[(String, Vec<String>)],
+    ) -> Result<
+        (
+            HashMap<String, JobTask>,
+            BTreeMap<String, BTreeSet<String>>,
+            Option<Nodes>,
+        ),
+        DockerError,
+    > {
+        let filters = HashMap::from([("service".to_owned(), vec![job.to_owned()])]);
+        let (tasks, live, nodes) = tokio::join!(
+            self.docker.list_tasks(Some(ListTasksOptions {
+                filters: Some(filters)
+            })),
+            self.stack_task_nodes(stacks),
+            self.swarm_nodes(),
+        );
+        let tasks = tasks
+            .map_err(|e| DockerError(format!("failed to list the node sweep's tasks: {e}")))?;
+        let (_, live) = live?;
+        let mut by_node: HashMap<String, JobTask> = HashMap::new();
+        for t in tasks {
+            let Some(node) = t.node_id.filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let status = t.status.unwrap_or_default();
+            let at = status
+                .timestamp
+                .as_deref()
+                .and_then(|t| humantime::parse_rfc3339(t).ok());
+            let task = JobTask {
+                state: status.state,
+                at,
+                err: status.err.unwrap_or_default(),
+            };
+            let newer = by_node.get(&node).is_none_or(|old| {
+                task.state == Some(ApiTaskState::COMPLETE)
+                    || (old.state != Some(ApiTaskState::COMPLETE) && task.at >= old.at)
+            });
+            if newer {
+                by_node.insert(node, task);
+            }
+        }
+        Ok((by_node, live, nodes.ok().flatten()))
+    }
+
+    /// Remove the job, retrying a failed request a few times until it is gone.
+    async fn remove_job(&self, job: &str) {
+        for attempt in 0..5 {
+            match self.docker.delete_service(job).await {
+                Ok(()) => return,
+                Err(err) if super::classify(&err) == super::Failure::Gone => return,
+                Err(err) => {
+                    tracing::warn!(job, attempt, "failed to remove the node sweep job: {err}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    /// Remove node sweep jobs whose deadline passed a while ago: their creators died.
+    async fn remove_orphaned_jobs(&self) {
+        let filters = HashMap::from([("label".to_owned(), vec![SWEEP_LABEL.to_owned()])]);
+        let Ok(services) = self
+            .docker
+            .list_services(Some(ListServicesOptions {
+                filters: Some(filters),
+                status: None,
+            }))
+            .await
+        else {
+            return;
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        for s in services {
+            let until = s
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.labels.as_ref())
+                .and_then(|l| l.get(SWEEP_LABEL))
+                .and_then(|v| v.parse::<u64>().ok());
+            let (Some(id), Some(until)) = (s.id, until) else {
+                continue;
+            };
+            if until.saturating_add(ORPHAN_GRACE.as_secs()) < now {
+                tracing::info!(job = %id, "removing a node sweep job its creator left");
+                self.remove_job(&id).await;
+            }
+        }
+    }
+}
+
+/// Why a node is not confirmed clean yet.
+fn reason(node: Option<&Node>, task: Option<&JobTask>, stack_live: bool) -> String {
+    let node_state = match node {
+        None => return "no longer a node of the swarm".to_owned(),
+        Some(n) if !n.ready => Some(
+            "the node is down (its containers and volumes cannot be checked until it is back; \
+             remove it from the swarm with `docker node rm` if it is gone for good)",
+        ),
+        Some(n) if !n.active => Some(
+            "the node is drained or paused (no job runs there; make it active again, or remove \
+             it from the swarm)",
+        ),
+        Some(_) => None,
+    };
+    let job = match task {
+        None => "no task of the node sweep reached it".to_owned(),
+        Some(t) => {
+            let state = t
+                .state
+                .map_or_else(|| "unknown".to_owned(), |s| s.to_string());
+            if t.err.is_empty() {
+                format!("its node sweep task is {state}")
+            } else {
+                format!("its node sweep task is {state}: {}", t.err)
+            }
+        }
+    };
+    let mut why = Vec::new();
+    why.extend(node_state.map(str::to_owned));
+    if stack_live {
+        why.push("the manager still lists a task of the stack there as not stopped".to_owned());
+    }
+    if node_state.is_none() || task.is_some() {
+        why.push(job);
+    }
+    why.join("; ")
+}
+
+/// The global job that cleans `stacks` on every node.
+fn job_spec(settings: &NodeSweepSettings, stacks: &[&str], until: u64) -> ServiceSpec {
+    let suffix: u32 = rand::random();
+    let label = HashMap::from([(SWEEP_LABEL.to_owned(), until.to_string())]);
+    ServiceSpec {
+        name: Some(format!("ccci-run-node-sweep-{suffix:08x}")),
+        labels: Some(label.clone()),
+        mode: Some(ServiceSpecMode {
+            global_job: Some(HashMap::new()),
+            ..Default::default()
+        }),
+        task_template: Some(TaskSpec {
+            container_spec: Some(TaskSpecContainerSpec {
+                image: Some(settings.image.clone()),
+                labels: Some(label),
+                command: Some(vec!["sh".to_owned(), "-c".to_owned(), SCRIPT.to_owned()]),
+                env: Some(vec![
+                    format!("CCCI_STACKS={}", stacks.join(" ")),
+                    format!("SWEEP_LABEL={SWEEP_LABEL}"),
+                    "DOCKER_HOST=unix:///var/run/docker.sock".to_owned(),
+                ]),
+                mounts: Some(vec![Mount {
+                    target: Some("/var/run/docker.sock".to_owned()),
+                    source: Some(settings.socket.display().to_string()),
+                    typ: Some(MountType::BIND),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            restart_policy: Some(TaskSpecRestartPolicy {
+                condition: Some(TaskSpecRestartPolicyConditionEnum::ON_FAILURE),
+                delay: Some(Duration::from_millis(250).as_nanos() as i64),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
