@@ -169,7 +169,16 @@ fn main() {
         );
         return;
     };
+    // The node-local socket path of scripts/swarm-two-node.sh: BASE/node/docker.sock beside
+    // the manager's BASE/n1/docker.sock.
+    let node_socket = manager
+        .strip_prefix("unix://")
+        .map(Path::new)
+        .and_then(|sock| Some(sock.parent()?.parent()?.join("node/docker.sock")));
     let swarm = Swarm { manager, worker };
+    let mut ratios = Vec::new();
+    let mut everywhere = Vec::new();
+    let mut baseline = Vec::new();
     let rounds: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
@@ -200,7 +209,12 @@ fn main() {
         std::fs::create_dir_all(&servers).unwrap();
         std::fs::write(servers.join(format!("{domain}.env")), "X=1\n").unwrap();
         let start = Instant::now();
-        let out = Command::new(BIN)
+        let mut janitor_cmd = Command::new(BIN);
+        if let Some(socket) = &node_socket {
+            janitor_cmd.env("CCCI_NODE_DOCKER_SOCKET", socket);
+        }
+        let out = janitor_cmd
+            .env("CCCI_NODE_SWEEP_IMAGE", "ccci-test/docker-cli:latest")
             .env("DOCKER_HOST", &swarm.manager)
             .env("CCCI_CONFIG", "/dev/null")
             .arg("--lock-dir")
@@ -255,5 +269,43 @@ fn main() {
             show(by_hand[1][0]),
             show(by_hand[1][1]),
         );
+        // Until gone on every node: the last of the four (never, if any is still there).
+        let last = |times: [[Option<f64>; 2]; 2]| {
+            times
+                .iter()
+                .flatten()
+                .try_fold(0.0_f64, |max, t| t.map(|t| max.max(t)))
+        };
+        match (last(janitor), last(by_hand)) {
+            (Some(j), Some(b)) => {
+                println!(
+                    "round {round}: until gone on every node: janitor {j:.2} s (exited {exited:.2} s), by hand {b:.2} s, ratio {:.2}",
+                    j / b
+                );
+                everywhere.push(j);
+                baseline.push(b);
+                ratios.push(j / b);
+            }
+            (j, b) => println!(
+                "round {round}: not gone on every node within {} s: janitor {j:?}, by hand {b:?}",
+                WATCH.as_secs()
+            ),
+        }
     }
+    if ratios.is_empty() {
+        return;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "swarm_reap: until gone on every node, median of {} rounds: janitor {:.2} s, stack rm + poll + volume rm {:.2} s; ratio {:.2} (min {:.2}, max {:.2})",
+        ratios.len(),
+        median(&mut everywhere),
+        median(&mut baseline),
+        median(&mut ratios.clone()),
+        ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        ratios.iter().copied().fold(0.0, f64::max),
+    );
 }

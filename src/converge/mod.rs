@@ -83,6 +83,8 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
         cause,
     };
     let seam = DockerSeam::connect().map_err(|e| fail(e.0))?;
+    // A worker answers every stack call with "not a swarm manager": say so once, at once.
+    seam.refuse_a_worker().map_err(|e| fail(e.0))?;
     let mut watch = Watch::new(cfg, started);
     let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
     let mut backoff = Backoff::new(Policy::CONVERGE, rng, MonotonicClock);

@@ -414,7 +414,13 @@ impl DockerSeam {
                 .await;
             tracing::debug!(stacks = swept.len(), elapsed = ?started.elapsed(), "reap: node sweep done");
             for (i, nodes) in ready.into_iter().zip(unconfirmed) {
-                out[i].nodes = nodes;
+                out[i].nodes = nodes
+                    .into_iter()
+                    .map(|(node, why)| match node.as_str() {
+                        "" => format!("not confirmed gone on the other nodes: {why}"),
+                        node => format!("not confirmed gone on node {node}: {why}"),
+                    })
+                    .collect();
             }
             out
         })

@@ -122,8 +122,9 @@ impl Nodes {
 /// Per stack, the nodes the manager's task list shows it on (tasks in any state).
 pub(crate) type TaskNodes = BTreeMap<String, BTreeSet<String>>;
 
-/// One stack's part of a node sweep: the nodes not confirmed clean, each with why.
-pub(crate) type Unconfirmed = Vec<String>;
+/// One stack's part of a node sweep: the nodes not confirmed clean, by name, each with why
+/// (an empty name: the sweep could not start, and no node is confirmed).
+pub(crate) type Unconfirmed = Vec<(String, String)>;
 
 /// How one node's task of the job stands.
 #[derive(Debug, Clone, Default)]
@@ -213,7 +214,7 @@ impl DockerSeam {
         deadline: tokio::time::Instant,
     ) -> Vec<Unconfirmed> {
         self.remove_orphaned_jobs().await;
-        let fail_all = |why: String| vec![vec![why]; stacks.len()];
+        let fail_all = |why: String| vec![vec![(String::new(), why)]; stacks.len()];
         let until =
             SystemTime::now() + deadline.saturating_duration_since(tokio::time::Instant::now());
         let until_secs = until.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -225,16 +226,12 @@ impl DockerSeam {
             Ok(Ok(created)) => created.id.unwrap_or_default(),
             Ok(Err(err)) => {
                 return fail_all(format!(
-                    "not confirmed gone on the other nodes: failed to start the node sweep \
-                     (image {}): {err}",
+                    "failed to start the node sweep (image {}): {err}",
                     settings.image
                 ));
             }
             Err(_) => {
-                return fail_all(
-                    "not confirmed gone on the other nodes: no time left to start the node sweep"
-                        .to_owned(),
-                );
+                return fail_all("no time left to start the node sweep".to_owned());
             }
         };
         // Who must answer: every node of the swarm (a down or drained node may hold a copy of
@@ -317,11 +314,8 @@ impl DockerSeam {
             .map(|set| {
                 set.iter()
                     .map(|id| {
-                        format!(
-                            "not confirmed gone on node {}: {}",
-                            current.name(id),
-                            why.get(id).map_or("no answer", String::as_str)
-                        )
+                        let why = why.get(id).map_or("no answer", String::as_str);
+                        (current.name(id), why.to_owned())
                     })
                     .collect()
             })
@@ -502,5 +496,65 @@ fn job_spec(settings: &NodeSweepSettings, stacks: &[&str], until: u64) -> Servic
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// What a node sweep with no stack found: every node, as `name (role, state, availability)`,
+/// and those that did not complete it, each with why.
+#[derive(Debug, Clone)]
+pub(crate) struct Probe {
+    pub nodes: Vec<String>,
+    pub unconfirmed: Vec<String>,
+    pub image: String,
+    pub socket: String,
+}
+
+impl DockerSeam {
+    /// Run a node sweep that removes nothing on a swarm of several nodes, within `within`:
+    /// whether each node can be swept at all (the image there, its socket answering).
+    pub(crate) fn probe_nodes(&self, within: Duration) -> Result<Probe, DockerError> {
+        self.runtime.block_on(async {
+            let deadline = tokio::time::Instant::now() + within;
+            let nodes = self.swarm_nodes().await?.unwrap_or_default();
+            let mut probe = Probe {
+                nodes: nodes
+                    .all
+                    .iter()
+                    .map(|n| {
+                        format!(
+                            "{} ({}, {}, {})",
+                            n.hostname,
+                            n.role,
+                            if n.ready { "ready" } else { "down" },
+                            if n.active { "active" } else { "not active" }
+                        )
+                    })
+                    .collect(),
+                unconfirmed: Vec::new(),
+                image: self.node_sweep.image.clone(),
+                socket: self.node_sweep.socket.display().to_string(),
+            };
+            if nodes.several() {
+                let nothing = [(String::new(), Vec::new())];
+                probe.unconfirmed = self
+                    .sweep_nodes(
+                        &self.node_sweep,
+                        &nodes,
+                        &nothing,
+                        &TaskNodes::new(),
+                        deadline,
+                    )
+                    .await
+                    .pop()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(node, why)| match node.as_str() {
+                        "" => why,
+                        node => format!("{node}: {why}"),
+                    })
+                    .collect();
+            }
+            Ok(probe)
+        })
     }
 }

@@ -25,6 +25,9 @@ use crate::config::{self, CgroupMode, DockerMode, Global, Inputs, Timing};
 pub(crate) const DEFAULT_UNIT: &str = "drone-runner-exec.service";
 /// How long any one Docker request may take.
 const DOCKER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long doctor's node sweep may take: a job's task on each node, its image already there.
+const NODE_SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The oldest Docker API the Docker seam speaks (Docker 20.10).
 const MIN_DOCKER_API: (u32, u32) = (1, 41);
 /// The programs a step runs, which must be on the `PATH` it sees.
@@ -110,7 +113,7 @@ pub(crate) fn run(inputs: &Inputs, opts: &Options) -> Report {
     checks.push(cgroups(global.cgroup));
     let unit = runner_unit(opts);
     checks.extend(unit_checks(&unit, &global));
-    checks.extend(docker(global.docker));
+    checks.extend(docker(&global));
     checks.extend(etcd(&global));
     checks.extend(inotify(&global.lock_dir));
     checks.extend(step_path(&unit));
@@ -499,9 +502,11 @@ fn unit_checks(source: &UnitSource, global: &Global) -> Vec<Check> {
     checks
 }
 
-/// Docker reachable at `DOCKER_HOST`, in swarm mode, speaking API 1.41 or later.
-fn docker(mode: DockerMode) -> Vec<Check> {
-    let names = ["docker", "docker swarm", "docker api"];
+/// Docker reachable at `DOCKER_HOST`, in swarm mode, speaking API 1.41 or later; and the
+/// swarm's nodes, each reached by a node sweep.
+fn docker(global: &Global) -> Vec<Check> {
+    let mode = global.docker;
+    let names = ["docker", "docker swarm", "docker api", "docker nodes"];
     if mode == DockerMode::Off {
         return names
             .iter()
@@ -515,8 +520,11 @@ fn docker(mode: DockerMode) -> Vec<Check> {
             })
             .collect();
     }
-    let facts =
-        crate::docker::DockerSeam::connect().and_then(|seam| seam.engine_facts(DOCKER_TIMEOUT));
+    let seam = crate::docker::DockerSeam::connect();
+    let facts = seam
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|seam| seam.engine_facts(DOCKER_TIMEOUT));
     let facts = match facts {
         Ok(facts) => facts,
         Err(err) => {
@@ -590,7 +598,64 @@ fn docker(mode: DockerMode) -> Vec<Check> {
         )
         .fix("upgrade the Docker engine to 20.10 or later"),
     });
+    checks.push(match seam {
+        Ok(seam) if facts.swarm_state == "active" && facts.swarm_manager => {
+            nodes(seam.with_node_sweep(global.node_sweep.clone()), names[3])
+        }
+        _ => check(
+            names[3],
+            State::Skip,
+            "not a swarm manager: no nodes to ask",
+        )
+        .fix("point DOCKER_HOST at a swarm manager"),
+    });
     checks
+}
+
+/// The swarm's nodes: each named with its role and state, and on a swarm of several, each
+/// reached by a node sweep that removes nothing (what a reap's sweep does, with no stack):
+/// a node whose task does not complete cannot have its volumes cleaned.
+fn nodes(seam: crate::docker::DockerSeam, name: &'static str) -> Check {
+    match seam.probe_nodes(NODE_SWEEP_TIMEOUT) {
+        Err(err) => {
+            check(name, State::Fail, err.to_string()).fix("make the manager answer its node list")
+        }
+        Ok(probe) if probe.nodes.len() <= 1 => check(
+            name,
+            State::Ok,
+            format!(
+                "one node ({}): everything of an app is removed through this engine",
+                probe.nodes.join(", ")
+            ),
+        ),
+        Ok(probe) if probe.unconfirmed.is_empty() => check(
+            name,
+            State::Ok,
+            format!(
+                "{} nodes, each reached by a node sweep (image {}) that can remove a stack's \
+                 containers and volumes there: {}",
+                probe.nodes.len(),
+                probe.image,
+                probe.nodes.join(", ")
+            ),
+        ),
+        Ok(probe) => check(
+            name,
+            State::Fail,
+            format!(
+                "{} nodes ({}); a reap cannot confirm an app gone while {}",
+                probe.nodes.len(),
+                probe.nodes.join(", "),
+                probe.unconfirmed.join("; ")
+            ),
+        )
+        .fix(format!(
+            "bring the node back, make it active, or remove it from the swarm (docker node rm); \
+             load the node sweep image {} on every node (node_sweep_image), and make its engine \
+             listen on {} there (node_docker_socket)",
+            probe.image, probe.socket
+        )),
+    }
 }
 
 fn parse_api(version: &str) -> Option<(u32, u32)> {

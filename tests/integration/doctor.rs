@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::util::{BIN, Finished, Proc, Sandbox, Stream, run, signal, skip, wait_exited};
 
 /// Every check doctor makes, whatever the host: none is ever left out.
-const EVERY_CHECK: [&str; 20] = [
+const EVERY_CHECK: [&str; 21] = [
     "config-file",
     "settings",
     "dir lock_dir",
@@ -29,6 +29,7 @@ const EVERY_CHECK: [&str; 20] = [
     "docker",
     "docker swarm",
     "docker api",
+    "docker nodes",
     "inotify instances",
     "inotify watches",
     "step PATH ccci-run",
@@ -364,6 +365,7 @@ fn doctor_asks_the_docker_engine_and_fails_a_missing_one_promptly() {
     assert_state(&report, "docker", "ok", "answers at");
     assert_state(&report, "docker swarm", "ok", "active");
     assert_state(&report, "docker api", "ok", "engine API 1.");
+    assert_state(&report, "docker nodes", "ok", "one node");
 
     let gone = tempfile::tempdir().unwrap();
     let mut cmd = sandbox.ccci();

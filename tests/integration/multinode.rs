@@ -834,3 +834,221 @@ fn run_against_a_worker_needs_a_manager_and_never_starts_its_command() {
         list(&case.sandbox.locks())
     );
 }
+
+/// `ccci-run converge` pointed at a worker says at once that it needs a manager (125), rather
+/// than poll a stack the worker can never show until its timeout.
+#[test]
+fn converge_against_a_worker_needs_a_manager() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::new(swarm, "mcvg");
+    let mut cmd = case.sandbox.ccci();
+    cmd.env("DOCKER_HOST", &swarm.worker)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH")
+        .args(["converge", "--stack", &case.stack, "--timeout", "60s"]);
+    let start = Instant::now();
+    let done = run(cmd);
+    done.assert_code(125);
+    assert!(
+        done.err.iter().any(|l| l.contains("manager")),
+        "the message does not say a manager is needed\n{}",
+        done.transcript()
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// What a teardown that removed only what the manager sees left: the stack gone through the
+/// manager, the manager's copy of the volume removed, the worker's copy (holding run 1's file)
+/// still there, and no `.env` to lead a sweep to it.
+fn leave_a_volume_on_the_worker_only(case: &Case) {
+    case.deploy(1, App::StopsOnTerm);
+    docker_at(&case.swarm.manager, &["stack", "rm", &case.stack]);
+    eventually(&format!("{}: both containers gone", case.stack), || {
+        NODES
+            .iter()
+            .all(|&node| case.swarm.containers(node, &case.stack).is_empty())
+    });
+    for volume in case.swarm.volumes(Node::Manager, &case.stack) {
+        docker_at(&case.swarm.manager, &["volume", "rm", &volume]);
+    }
+    assert_eq!(
+        case.swarm.volumes(Node::Worker, &case.stack).len(),
+        1,
+        "the worker's copy of the volume should be there"
+    );
+}
+
+/// The next run of the same domain, whose command deploys the same stack straight away: the
+/// run sweeps the stack off every node before its command, so the task on the worker mounts a
+/// fresh volume, not the one an earlier run left there with its data.
+#[test]
+fn a_run_s_command_never_mounts_a_volume_an_earlier_run_left_on_another_node() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::for_run(swarm);
+    leave_a_volume_on_the_worker_only(&case);
+    let compose = case.compose(2, App::StopsOnTerm);
+    let script = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
+        && f=label=com.docker.stack.namespace=$CCCI_STACK_NAME \
+        && until c=$(docker --host \"$WORKER\" ps -q --filter $f) && [ -n \"$c\" ] \
+             && docker --host \"$WORKER\" exec $c test -e /data/written-by-2 2>/dev/null; do sleep 0.1; done \
+        && echo \"worker data: $(docker --host \"$WORKER\" exec $c ls /data | tr '\\n' ' ')\"";
+    let mut cmd = case.sandbox.run_sh("mnv", &["--deadline", "120s"], script);
+    swarm.sweep_env(&mut cmd);
+    cmd.env("DOCKER_HOST", &swarm.manager)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH")
+        .env("WORKER", &swarm.worker)
+        .env("COMPOSE", &compose)
+        .env("RUN", "2");
+    let done = run(cmd);
+    eprintln!("{}", done.transcript());
+    done.assert_code(0);
+    let data = done
+        .out
+        .iter()
+        .find_map(|l| l.strip_prefix("worker data: "))
+        .unwrap_or_else(|| {
+            panic!(
+                "the command did not list the worker's /data\n{}",
+                done.transcript()
+            )
+        });
+    assert!(
+        !data.contains("written-by-1"),
+        "run 2's task on the worker mounted run 1's volume: /data holds {data}"
+    );
+    assert!(data.contains("written-by-2"), "{data}");
+    assert!(
+        case.left_now().is_empty(),
+        "left after the run: {:?}",
+        case.left_now()
+    );
+}
+
+/// A node that may hold an earlier run's volume is cut off when the next run starts: the run
+/// waits (its lock wait) for the node, then stops with 125 naming it, and never starts its
+/// command. Once the link is back, a run of the same domain goes on and finds nothing old.
+#[test]
+fn a_run_whose_stack_may_be_on_a_node_cut_off_stops_naming_the_node() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    if swarm.base.is_none() {
+        skip(
+            "the two-node swarm was not made by scripts/swarm-two-node.sh, so it cannot be cut",
+            "start it with `scripts/swarm-two-node.sh start`",
+        );
+        return;
+    }
+    let _gate = exclusive();
+    let case = Case::for_run(swarm);
+    leave_a_volume_on_the_worker_only(&case);
+    swarm.script(&["cut", "link"]).unwrap();
+    let heal = Heal(swarm);
+    let mut cmd = case
+        .sandbox
+        .run_sh("mnc", &["--lock-wait", "4s"], "echo command-started");
+    swarm.sweep_env(&mut cmd);
+    cmd.env("DOCKER_HOST", &swarm.manager)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH");
+    let start = Instant::now();
+    let done = run(cmd);
+    let took = start.elapsed();
+    eprintln!(
+        "run with the worker cut off: {:?} after {:.1} s\n{}",
+        done.status.code(),
+        took.as_secs_f64(),
+        done.transcript()
+    );
+    done.assert_code(125);
+    assert!(
+        !done.out.iter().any(|l| l == "command-started"),
+        "the command started\n{}",
+        done.transcript()
+    );
+    assert!(
+        done.err
+            .iter()
+            .any(|l| l.contains(&swarm.worker_name) && l.contains("not starting the command")),
+        "the error does not name the node {}\n{}",
+        swarm.worker_name,
+        done.transcript()
+    );
+    assert_eq!(
+        case.sandbox.record("mnc")["exit_code"],
+        125,
+        "{}",
+        case.sandbox.record("mnc")
+    );
+    drop(heal);
+    let mut cmd = case.sandbox.run_sh("mnd", &[], "echo command-started");
+    swarm.sweep_env(&mut cmd);
+    cmd.env("DOCKER_HOST", &swarm.manager)
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH");
+    let done = run(cmd);
+    done.assert_code(0);
+    assert!(
+        case.left_now().is_empty(),
+        "after the heal, the next run left {:?}",
+        case.left_now()
+    );
+}
+
+/// `doctor` against the manager names both nodes and reaches each with a node sweep; with an
+/// image no node has, it fails naming the nodes and the image.
+#[test]
+fn doctor_names_the_nodes_and_whether_a_sweep_reaches_each() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::new(swarm, "mdoc");
+    let doctor = |image: &str| {
+        let mut cmd = case.sandbox.ccci();
+        swarm.sweep_env(&mut cmd);
+        cmd.env("DOCKER_HOST", &swarm.manager)
+            .env("CCCI_NODE_SWEEP_IMAGE", image)
+            .env_remove("DOCKER_TLS_VERIFY")
+            .env_remove("DOCKER_CERT_PATH")
+            .args(["doctor", "--json"]);
+        let done = run(cmd);
+        let report: Value = serde_json::from_str(&done.out.join("\n"))
+            .unwrap_or_else(|e| panic!("no JSON ({e})\n{}", done.transcript()));
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "docker nodes")
+            .cloned()
+            .unwrap_or_else(|| panic!("no docker nodes check: {report:#}"))
+    };
+    let ok = doctor("ccci-test/docker-cli:latest");
+    eprintln!("{ok:#}");
+    assert_eq!(ok["state"], "ok", "{ok:#}");
+    let message = ok["detail"].as_str().unwrap();
+    assert!(
+        message.contains("2 nodes") && message.contains(&swarm.worker_name),
+        "{ok:#}"
+    );
+    let bad = doctor("ccci-test/no-such-image:latest");
+    eprintln!("{bad:#}");
+    assert_eq!(bad["state"], "fail", "{bad:#}");
+    let message = bad["detail"].as_str().unwrap();
+    assert!(
+        message.contains(&swarm.worker_name)
+            && bad["fix"].as_str().unwrap().contains("no-such-image"),
+        "{bad:#}"
+    );
+}
