@@ -102,6 +102,13 @@ fn extra(command: &str) -> Extra {
                      (else the file's recipe_url_template).",
                 ),
                 (
+                    "CCCI_NODE_SWEEP_IMAGE, CCCI_NODE_DOCKER_SOCKET",
+                    "On a swarm of several nodes: the image (with a docker CLI) of the job that \
+                     sweeps a stack off every node, and the path of each node's engine socket \
+                     (else the file's node_sweep_image and node_docker_socket; default \
+                     docker:27-cli and /var/run/docker.sock).",
+                ),
+                (
                     "CCCI_TIE_TO",
                     "Ancestors to tie the run to, comma-separated (as --tie-to).",
                 ),

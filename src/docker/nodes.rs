@@ -558,3 +558,79 @@ impl DockerSeam {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_job_runs_once_on_every_node_with_the_node_socket_and_no_stack_label() {
+        let settings = NodeSweepSettings {
+            image: "docker:27-cli".to_owned(),
+            socket: "/run/docker.sock".into(),
+        };
+        let spec = job_spec(
+            &settings,
+            &["ab-000000_x_test", "cd-000000_x_test"],
+            1_700_000_000,
+        );
+        assert!(
+            spec.name
+                .as_deref()
+                .unwrap()
+                .starts_with("ccci-run-node-sweep-")
+        );
+        let mode = spec.mode.unwrap();
+        assert!(mode.global_job.is_some() && mode.replicated.is_none() && mode.global.is_none());
+        let labels = spec.labels.unwrap();
+        assert_eq!(
+            labels.get(SWEEP_LABEL).map(String::as_str),
+            Some("1700000000")
+        );
+        assert!(!labels.contains_key(STACK_LABEL));
+        let container = spec.task_template.unwrap().container_spec.unwrap();
+        assert!(!container.labels.unwrap().contains_key(STACK_LABEL));
+        assert_eq!(container.image.as_deref(), Some("docker:27-cli"));
+        let env = container.env.unwrap();
+        assert!(env.contains(&"CCCI_STACKS=ab-000000_x_test cd-000000_x_test".to_owned()));
+        let mount = &container.mounts.unwrap()[0];
+        assert_eq!(mount.source.as_deref(), Some("/run/docker.sock"));
+        assert_eq!(mount.target.as_deref(), Some("/var/run/docker.sock"));
+        assert_eq!(mount.typ, Some(MountType::BIND));
+    }
+
+    fn node(ready: bool, active: bool) -> Node {
+        Node {
+            id: "n2".to_owned(),
+            hostname: "worker-2".to_owned(),
+            ready,
+            active,
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn a_node_not_confirmed_says_why() {
+        let assigned = JobTask {
+            state: Some(ApiTaskState::ASSIGNED),
+            ..JobTask::default()
+        };
+        let rejected = JobTask {
+            state: Some(ApiTaskState::REJECTED),
+            err: "No such image: x".to_owned(),
+            ..JobTask::default()
+        };
+        assert_eq!(reason(None, None, false), "no longer a node of the swarm");
+        assert!(reason(Some(&node(false, true)), None, false).starts_with("the node is down"));
+        assert!(reason(Some(&node(true, false)), None, false).starts_with("the node is drained"));
+        assert_eq!(
+            reason(Some(&node(true, true)), Some(&assigned), true),
+            "the manager still lists a task of the stack there as not stopped; its node sweep \
+             task is assigned"
+        );
+        assert_eq!(
+            reason(Some(&node(true, true)), Some(&rejected), false),
+            "its node sweep task is rejected: No such image: x"
+        );
+    }
+}
