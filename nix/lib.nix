@@ -300,6 +300,8 @@ rec {
       docker,
       etcdEndpoints ? [ ],
       leaseTtl ? defaults.leaseTtl,
+      nodeSweepImage ? null,
+      nodeDockerSocket ? null,
       settings ? { },
     }:
     let
@@ -312,6 +314,8 @@ rec {
     + line "abra_home" abraHome
     + line "state_dir" stateDir
     + line "docker" docker
+    + (if nodeSweepImage == null then "" else line "node_sweep_image" nodeSweepImage)
+    + (if nodeDockerSocket == null then "" else line "node_docker_socket" nodeDockerSocket)
     + concatStringsSep "" (map (key: line key settings.${key}) set)
     + (
       if etcdEndpoints == [ ] then

@@ -264,6 +264,29 @@ in
       '';
     };
 
+    nodeSweepImage = mkOption {
+      type = types.nullOr (types.strMatching "[^[:space:]]+");
+      default = null;
+      example = "docker:27-cli";
+      description = ''
+        On a swarm of several nodes: the image (with a docker CLI and sh) of the one-shot job
+        that sweeps a reaped stack's containers and volumes off every node. It must be on every
+        node, or pullable there. Null: the binary's default, docker:27-cli. Written as
+        `node_sweep_image`.
+      '';
+    };
+
+    nodeDockerSocket = mkOption {
+      type = types.nullOr (types.strMatching "/.*");
+      default = null;
+      example = "/var/run/docker.sock";
+      description = ''
+        On a swarm of several nodes: where each node's engine socket is, the same path on every
+        node (the sweep job bind-mounts it). Null: the binary's default, /var/run/docker.sock.
+        Written as `node_docker_socket`.
+      '';
+    };
+
     deadline = settingOption "deadline";
     killGrace = settingOption "killGrace";
     teardownTimeout = settingOption "teardownTimeout";
@@ -349,6 +372,8 @@ in
             docker
             etcdEndpoints
             leaseTtl
+            nodeSweepImage
+            nodeDockerSocket
             ;
           inherit settings;
         };

@@ -331,10 +331,24 @@ fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
     let text = if args.json {
         format!("{}\n", json(&resolved.settings))
     } else {
+        // Columns as wide as the longest key (and value, up to 40), so every line lines up.
+        let keys = resolved
+            .settings
+            .iter()
+            .map(|s| s.key.len())
+            .max()
+            .unwrap_or(0);
+        let values = resolved
+            .settings
+            .iter()
+            .map(|s| s.value.chars().count())
+            .filter(|&n| n <= 40)
+            .max()
+            .unwrap_or(0);
         resolved
             .settings
             .iter()
-            .map(|s| format!("{:<16} {:<40} {}\n", s.key, s.value, s.origin))
+            .map(|s| format!("{:<keys$} {:<values$} {}\n", s.key, s.value, s.origin))
             .collect()
     };
     emit(text.as_bytes()).map(|()| 0)

@@ -739,8 +739,13 @@ fn worker_cut_off_during_the_reap_is_named_and_cleaned_by_the_next_sweep() {
         "the lock file must stay"
     );
     drop(heal);
-    case.janitor_reaps();
+    let took = case.janitor_reaps();
     let left = case.left_now();
+    eprintln!(
+        "{}: the next sweep after the heal reaped it in {:.1} s; left: {left:?}",
+        case.stack,
+        took.as_secs_f64()
+    );
     assert!(
         left.is_empty(),
         "after the heal, the next sweep reported the app reaped, but the nodes held {left:?}"
