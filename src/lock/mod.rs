@@ -64,6 +64,7 @@ mod tests {
             }),
             timings: crate::config::Timings::default(),
             recipe_url_template: None,
+            node_sweep: crate::config::NodeSweepSettings::default(),
         };
         let err = backend(&global).err().expect("no fallback to the flock");
         assert!(err.to_string().contains("--features etcd"), "{err}");
