@@ -352,18 +352,19 @@ impl DockerSeam {
         budget: Duration,
     ) -> Vec<Reaped> {
         let deadline = tokio::time::Instant::now() + budget;
+        // The swarm could not be asked: no stack is touched, each says why.
+        let count = stacks.len();
+        let failed = move |err: DockerError| {
+            let reaped = Reaped {
+                errors: vec![err],
+                ..Reaped::default()
+            };
+            vec![reaped; count]
+        };
         self.runtime.block_on(async {
             let nodes = match self.swarm_nodes().await {
                 Ok(nodes) => nodes.filter(nodes::Nodes::several),
-                Err(err) => {
-                    return stacks
-                        .iter()
-                        .map(|_| Reaped {
-                            errors: vec![err.clone()],
-                            ..Reaped::default()
-                        })
-                        .collect();
-                }
+                Err(err) => return failed(err),
             };
             let named: Vec<(String, Vec<String>)> = stacks
                 .iter()
@@ -376,15 +377,7 @@ impl DockerSeam {
             let had = match &nodes {
                 Some(_) => match self.stack_task_nodes(&named).await {
                     Ok((had, _)) => Some(had),
-                    Err(err) => {
-                        return stacks
-                            .iter()
-                            .map(|_| Reaped {
-                                errors: vec![err.clone()],
-                                ..Reaped::default()
-                            })
-                            .collect();
-                    }
+                    Err(err) => return failed(err),
                 },
                 None => None,
             };

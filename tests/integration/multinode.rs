@@ -132,13 +132,17 @@ impl Swarm {
         })
     }
 
-    /// What ccci-run needs to sweep this swarm's nodes: the image with a docker CLI that the
-    /// script imported on each node, and the socket path every node's engine also listens on.
-    fn sweep_env(&self, cmd: &mut Command) {
+    /// Point a ccci-run command at `host`, whatever `DOCKER_HOST` the suite has, with what it
+    /// needs to sweep this swarm's nodes: the image with a docker CLI that the script imported
+    /// on each node, and the socket path every node's engine also listens on.
+    fn aim<'c>(&self, cmd: &'c mut Command, host: &str) -> &'c mut Command {
         cmd.env("CCCI_NODE_SWEEP_IMAGE", "ccci-test/docker-cli:latest");
         if let Some(base) = &self.base {
             cmd.env("CCCI_NODE_DOCKER_SOCKET", base.join("node/docker.sock"));
         }
+        cmd.env("DOCKER_HOST", host)
+            .env_remove("DOCKER_TLS_VERIFY")
+            .env_remove("DOCKER_CERT_PATH")
     }
 
     fn host(&self, node: Node) -> &str {
@@ -425,10 +429,8 @@ impl Case {
     /// printed one), the finished process and how long it took.
     fn janitor(&self, host: &str, extra: &[&str]) -> (Option<Value>, Finished, Duration) {
         let mut cmd = self.sandbox.ccci();
-        self.swarm.sweep_env(&mut cmd);
-        cmd.env("DOCKER_HOST", host)
-            .env_remove("DOCKER_TLS_VERIFY")
-            .env_remove("DOCKER_CERT_PATH")
+        self.swarm
+            .aim(&mut cmd, host)
             .args(["janitor", "--json"])
             .args(extra);
         let start = Instant::now();
@@ -772,10 +774,8 @@ fn run_teardown_leaves_nothing_on_any_node() {
         && until [ -n \"$(docker ps -q --filter $f)\" ] && [ -n \"$(docker --host \"$WORKER\" ps -q --filter $f)\" ]; do sleep 0.1; done \
         && echo \"deployed $CCCI_STACK_NAME\"";
     let mut cmd = case.sandbox.run_sh("mn1", &[], script);
-    swarm.sweep_env(&mut cmd);
-    cmd.env("DOCKER_HOST", &swarm.manager)
-        .env_remove("DOCKER_TLS_VERIFY")
-        .env_remove("DOCKER_CERT_PATH")
+    swarm
+        .aim(&mut cmd, &swarm.manager)
         .env("WORKER", &swarm.worker)
         .env("COMPOSE", &compose)
         .env("RUN", "1");
@@ -813,9 +813,7 @@ fn run_against_a_worker_needs_a_manager_and_never_starts_its_command() {
     let _gate = shared();
     let case = Case::for_run(swarm);
     let mut cmd = case.sandbox.run_sh("mnw", &[], "echo command-started");
-    cmd.env("DOCKER_HOST", &swarm.worker)
-        .env_remove("DOCKER_TLS_VERIFY")
-        .env_remove("DOCKER_CERT_PATH");
+    swarm.aim(&mut cmd, &swarm.worker);
     let done = run(cmd);
     eprintln!(
         "run against the worker: {:?}\n{}",
@@ -850,10 +848,13 @@ fn converge_against_a_worker_needs_a_manager() {
     let _gate = shared();
     let case = Case::new(swarm, "mcvg");
     let mut cmd = case.sandbox.ccci();
-    cmd.env("DOCKER_HOST", &swarm.worker)
-        .env_remove("DOCKER_TLS_VERIFY")
-        .env_remove("DOCKER_CERT_PATH")
-        .args(["converge", "--stack", &case.stack, "--timeout", "60s"]);
+    swarm.aim(&mut cmd, &swarm.worker).args([
+        "converge",
+        "--stack",
+        &case.stack,
+        "--timeout",
+        "60s",
+    ]);
     let start = Instant::now();
     let done = run(cmd);
     done.assert_code(125);
@@ -908,10 +909,8 @@ fn a_run_s_command_never_mounts_a_volume_an_earlier_run_left_on_another_node() {
              && docker --host \"$WORKER\" exec $c test -e /data/written-by-2 2>/dev/null; do sleep 0.1; done \
         && echo \"worker data: $(docker --host \"$WORKER\" exec $c ls /data | tr '\\n' ' ')\"";
     let mut cmd = case.sandbox.run_sh("mnv", &["--deadline", "120s"], script);
-    swarm.sweep_env(&mut cmd);
-    cmd.env("DOCKER_HOST", &swarm.manager)
-        .env_remove("DOCKER_TLS_VERIFY")
-        .env_remove("DOCKER_CERT_PATH")
+    swarm
+        .aim(&mut cmd, &swarm.manager)
         .env("WORKER", &swarm.worker)
         .env("COMPOSE", &compose)
         .env("RUN", "2");
@@ -963,10 +962,7 @@ fn a_run_whose_stack_may_be_on_a_node_cut_off_stops_naming_the_node() {
     let mut cmd = case
         .sandbox
         .run_sh("mnc", &["--lock-wait", "4s"], "echo command-started");
-    swarm.sweep_env(&mut cmd);
-    cmd.env("DOCKER_HOST", &swarm.manager)
-        .env_remove("DOCKER_TLS_VERIFY")
-        .env_remove("DOCKER_CERT_PATH");
+    swarm.aim(&mut cmd, &swarm.manager);
     let start = Instant::now();
     let done = run(cmd);
     let took = start.elapsed();
@@ -998,10 +994,7 @@ fn a_run_whose_stack_may_be_on_a_node_cut_off_stops_naming_the_node() {
     );
     drop(heal);
     let mut cmd = case.sandbox.run_sh("mnd", &[], "echo command-started");
-    swarm.sweep_env(&mut cmd);
-    cmd.env("DOCKER_HOST", &swarm.manager)
-        .env_remove("DOCKER_TLS_VERIFY")
-        .env_remove("DOCKER_CERT_PATH");
+    swarm.aim(&mut cmd, &swarm.manager);
     let done = run(cmd);
     done.assert_code(0);
     assert!(
@@ -1022,11 +1015,9 @@ fn doctor_names_the_nodes_and_whether_a_sweep_reaches_each() {
     let case = Case::new(swarm, "mdoc");
     let doctor = |image: &str| {
         let mut cmd = case.sandbox.ccci();
-        swarm.sweep_env(&mut cmd);
-        cmd.env("DOCKER_HOST", &swarm.manager)
+        swarm
+            .aim(&mut cmd, &swarm.manager)
             .env("CCCI_NODE_SWEEP_IMAGE", image)
-            .env_remove("DOCKER_TLS_VERIFY")
-            .env_remove("DOCKER_CERT_PATH")
             .args(["doctor", "--json"]);
         let done = run(cmd);
         let report: Value = serde_json::from_str(&done.out.join("\n"))
