@@ -486,9 +486,11 @@ pub(crate) fn queue_dir_of(lock_file: &std::path::Path) -> std::path::PathBuf {
     std::path::PathBuf::from(dir)
 }
 
-/// A state file: `ccci-<kind>-<run-id>-<pid>`.
-pub(crate) fn state_file_name(kind: &str, run_id: &RunId, pid: u32) -> String {
-    format!("ccci-{kind}-{run_id}-{pid}")
+/// A state file: `ccci-<kind>-<scope>-<run-id>-<pid>`. The scope (`c<dev>.<ino>` of the runs
+/// dir) names the configuration the run belongs to: configurations that share a state dir
+/// (`/tmp` is every configuration's default) tell their files apart by it, never by run id.
+pub(crate) fn state_file_name(kind: &str, scope: &str, run_id: &RunId, pid: u32) -> String {
+    format!("ccci-{kind}-{scope}-{run_id}-{pid}")
 }
 
 /// The kinds of state file, with the environment variable each one is exported as.
@@ -499,17 +501,25 @@ pub(crate) const STATE_FILES: [(&str, &str); 4] = [
     ("depskip", "CCCI_DEPSKIP_FILE"),
 ];
 
-/// The run id and pid a state file name (`ccci-<kind>-<run-id>-<pid>`) belongs to.
-pub(crate) fn parse_state_file_name(name: &str) -> Option<(RunId, u32)> {
+/// The configuration scope, run id and pid a state file name
+/// (`ccci-<kind>-<scope>-<run-id>-<pid>`) belongs to. A name without a scope (as runs before
+/// scopes wrote them) is nobody's we can judge.
+pub(crate) fn parse_state_file_name(name: &str) -> Option<(&str, RunId, u32)> {
     let rest = name.strip_prefix("ccci-")?;
     let rest = STATE_FILES
         .iter()
         .find_map(|(kind, _)| rest.strip_prefix(kind)?.strip_prefix('-'))?;
-    let (run_id, pid) = rest.rsplit_once('-')?;
-    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+    let (scope, rest) = rest.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (dev, ino) = scope.strip_prefix('c')?.split_once('.')?;
+    if !digits(dev) || !digits(ino) {
         return None;
     }
-    Some((RunId::parse(run_id).ok()?, pid.parse().ok()?))
+    let (run_id, pid) = rest.rsplit_once('-')?;
+    if !digits(pid) {
+        return None;
+    }
+    Some((scope, RunId::parse(run_id).ok()?, pid.parse().ok()?))
 }
 
 /// Prefix of every cgroup this tool creates.

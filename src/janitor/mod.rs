@@ -246,7 +246,7 @@ impl Sweep<'_> {
             .tidy(&|domain| candidates.contains_key(domain), self.opts.dry_run);
         self.report.tidied.extend(tidied);
         self.report.errors.extend(errors);
-        tidy_state_files(self.global, self.opts, &mut self.report);
+        tidy_state_files(self.global, scope, self.opts, &mut self.report);
     }
 
     /// This configuration, named by its runs dir. A runs dir that does not exist holds no run:

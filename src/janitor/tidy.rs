@@ -1,5 +1,6 @@
 //! Tidying after a sweep: unheld lock files no candidate stands behind, and the state files of
-//! dead runs. Only ever what this user owns, and never anything a live run holds.
+//! dead runs. Only ever what this user owns, of this configuration (the scope in the name), and
+//! never anything a live run holds.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -8,10 +9,22 @@ use crate::config::{Global, SweepOptions};
 use crate::janitor::report::SweepReport;
 use crate::names::RunId;
 use crate::run::rundir::{self, Liveness};
+use crate::supervise::identity::Scope;
 
-/// Remove the state files of runs that are dead: their run's guard lock is free (or gone), or
-/// held by a later run with the same id under another pid. A SIGKILLed run cannot remove its own.
-pub(super) fn tidy_state_files(global: &Global, opts: &SweepOptions, report: &mut SweepReport) {
+/// Remove the state files of this configuration's runs that are dead: their run's guard lock is
+/// free (or gone), or held by a later run with the same id under another pid. A SIGKILLed run
+/// cannot remove its own. Another configuration's files (another scope in the name, or none)
+/// are never judged: its run ids mean nothing in our runs dir.
+pub(super) fn tidy_state_files(
+    global: &Global,
+    scope: Option<Scope>,
+    opts: &SweepOptions,
+    report: &mut SweepReport,
+) {
+    // Without a runs dir, this configuration has no runs, and no state file is ours.
+    let Some(scope) = scope.map(|s| s.to_string()) else {
+        return;
+    };
     let entries = match std::fs::read_dir(&global.state_dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return,
@@ -27,10 +40,14 @@ pub(super) fn tidy_state_files(global: &Global, opts: &SweepOptions, report: &mu
     let mut runs: BTreeMap<String, RunState> = BTreeMap::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some((run_id, pid)) = name.to_str().and_then(crate::names::parse_state_file_name)
+        let Some((theirs, run_id, pid)) =
+            name.to_str().and_then(crate::names::parse_state_file_name)
         else {
             continue;
         };
+        if theirs != scope {
+            continue;
+        }
         if !entry
             .file_type()
             .is_ok_and(|t| t.is_file() || t.is_symlink())

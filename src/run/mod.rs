@@ -340,7 +340,12 @@ impl Run<'_> {
         self.record.enter(Phase::AppLock);
         self.clear_predecessors()?;
         self.clear_leftovers()?;
-        self.state = StateFiles::create(&self.global.state_dir, &self.cfg.run_id, pid)?;
+        self.state = StateFiles::create(
+            &self.global.state_dir,
+            self.owner.scope,
+            &self.cfg.run_id,
+            pid,
+        )?;
         self.env = self.command_env(abra_dir, recipe_dir);
         let early: VecDeque<Event> = shutdown_events(&self.funnel.pending()).collect();
         if early.is_empty() {

@@ -1,9 +1,11 @@
-//! Run-scoped state files: `<state-dir>/ccci-<kind>-<run-id>-<pid>`, created 0600 before the
-//! command starts and removed at teardown.
+//! Run-scoped state files: `<state-dir>/ccci-<kind>-<scope>-<run-id>-<pid>`, created 0600
+//! before the command starts and removed at teardown.
 //!
-//! Invariant: they are keyed by run id and supervisor pid, never by app domain. A second run of
-//! the same domain runs its set-up while the first is still live, so a domain-keyed file would be
-//! reset under the first run's feet.
+//! Invariant: they are keyed by the configuration's scope, run id and supervisor pid, never by
+//! app domain. A second run of the same domain runs its set-up while the first is still live,
+//! so a domain-keyed file would be reset under the first run's feet; and configurations that
+//! share a state dir reuse run ids (Drone build numbers), so only the scope tells whose a file
+//! is.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -15,6 +17,7 @@ use nix::fcntl::OFlag;
 use nix::unistd::Uid;
 
 use crate::names::{RunId, STATE_FILES, state_file_name};
+use crate::supervise::identity::Scope;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum StateError {
@@ -36,13 +39,18 @@ pub(crate) struct StateFiles {
 
 impl StateFiles {
     /// The path of one kind of state file for a run.
-    pub(crate) fn path(dir: &Path, kind: &str, run_id: &RunId, pid: u32) -> PathBuf {
-        dir.join(state_file_name(kind, run_id, pid))
+    pub(crate) fn path(dir: &Path, kind: &str, scope: Scope, run_id: &RunId, pid: u32) -> PathBuf {
+        dir.join(state_file_name(kind, &scope.to_string(), run_id, pid))
     }
 
     /// Create every kind, empty and 0600. A leftover from a dead run that had our pid is
     /// replaced if it is our own regular file, refused otherwise (it may be a planted symlink).
-    pub(crate) fn create(dir: &Path, run_id: &RunId, pid: u32) -> Result<Self, StateError> {
+    pub(crate) fn create(
+        dir: &Path,
+        scope: Scope,
+        run_id: &RunId,
+        pid: u32,
+    ) -> Result<Self, StateError> {
         // A missing state dir is created like the other dirs (root-only when we make it).
         if !dir.exists() {
             std::fs::DirBuilder::new()
@@ -56,7 +64,7 @@ impl StateFiles {
         }
         let mut created = Self::default();
         for (kind, var) in STATE_FILES {
-            let path = Self::path(dir, kind, run_id, pid);
+            let path = Self::path(dir, kind, scope, run_id, pid);
             if let Err(err) = create_private(&path) {
                 created.remove();
                 return Err(err);
@@ -127,9 +135,13 @@ mod tests {
     fn files_are_private_keyed_by_run_and_pid_and_removed() {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::parse("41").unwrap();
-        let mut files = StateFiles::create(dir.path(), &run, 4242).unwrap();
+        let scope = Scope::of_runs_dir(dir.path()).unwrap();
+        let mut files = StateFiles::create(dir.path(), scope, &run, 4242).unwrap();
         let paths: Vec<_> = files.env().map(|(_, p)| p.to_owned()).collect();
-        assert_eq!(paths[0], dir.path().join("ccci-deploys-41-4242"));
+        assert_eq!(
+            paths[0],
+            dir.path().join(format!("ccci-deploys-{scope}-41-4242"))
+        );
         for path in &paths {
             let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o600, "{}", path.display());
@@ -139,18 +151,29 @@ mod tests {
     }
 
     #[test]
-    fn file_names_parse_back_to_run_and_pid() {
+    fn file_names_parse_back_to_scope_run_and_pid() {
         let run = RunId::parse("build-7.1").unwrap();
+        let scope = Scope::of_runs_dir(Path::new("/")).unwrap();
+        let shown = scope.to_string();
         for (kind, _) in STATE_FILES {
-            let path = StateFiles::path(Path::new("/tmp"), kind, &run, 4242);
+            let path = StateFiles::path(Path::new("/tmp"), kind, scope, &run, 4242);
             let name = path.file_name().unwrap().to_str().unwrap();
-            assert_eq!(parse_state_file_name(name), Some((run.clone(), 4242)));
+            assert_eq!(
+                parse_state_file_name(name),
+                Some((shown.as_str(), run.clone(), 4242))
+            );
         }
         for bad in [
             "ccci-deploys-",
             "ccci-deploys-x-",
             "ccci-other-7-1",
             "ccci-deploys--1",
+            // Without a scope (as older runs named them): nobody's we can judge.
+            "ccci-deploys-41-4242",
+            "ccci-deploys-c12-41-4242",
+            "ccci-deploys-c1.x-41-4242",
+            "ccci-deploys-c1.2--4242",
+            "ccci-deploys-c1.2-41-",
             "x",
         ] {
             assert_eq!(parse_state_file_name(bad), None, "{bad}");
@@ -161,19 +184,20 @@ mod tests {
     fn leftover_regular_file_is_replaced_but_a_symlink_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::parse("7").unwrap();
-        let leftover = StateFiles::path(dir.path(), "deploys", &run, 1);
+        let scope = Scope::of_runs_dir(dir.path()).unwrap();
+        let leftover = StateFiles::path(dir.path(), "deploys", scope, &run, 1);
         std::fs::write(&leftover, "old").unwrap();
-        let mut files = StateFiles::create(dir.path(), &run, 1).unwrap();
+        let mut files = StateFiles::create(dir.path(), scope, &run, 1).unwrap();
         assert_eq!(std::fs::read_to_string(&leftover).unwrap(), "");
         files.remove();
 
         let target = dir.path().join("victim");
         std::fs::write(&target, "keep").unwrap();
         std::os::unix::fs::symlink(&target, &leftover).unwrap();
-        let err = StateFiles::create(dir.path(), &run, 1).unwrap_err();
+        let err = StateFiles::create(dir.path(), scope, &run, 1).unwrap_err();
         assert!(matches!(err, StateError::Unsafe { .. }), "{err}");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
         // Nothing half-created is left behind for the other kinds.
-        assert!(!StateFiles::path(dir.path(), "opstate", &run, 1).exists());
+        assert!(!StateFiles::path(dir.path(), "opstate", scope, &run, 1).exists());
     }
 }

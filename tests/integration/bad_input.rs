@@ -380,7 +380,10 @@ fn symlinked_run_dir_is_refused_and_its_target_untouched() {
 #[test]
 fn state_files_of_others_stay_and_an_unusable_state_dir_is_an_error() {
     let sandbox = Sandbox::new();
-    let theirs = sandbox.state().join("ccci-deploys-someone-4242");
+    // Named as our own configuration's would be: only the owner tells it apart.
+    let theirs = sandbox
+        .state()
+        .join(format!("ccci-deploys-{}-someone-4242", sandbox.scope()));
     std::fs::write(&theirs, "").unwrap();
     std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
     let (_, done) = sandbox.janitor(&[]);

@@ -766,7 +766,13 @@ fn the_summary_counts_what_really_happened() {
 
     // A dead run's state file is tidied, and called a state file.
     std::fs::create_dir_all(sandbox.state()).unwrap();
-    std::fs::write(sandbox.state().join("ccci-deploys-55-4242"), "").unwrap();
+    std::fs::write(
+        sandbox
+            .state()
+            .join(format!("ccci-deploys-{}-55-4242", sandbox.scope())),
+        "",
+    )
+    .unwrap();
     sandbox.set_docker("off");
     let mut cmd = sandbox.ccci();
     let metrics = sandbox.path().join("ccci.prom");

@@ -18,6 +18,7 @@ mod drone;
 mod etcd;
 mod etcd_cluster;
 mod fetch;
+mod hostile;
 mod identity;
 mod janitor;
 mod lifetime;

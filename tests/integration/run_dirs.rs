@@ -84,11 +84,12 @@ fn state_files_are_private_and_keyed_by_run_id_and_pid_not_domain() {
             .collect()
     };
     let state_dir = sandbox.state();
+    let scope = sandbox.scope();
     for (proc_, run_id, pid) in [(&a, "40", pid_a), (&b, "41", pid_b)] {
         let lines = states(proc_);
         assert_eq!(lines.len(), 4, "{lines:?}");
         for (line, kind) in lines.iter().zip(["deploys", "opstate", "deps", "depskip"]) {
-            let path = state_dir.join(format!("ccci-{kind}-{run_id}-{pid}"));
+            let path = state_dir.join(format!("ccci-{kind}-{scope}-{run_id}-{pid}"));
             assert_eq!(line, &format!("state 600 {}", path.display()));
         }
     }

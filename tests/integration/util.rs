@@ -263,6 +263,15 @@ impl Sandbox {
     }
 
     /// Files left in the state directory.
+    /// This sandbox's configuration as state file names carry it: `c<dev>.<ino>` of its runs
+    /// dir (made here if missing).
+    pub fn scope(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::create_dir_all(self.runs()).unwrap();
+        let meta = std::fs::metadata(self.runs()).unwrap();
+        format!("c{}.{}", meta.dev(), meta.ino())
+    }
+
     pub fn state_files(&self) -> Vec<String> {
         list(&self.state())
     }
