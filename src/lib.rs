@@ -14,6 +14,7 @@ pub(crate) mod docker;
 mod doctor;
 pub(crate) mod duration;
 pub(crate) mod exit;
+pub(crate) mod files;
 mod fuzz;
 pub(crate) mod janitor;
 pub(crate) mod lock;

@@ -818,7 +818,7 @@ fn etcd_checks(settings: &config::EtcdSettings) -> Vec<Check> {
 /// each (without them, waiters poll).
 fn inotify(lock_dir: &Path) -> Vec<Check> {
     let read = |name: &str| -> Option<u64> {
-        std::fs::read_to_string(format!("/proc/sys/fs/inotify/{name}"))
+        crate::files::kernel_text(format!("/proc/sys/fs/inotify/{name}"))
             .ok()?
             .trim()
             .parse()
@@ -911,7 +911,7 @@ fn inotify_in_use() -> (u64, u64) {
             continue;
         }
         let dir = entry.path();
-        let euid = std::fs::read_to_string(dir.join("status"))
+        let euid = crate::files::kernel_text(dir.join("status"))
             .ok()
             .and_then(|s| {
                 s.lines()
@@ -928,7 +928,7 @@ fn inotify_in_use() -> (u64, u64) {
             if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify") {
                 instances += 1;
                 let info = dir.join("fdinfo").join(fd.file_name());
-                watches += std::fs::read_to_string(info)
+                watches += crate::files::kernel_text(info)
                     .map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count() as u64)
                     .unwrap_or(0);
             }

@@ -169,10 +169,19 @@ pub(crate) fn parse_timespan(text: &str) -> Result<Option<Duration>, String> {
         .map_err(|e| format!("{text:?} is not a systemd time span: {e}"))
 }
 
-/// The unit's settings from its file at `path` and the drop-ins of `<path>.d/*.conf`.
+/// What a unit file or drop-in may be: a link (systemd's own layout is full of them) to a
+/// regular file far below this size.
+const UNIT_RULES: crate::files::Rules = crate::files::Rules {
+    max_len: 1 << 20,
+    follow_links: true,
+    owners: crate::files::Owners::Any,
+};
+
+/// The unit's settings from its file at `path` and the drop-ins of `<path>.d/*.conf`, each
+/// read as [`crate::files`] reads (a FIFO or `/dev/zero` named as a unit file is refused).
 pub(crate) fn read_file(path: &Path) -> Result<(UnitSettings, Vec<String>), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("failed to read unit file {}: {e}", path.display()))?;
+    let text = crate::files::read_text(path, &UNIT_RULES)
+        .map_err(|e| format!("failed to read unit file: {e}"))?;
     let mut settings = UnitSettings::default();
     settings.apply_file(&text);
     let mut read = vec![path.display().to_string()];
@@ -187,8 +196,8 @@ pub(crate) fn read_file(path: &Path) -> Result<(UnitSettings, Vec<String>), Stri
         .collect();
     dropins.sort();
     for dropin in dropins {
-        let text = std::fs::read_to_string(&dropin)
-            .map_err(|e| format!("failed to read drop-in {}: {e}", dropin.display()))?;
+        let text = crate::files::read_text(&dropin, &UNIT_RULES)
+            .map_err(|e| format!("failed to read drop-in: {e}"))?;
         settings.apply_file(&text);
         read.push(dropin.display().to_string());
     }

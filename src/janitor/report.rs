@@ -294,10 +294,14 @@ pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()>
         .unwrap_or_default()
         .as_secs_f64();
     let last_success = if report.failed() {
-        std::fs::read_to_string(path).ok().and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(LAST)?.trim().parse::<f64>().ok())
-        })
+        // The metrics dir is often shared (node_exporter's textfile dir): what is at our path
+        // may be anything but our last file.
+        crate::files::read_text(path, &crate::files::Rules::small(1 << 20))
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(LAST)?.trim().parse::<f64>().ok())
+            })
     } else {
         Some(now)
     };

@@ -21,10 +21,6 @@ pub(super) fn tidy_state_files(
     opts: &SweepOptions,
     report: &mut SweepReport,
 ) {
-    // Without a runs dir, this configuration has no runs, and no state file is ours.
-    let Some(scope) = scope.map(|s| s.to_string()) else {
-        return;
-    };
     let entries = match std::fs::read_dir(&global.state_dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return,
@@ -35,6 +31,10 @@ pub(super) fn tidy_state_files(
             ));
             return;
         }
+    };
+    // Without a runs dir, this configuration has no runs, and no state file is ours.
+    let Some(scope) = scope.map(|s| s.to_string()) else {
+        return;
     };
     let us = nix::unistd::Uid::effective().as_raw();
     let mut runs: BTreeMap<String, RunState> = BTreeMap::new();

@@ -7,13 +7,10 @@
 //! line names is judged from here: alive, dead (it died holding the lock), or unresolvable.
 
 use std::fmt::Write as _;
-use std::fs::OpenOptions;
-use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use nix::fcntl::OFlag;
 use serde::Serialize;
 
 use crate::names::escape_outside;
@@ -167,14 +164,7 @@ fn describe(
     });
     info.long_held = info.held && info.age_s.is_some_and(|a| a > long_held.as_secs());
     // Read-only, no-follow, non-blocking: looking must not disturb anything.
-    let text = OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
-        .open(path)
-        .and_then(|f| {
-            let mut buf = Vec::new();
-            f.take(4096).read_to_end(&mut buf).map(|_| buf)
-        });
+    let text = crate::files::read(path, &crate::files::Rules::small(4096));
     if let Ok(bytes) = text {
         let text = String::from_utf8_lossy(&bytes).trim().to_owned();
         if !info.held && !text.is_empty() && info.problem.is_none() {

@@ -289,7 +289,18 @@ impl Queue {
             .flatten()
             .filter_map(|e| {
                 let ticket = Ticket::parse(e.file_name().to_str()?)?;
-                let modified = e.metadata().ok()?.modified().ok()?;
+                // Not followed: a FIFO, a link or a directory named like a ticket is nobody's
+                // place in line (any process of the lock's user can make one).
+                let meta = e.metadata().ok()?;
+                if !meta.is_file() {
+                    tracing::info!(
+                        "not a ticket: {} is {}",
+                        e.path().display(),
+                        crate::files::kind_name(meta.file_type())
+                    );
+                    return None;
+                }
+                let modified = meta.modified().ok()?;
                 Some(QueuedTicket {
                     ticket,
                     age_s: now.duration_since(modified).unwrap_or_default().as_secs(),
@@ -346,12 +357,15 @@ impl Queue {
 
     /// The owner the ticket names, when it wrote itself in (a ticket is published an instant
     /// before its owner writes it) and its pid is the ticket's.
+    /// Read as [`crate::files`] reads: a FIFO or a link named like a ticket is no ticket's
+    /// owner, and never blocks the queue.
     fn owner(&self, ticket: &Ticket) -> Option<ProcessIdentity> {
-        let mut text = String::new();
-        std::fs::File::open(self.path(ticket))
-            .ok()?
-            .take(512)
-            .read_to_string(&mut text)
+        let text = crate::files::read_text(&self.path(ticket), &crate::files::Rules::small(512))
+            .map_err(|err| {
+                if !err.is_missing() {
+                    tracing::info!("{err}");
+                }
+            })
             .ok()?;
         serde_json::from_str::<ProcessIdentity>(text.trim())
             .ok()
@@ -495,15 +509,7 @@ pub(crate) fn last_wait_path(lock_dir: &Path, name: &LockName) -> PathBuf {
 
 /// The last holder's wait recorded at `path`, in seconds.
 pub(crate) fn last_wait(path: &Path) -> Option<f64> {
-    let mut text = String::new();
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
-        .open(path)
-        .ok()?
-        .take(64)
-        .read_to_string(&mut text)
-        .ok()?;
+    let text = crate::files::read_text(path, &crate::files::Rules::small(64)).ok()?;
     text.trim()
         .parse::<f64>()
         .ok()

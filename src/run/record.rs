@@ -22,6 +22,9 @@ pub(crate) fn timestamp(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
+/// What a run record may be: far below this (a few KiB), whatever the run did.
+const RECORD_RULES: crate::files::Rules = crate::files::Rules::small(1 << 20);
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub(crate) struct Phase {
     pub name: String,
@@ -113,8 +116,11 @@ impl RunRecord {
         });
     }
 
+    /// Read a run record: a small regular file, never a FIFO, a link or a huge file planted in
+    /// its place ([`crate::files`]).
     pub(crate) fn read(path: &Path) -> io::Result<Self> {
-        let text = std::fs::read(path)?;
+        let text =
+            crate::files::read(path, &RECORD_RULES).map_err(crate::files::ReadError::into_io)?;
         serde_json::from_slice(&text).map_err(io::Error::other)
     }
 
@@ -210,7 +216,7 @@ mod tests {
         record.exit_code = Some(0);
         record.write(&path).unwrap();
         assert_eq!(RunRecord::read(&path).unwrap(), record);
-        let text = std::fs::read_to_string(&path).unwrap();
+        let text = crate::files::read_text(&path, &RECORD_RULES).unwrap();
         assert!(text.contains("\"ref\": \"main\""), "{text}");
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()

@@ -188,7 +188,10 @@ mod tests {
         let leftover = StateFiles::path(dir.path(), "deploys", scope, &run, 1);
         std::fs::write(&leftover, "old").unwrap();
         let mut files = StateFiles::create(dir.path(), scope, &run, 1).unwrap();
-        assert_eq!(std::fs::read_to_string(&leftover).unwrap(), "");
+        assert_eq!(
+            crate::files::read_text(&leftover, &crate::files::Rules::small(64)).unwrap(),
+            ""
+        );
         files.remove();
 
         let target = dir.path().join("victim");
@@ -196,7 +199,10 @@ mod tests {
         std::os::unix::fs::symlink(&target, &leftover).unwrap();
         let err = StateFiles::create(dir.path(), scope, &run, 1).unwrap_err();
         assert!(matches!(err, StateError::Unsafe { .. }), "{err}");
-        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(
+            crate::files::read_text(&target, &crate::files::Rules::small(64)).unwrap(),
+            "keep"
+        );
         // Nothing half-created is left behind for the other kinds.
         assert!(!StateFiles::path(dir.path(), "opstate", scope, &run, 1).exists());
     }

@@ -22,7 +22,7 @@
 //! create`] says so and the supervisor falls back to process groups, subreaping and the
 //! environment scan of [`crate::supervise::leftovers`].
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -66,7 +66,7 @@ pub(crate) fn mount_point() -> Option<PathBuf> {
     static MOUNT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
     MOUNT
         .get_or_init(|| {
-            let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+            let text = crate::files::kernel_text("/proc/self/mountinfo").ok()?;
             linux::cgroup2_mount(&text)
         })
         .clone()
@@ -77,7 +77,7 @@ fn own_cgroup() -> io::Result<PathBuf> {
     static OWN: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     OWN.get_or_init(|| {
         let mount = mount_point().ok_or("no cgroup v2 hierarchy is mounted")?;
-        let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+        let text = crate::files::kernel_text("/proc/self/cgroup").map_err(|e| e.to_string())?;
         let relative = linux::cgroup2_path(&text).ok_or("this process is in no cgroup v2 group")?;
         Ok(mount.join(relative.trim_start_matches('/')))
     })
@@ -258,7 +258,7 @@ fn kill(dir: &Path) -> io::Result<()> {
 /// Every process in `dir` and below.
 fn members(dir: &Path) -> io::Result<Vec<nix::unistd::Pid>> {
     let mut pids = Vec::new();
-    let text = std::fs::read_to_string(dir.join("cgroup.procs"))?;
+    let text = crate::files::kernel_text(dir.join("cgroup.procs"))?;
     pids.extend(
         text.lines()
             .filter_map(|l| l.trim().parse().ok())
@@ -274,7 +274,7 @@ fn members(dir: &Path) -> io::Result<Vec<nix::unistd::Pid>> {
 
 /// `populated` from `cgroup.events`: true while any process is in the cgroup or below.
 fn populated(dir: &Path) -> io::Result<bool> {
-    let text = std::fs::read_to_string(dir.join("cgroup.events"))?;
+    let text = crate::files::kernel_text(dir.join("cgroup.events"))?;
     Ok(linux::cgroup_populated(&text).unwrap_or(true))
 }
 
@@ -283,7 +283,7 @@ fn populated(dir: &Path) -> io::Result<bool> {
 fn wait_empty(dir: &Path, budget: Duration) -> io::Result<bool> {
     let until = Instant::now() + budget;
     let events = dir.join("cgroup.events");
-    let file = match File::open(&events) {
+    let file = match crate::files::kernel_file(&events) {
         Ok(file) => file,
         Err(err) if is_gone(&err) => return Ok(true),
         Err(err) => return Err(annotate(err, "open", &events)),

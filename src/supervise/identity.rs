@@ -82,7 +82,7 @@ impl Here {
         HERE.get_or_init(|| {
             let pid_ns = linux::pid_namespace("self")
                 .map_err(|e| format!("failed to read /proc/self/ns/pid: {e}"));
-            let depth = std::fs::read_to_string("/proc/self/status")
+            let depth = crate::files::kernel_text("/proc/self/status")
                 .ok()
                 .and_then(|s| linux::parse_nspid(&s))
                 .map(|p| p.len());
@@ -95,7 +95,7 @@ impl Here {
                 proc_is_init: init_ns == Some(linux::INIT_PID_NAMESPACE),
                 offset_ticks: own_offset_ticks(),
                 // Root sees every process, whatever `hidepid` says.
-                hidden: std::fs::read_to_string("/proc/self/mountinfo")
+                hidden: crate::files::kernel_text("/proc/self/mountinfo")
                     .ok()
                     .and_then(|m| linux::proc_hidepid(&m))
                     .filter(|_| !nix::unistd::Uid::effective().is_root()),
@@ -116,7 +116,7 @@ fn own_offset_ticks() -> Result<i128, String> {
             own.map_or("?".to_owned(), |p| p.display().to_string())
         ));
     }
-    let nanos = match std::fs::read_to_string("/proc/self/timens_offsets") {
+    let nanos = match crate::files::kernel_text("/proc/self/timens_offsets") {
         Ok(text) => linux::parse_boottime_offset(&text)
             .ok_or_else(|| "failed to parse /proc/self/timens_offsets".to_owned())?,
         // A kernel without time namespaces: no offset.
@@ -139,7 +139,7 @@ impl ProcessIdentity {
             let here = Here::get();
             let pid_ns = here.pid_ns.clone().map_err(IdentityError)?;
             let offset = here.offset_ticks.clone().map_err(IdentityError)?;
-            let raw = std::fs::read_to_string("/proc/self/stat")
+            let raw = crate::files::kernel_text("/proc/self/stat")
                 .ok()
                 .and_then(|s| linux::parse_start_time(&s))
                 .ok_or_else(|| IdentityError("failed to read /proc/self/stat".to_owned()))?;
@@ -308,7 +308,7 @@ impl Judge {
         };
         if who.pid_ns == own_ns && here.proc_is_own {
             // The common case, one file: `/proc/<pid>` is the recorded pid in our namespace.
-            return match std::fs::read_to_string(format!("/proc/{}/stat", who.pid)) {
+            return match crate::files::kernel_text(format!("/proc/{}/stat", who.pid)) {
                 Ok(text) => match (linux::parse_start_time(&text), linux::parse_stat(&text)) {
                     (Some(raw_start), Some(stat)) => compare(Seen {
                         raw_start,

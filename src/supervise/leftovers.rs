@@ -108,12 +108,12 @@ fn ancestors_and_self() -> HashSet<Pid> {
         .and_then(|p| p.to_str()?.parse().ok())
         .map_or_else(nix::unistd::getpid, Pid::from_raw);
     let mut spared = HashSet::from([me]);
-    let mut current = std::fs::read_to_string(format!("/proc/{me}/stat"))
+    let mut current = crate::files::kernel_text(format!("/proc/{me}/stat"))
         .ok()
         .and_then(|t| linux::parse_stat(&t))
         .map_or_else(nix::unistd::getppid, |s| s.ppid);
     while current.as_raw() > 1 && spared.insert(current) {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{current}/stat")) else {
+        let Ok(text) = crate::files::kernel_text(format!("/proc/{current}/stat")) else {
             break;
         };
         match linux::parse_stat(&text) {

@@ -228,7 +228,7 @@ pub(crate) fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
             continue;
         };
         // A process that exited since read_dir listed it is simply gone.
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        let Ok(text) = crate::files::kernel_text(format!("/proc/{pid}/stat")) else {
             continue;
         };
         if let Some(stat) = parse_stat(&text) {
@@ -310,7 +310,7 @@ pub(crate) fn clock_ticks_per_second() -> i128 {
 
 /// This boot of this kernel: a random id, the same in every container on it, new at every boot.
 pub(crate) fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+    crate::files::kernel_text("/proc/sys/kernel/random/boot_id")
         .map(|id| id.trim().to_owned())
         .unwrap_or_default()
 }
@@ -551,7 +551,7 @@ pub(crate) fn parse_proc_lock(line: &str) -> Option<ProcLock> {
 
 /// Every flock in the system, from `/proc/locks`.
 pub(crate) fn proc_locks() -> io::Result<Vec<ProcLock>> {
-    Ok(std::fs::read_to_string("/proc/locks")?
+    Ok(crate::files::kernel_text("/proc/locks")?
         .lines()
         .filter_map(parse_proc_lock)
         .collect())
@@ -577,7 +577,7 @@ pub(crate) fn is_ancestor(pid: Pid) -> bool {
         if current.as_raw() <= 1 {
             return false;
         }
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{current}/stat")) else {
+        let Ok(text) = crate::files::kernel_text(format!("/proc/{current}/stat")) else {
             return false;
         };
         match parse_stat(&text) {

@@ -296,7 +296,15 @@ impl SignalFunnel {
     fn stop_requested(&self, sender: Option<Sender>) -> Option<Requester> {
         let stop = self.stop.as_ref()?;
         let sender = sender?;
-        let text = std::fs::read(&stop.path).ok()?;
+        // Written by `ccci-run stop`, but in a directory the run's own command can write to: a
+        // FIFO or a link planted there must not hold the teardown up.
+        let text = crate::files::read(&stop.path, &crate::files::Rules::small(4096))
+            .map_err(|err| {
+                if !err.is_missing() {
+                    tracing::warn!("not a stop request: {err}");
+                }
+            })
+            .ok()?;
         let request: StopRequest = serde_json::from_slice(&text).ok()?;
         if !request.sent_by(sender, &stop.own) {
             tracing::debug!(

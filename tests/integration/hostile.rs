@@ -1,7 +1,11 @@
 //! Every file ccci-run reads or writes on a shared host, met as it may be: another
 //! configuration's, planted by another process of the same user.
 
-use crate::util::{Proc, Sandbox, list, run};
+use std::path::Path;
+
+use nix::sys::signal::Signal;
+
+use crate::util::{Finished, PATIENCE, Proc, Sandbox, list, run, signal, wait_exited};
 
 /// Two configurations share one state dir (`/tmp` is every configuration's default), and Drone
 /// build numbers make their run ids collide. Configuration B's janitor sweeps and runs — each
@@ -41,4 +45,142 @@ fn another_configuration_never_removes_a_live_run_s_state_files() {
     live.close_stdin();
     live.finish().assert_code(0);
     assert!(list(&a.state()).is_empty(), "{:?}", list(&a.state()));
+}
+
+/// Run `cmd` to its end, which must come within [`crate::util::PATIENCE`]: a product that hangs
+/// fails the test (and is killed) instead of hanging the suite.
+fn bounded(cmd: std::process::Command) -> Finished {
+    let proc_ = Proc::spawn(cmd);
+    let pid = proc_.pid();
+    if !wait_exited(pid) {
+        signal(pid, Signal::SIGKILL);
+        let done = proc_.finish();
+        panic!("hung: killed after {:?}\n{}", PATIENCE, done.transcript());
+    }
+    proc_.finish()
+}
+
+fn mkfifo(path: &Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+}
+
+/// A FIFO named like a ticket in a named lock's queue (any process of the lock's user can make
+/// one): `lock` takes the lock and runs its command, and the janitor sweeps, each at once —
+/// neither blocks opening it.
+#[test]
+fn a_fifo_named_like_a_ticket_wedges_neither_lock_nor_janitor() {
+    let sandbox = Sandbox::new();
+    let queue = sandbox.locks().join("ccci-shared.lock.queue");
+    std::fs::create_dir_all(&queue).unwrap();
+    // A live pid (ours), so that its owner is looked up rather than its pid judged dead.
+    mkfifo(&queue.join(format!("1-000000000001-{}", std::process::id())));
+    let mut cmd = sandbox.ccci();
+    cmd.args(["lock", "shared", "--wait", "5", "--", "echo", "held"]);
+    let done = bounded(cmd);
+    done.assert_code(0);
+    assert!(
+        done.out.iter().any(|l| l == "held"),
+        "{}",
+        done.transcript()
+    );
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--json"]);
+    bounded(cmd).assert_code(0);
+}
+
+/// The run's own command plants a FIFO (or a link to /dev/zero) where `ccci-run stop` leaves its
+/// request; a plain SIGTERM, as Drone or systemd sends, still tears the run down at once (143),
+/// and is not taken for a stop request.
+#[rstest::rstest]
+#[case::fifo(true)]
+#[case::dev_zero(false)]
+fn a_planted_stop_request_never_holds_up_a_plain_sigterm(#[case] fifo: bool) {
+    let sandbox = Sandbox::new();
+    let stop = sandbox.runs().join("st").join("stop.json");
+    let plant = if fifo {
+        format!("mkfifo {}", crate::util::sh_quote(&stop))
+    } else {
+        format!("ln -s /dev/zero {}", crate::util::sh_quote(&stop))
+    };
+    let mut live = Proc::spawn(sandbox.run_sh(
+        "st",
+        &["--kill-grace", "1"],
+        &format!("{plant} && echo ready $$; exec sleep 1000"),
+    ));
+    live.wait_ready();
+    signal(live.pid(), Signal::SIGTERM);
+    assert!(
+        wait_exited(live.pid()),
+        "the run did not end within {PATIENCE:?} of a SIGTERM"
+    );
+    let done = live.finish();
+    done.assert_code(143);
+    let record = sandbox.record("st");
+    assert_ne!(record["stop_reason"], "stopped", "{record:#}");
+}
+
+/// A run's record replaced by a FIFO, a link to /dev/zero, or a huge sparse file: `runs`,
+/// `runs --json` and `stop` end at once, naming what they refused, and list the other runs.
+#[rstest::rstest]
+#[case::fifo("fifo")]
+#[case::dev_zero("zero")]
+#[case::huge("huge")]
+fn a_hostile_run_record_is_refused_and_the_other_runs_listed(#[case] kind: &str) {
+    let sandbox = Sandbox::new();
+    for id in ["ok", "bad"] {
+        run(sandbox.run_sh(id, &[], "true")).assert_code(0);
+    }
+    let record = sandbox.runs().join("bad").join("run.json");
+    std::fs::remove_file(&record).unwrap();
+    match kind {
+        "fifo" => mkfifo(&record),
+        "zero" => std::os::unix::fs::symlink("/dev/zero", &record).unwrap(),
+        _ => std::fs::File::create(&record)
+            .unwrap()
+            .set_len(3 << 30)
+            .unwrap(),
+    }
+    for args in [
+        &["runs", "--all"][..],
+        &["runs", "--all", "--json"],
+        &["stop", "bad"],
+    ] {
+        let mut cmd = sandbox.ccci();
+        cmd.args(args);
+        let done = bounded(cmd);
+        let text = done.transcript();
+        if args[0] == "runs" {
+            assert!(
+                text.contains("ok"),
+                "{args:?}: the other run is not listed\n{text}"
+            );
+        }
+        assert!(
+            text.contains("run.json") || text.contains("bad"),
+            "{args:?}: nothing said of the refused record\n{text}"
+        );
+    }
+}
+
+/// The metrics target in a shared textfile dir is a FIFO when a failed sweep looks for the last
+/// success time in it: the janitor ends at once, and the metrics file is written in its place.
+#[test]
+fn a_fifo_at_the_metrics_target_never_hangs_the_janitor() {
+    let sandbox = Sandbox::new();
+    let metrics = sandbox.path().join("ccci.prom");
+    mkfifo(&metrics);
+    // A failed sweep: a state dir that is a regular file.
+    let file = sandbox.path().join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.arg("--state-dir")
+        .arg(&file)
+        .args(["janitor", "--metrics-file"])
+        .arg(&metrics);
+    let done = bounded(cmd);
+    done.assert_code(1);
+    assert!(
+        std::fs::symlink_metadata(&metrics).is_ok_and(|m| m.is_file()),
+        "the metrics file was not written"
+    );
 }

@@ -1,0 +1,281 @@
+//! One way to read a file ccci-run did not just write itself: a record, a stop request, a
+//! ticket, a holder line, a metrics file, a unit file. On a shared host any of them may be
+//! something else than the small regular file it names: a FIFO (an open for reading blocks until
+//! a writer comes, for ever), a link to `/dev/zero` (a read never ends), a huge sparse file (a
+//! read takes the memory), or a link to a file of someone else's.
+//!
+//! Invariant: a file is opened without blocking and without following a link in its last
+//! component (unless [`Rules::follow_links`] says links are expected there), judged by the
+//! opened descriptor — a regular file, of an owner [`Rules::owners`] accepts, no larger than
+//! [`Rules::max_len`] — and only then read, to at most that many bytes. Anything else is a
+//! [`ReadError`] that names the path and what it is; the caller skips the item, never the
+//! whole job.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Whose file may be believed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owners {
+    /// Anyone's: what it says is checked by its reader (a pid against the process, a holder
+    /// against the lock).
+    Any,
+    /// Ours or root's only.
+    UsOrRoot,
+}
+
+/// What a file must be to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rules {
+    /// The most bytes such a file holds; a larger one is refused unread.
+    pub max_len: u64,
+    /// Whether the last component may be a symbolic link (a unit file under /etc/systemd).
+    pub follow_links: bool,
+    pub owners: Owners,
+}
+
+impl Rules {
+    /// A small file of anyone's, no link: up to `max_len` bytes.
+    pub(crate) const fn small(max_len: u64) -> Self {
+        Self {
+            max_len,
+            follow_links: false,
+            owners: Owners::Any,
+        }
+    }
+}
+
+/// Why a file was not read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("refusing {path}: {why}")]
+    Refused { path: PathBuf, why: String },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl ReadError {
+    /// The file is not there (or a directory on its path is not): nothing to refuse.
+    pub(crate) fn is_missing(&self) -> bool {
+        matches!(self, ReadError::Open { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
+    /// As an `io::Error`, for callers that speak io (its kind kept where there is one).
+    pub(crate) fn into_io(self) -> io::Error {
+        match self {
+            ReadError::Open { source, .. } | ReadError::Read { source, .. }
+                if source.kind() == io::ErrorKind::NotFound =>
+            {
+                source
+            }
+            other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+        }
+    }
+}
+
+/// What a file system object is, in words.
+pub(crate) fn kind_name(kind: std::fs::FileType) -> &'static str {
+    if kind.is_file() {
+        "a regular file"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a file"
+    }
+}
+
+/// Open `path` for reading without blocking (and, unless the rules allow links, without
+/// following one), and check the opened descriptor against `rules`.
+pub(crate) fn open(path: &Path, rules: &Rules) -> Result<File, ReadError> {
+    let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY | nix::libc::O_CLOEXEC;
+    if !rules.follow_links {
+        flags |= nix::libc::O_NOFOLLOW;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+        .map_err(|source| {
+            // O_NOFOLLOW on a link fails with ELOOP: say what it is.
+            if source.raw_os_error() == Some(nix::libc::ELOOP) && !rules.follow_links {
+                ReadError::Refused {
+                    path: path.to_owned(),
+                    why: "it is a symbolic link, where a file of its own is expected".to_owned(),
+                }
+            } else {
+                ReadError::Open {
+                    path: path.to_owned(),
+                    source,
+                }
+            }
+        })?;
+    check(&file, path, rules)?;
+    Ok(file)
+}
+
+/// Check an open descriptor against `rules`.
+fn check(file: &File, path: &Path, rules: &Rules) -> Result<(), ReadError> {
+    let refused = |why: String| ReadError::Refused {
+        path: path.to_owned(),
+        why,
+    };
+    let meta = file.metadata().map_err(|source| ReadError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        return Err(refused(format!(
+            "it is {}, not a regular file",
+            kind_name(kind)
+        )));
+    }
+    if rules.owners == Owners::UsOrRoot {
+        let us = nix::unistd::Uid::effective().as_raw();
+        if meta.uid() != us && meta.uid() != 0 {
+            return Err(refused(format!(
+                "it is owned by uid {}, neither us (uid {us}) nor root",
+                meta.uid()
+            )));
+        }
+    }
+    if meta.len() > rules.max_len {
+        return Err(refused(format!(
+            "it is {} bytes long, more than the {} such a file can hold",
+            meta.len(),
+            rules.max_len
+        )));
+    }
+    Ok(())
+}
+
+/// The bytes of the file at `path`, read as [`open`] allows.
+pub(crate) fn read(path: &Path, rules: &Rules) -> Result<Vec<u8>, ReadError> {
+    let file = open(path, rules)?;
+    let mut bytes = Vec::new();
+    file.take(rules.max_len + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| ReadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+    if bytes.len() as u64 > rules.max_len {
+        // It grew between the look and the read.
+        return Err(ReadError::Refused {
+            path: path.to_owned(),
+            why: format!(
+                "it holds more than the {} bytes such a file can",
+                rules.max_len
+            ),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The text of the file at `path` (UTF-8), read as [`open`] allows.
+pub(crate) fn read_text(path: &Path, rules: &Rules) -> Result<String, ReadError> {
+    let bytes = read(path, rules)?;
+    String::from_utf8(bytes).map_err(|err| ReadError::Refused {
+        path: path.to_owned(),
+        why: format!("it is not UTF-8 text: {err}"),
+    })
+}
+
+/// The text of a file the kernel serves (`/proc`, a cgroup's interface files): what it says is
+/// the kernel's, and it is never a FIFO, a device or a planted link. Read whole.
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn kernel_text(path: impl AsRef<Path>) -> io::Result<String> {
+    std::fs::read_to_string(path)
+}
+
+/// A file the kernel serves, opened for reading (to poll a cgroup's `cgroup.events`).
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn kernel_file(path: impl AsRef<Path>) -> io::Result<File> {
+    File::open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::time::{Duration, Instant};
+
+    fn refused(result: Result<Vec<u8>, ReadError>) -> String {
+        match result {
+            Err(ReadError::Refused { why, .. }) => why,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_fifo_a_device_link_and_a_huge_file_are_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let rules = Rules::small(4096);
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let started = Instant::now();
+        assert!(refused(read(&fifo, &rules)).contains("a FIFO"));
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        let zero = dir.path().join("zero");
+        symlink("/dev/zero", &zero).unwrap();
+        assert!(refused(read(&zero, &rules)).contains("symbolic link"));
+        let followed = Rules {
+            follow_links: true,
+            ..rules
+        };
+        assert!(refused(read(&zero, &followed)).contains("a character device"));
+
+        let huge = dir.path().join("huge");
+        File::create(&huge).unwrap().set_len(3 << 30).unwrap();
+        assert!(refused(read(&huge, &rules)).contains("bytes long"));
+
+        let fine = dir.path().join("fine");
+        std::fs::write(&fine, "ok\n").unwrap();
+        assert_eq!(read_text(&fine, &rules).unwrap(), "ok\n");
+        assert!(
+            read(&dir.path().join("missing"), &rules)
+                .unwrap_err()
+                .is_missing()
+        );
+    }
+
+    #[test]
+    fn another_owner_is_refused_when_only_ours_will_do() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::write(&theirs, "x").unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let rules = Rules {
+            owners: Owners::UsOrRoot,
+            ..Rules::small(64)
+        };
+        assert!(refused(read(&theirs, &rules)).contains("uid 65534"));
+        assert_eq!(read(&theirs, &Rules::small(64)).unwrap(), b"x");
+    }
+}
