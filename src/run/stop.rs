@@ -93,6 +93,19 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
         source,
     })?;
     let dir = runs_dir.join(id.as_str());
+    // A run dir is a directory of this runs dir: a link planted in its place (to another
+    // configuration's live run) is never followed.
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(meta) => {
+            return Err(not_live(format!(
+                "{} is {}, not a run directory; nothing signalled",
+                dir.display(),
+                crate::files::kind_name(meta.file_type())
+            )));
+        }
+        Err(_) => {}
+    }
     let record_path = dir.join(names::RUN_RECORD_FILE);
     let record = match RunRecord::read(&record_path) {
         Ok(record) => record,
@@ -223,6 +236,10 @@ fn verify(dir: &Path, supervisor: &ProcessIdentity) -> Result<Target, NotLive> {
         .and_then(|s| linux::parse_stat(&String::from_utf8_lossy(&s)))
         .map(|s| s.pid)
         .ok_or(NotLive::Dead)?;
+    // The kernel's word, not the record's: the process that holds the run's guard must be the
+    // one we are about to signal (the record and the holder line are both writable by the
+    // run's own command).
+    holds_guard(dir, pid.as_raw())?;
     let pidfd = linux::pidfd_open(pid).map_err(|_| NotLive::Dead)?;
     if !proc_dir.running() {
         return Err(NotLive::Dead);
@@ -231,6 +248,39 @@ fn verify(dir: &Path, supervisor: &ProcessIdentity) -> Result<Target, NotLive> {
         dir: proc_dir,
         pidfd,
     })
+}
+
+/// Whether process `pid` (of our pid namespace) holds the flock on the guard of the run in
+/// `dir`, by the kernel's lock table.
+fn holds_guard(dir: &Path, pid: i32) -> Result<(), NotLive> {
+    use std::os::unix::fs::MetadataExt;
+    let guard = dir.join(names::RUN_GUARD_FILE);
+    let meta = std::fs::symlink_metadata(&guard)
+        .map_err(|e| NotLive::Guard(format!("cannot inspect {}: {e}", guard.display())))?;
+    let locks = linux::proc_locks()
+        .map_err(|e| NotLive::Guard(format!("cannot read the kernel's lock table: {e}")))?;
+    let holders: Vec<i32> = locks
+        .iter()
+        .filter(|l| {
+            !l.waiting
+                && l.inode == meta.ino()
+                && l.major == linux::dev_major(meta.dev())
+                && l.minor == linux::dev_minor(meta.dev())
+        })
+        .map(|l| l.pid)
+        .collect();
+    if holders.contains(&pid) {
+        return Ok(());
+    }
+    Err(NotLive::Guard(format!(
+        "its record and guard name pid {pid} as its supervisor, but the kernel says its guard {}          is held by {}; nothing signalled",
+        guard.display(),
+        if holders.is_empty() {
+            "no process".to_owned()
+        } else {
+            format!("pid {holders:?}")
+        }
+    )))
 }
 
 /// Leave the request the supervisor looks for when our SIGTERM arrives.

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use nix::sys::signal::Signal;
 
-use crate::util::{Finished, PATIENCE, Proc, Sandbox, list, run, signal, wait_exited};
+use crate::util::{
+    Finished, PATIENCE, Proc, Sandbox, list, process_alive, run, signal, wait_exited,
+};
 
 /// Two configurations share one state dir (`/tmp` is every configuration's default), and Drone
 /// build numbers make their run ids collide. Configuration B's janitor sweeps and runs — each
@@ -183,4 +185,73 @@ fn a_fifo_at_the_metrics_target_never_hangs_the_janitor() {
         std::fs::symlink_metadata(&metrics).is_ok_and(|m| m.is_file()),
         "the metrics file was not written"
     );
+}
+
+/// Run X's own command (same user) rewrites X's record and guard holder line to name run V's
+/// supervisor: `stop X --kill` refuses, naming the mismatch the kernel's lock table shows, and
+/// signals nobody — V and X both run on.
+#[test]
+fn stop_is_never_redirected_by_a_record_and_holder_line_that_name_another_run() {
+    let sandbox = Sandbox::new();
+    let script = "echo ready $$; read line || :";
+    let mut victim = Proc::spawn(sandbox.run_sh("v", &["--pr", "1"], script));
+    victim.wait_ready();
+    let mut forger = Proc::spawn(sandbox.run_sh("x", &["--pr", "2"], script));
+    forger.wait_ready();
+    let v_dir = sandbox.runs().join("v");
+    let x_dir = sandbox.runs().join("x");
+    let v_record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(v_dir.join("run.json")).unwrap()).unwrap();
+    let mut x_record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(x_dir.join("run.json")).unwrap()).unwrap();
+    x_record["supervisor"] = v_record["supervisor"].clone();
+    std::fs::write(x_dir.join("run.json"), x_record.to_string()).unwrap();
+    // In place: the same inode, still flocked by X's supervisor.
+    std::fs::write(
+        x_dir.join("run.lock"),
+        std::fs::read(v_dir.join("run.lock")).unwrap(),
+    )
+    .unwrap();
+
+    let mut cmd = sandbox.ccci();
+    cmd.args(["stop", "x", "--kill", "--wait", "2"]);
+    let done = bounded(cmd);
+    done.assert_code(1);
+    assert!(
+        done.err
+            .iter()
+            .any(|l| l.contains("lock table") || l.contains("the kernel says")),
+        "{}",
+        done.transcript()
+    );
+    assert!(process_alive(victim.pid()), "run V was signalled");
+    assert!(process_alive(forger.pid()), "run X was signalled");
+    for p in [victim, forger] {
+        let mut p = p;
+        p.close_stdin();
+        p.finish().assert_code(0);
+    }
+}
+
+/// A run dir planted as a link to another configuration's live run: `stop` refuses it, naming
+/// what it is, and the other run goes on.
+#[test]
+fn stop_never_follows_a_run_dir_planted_as_a_link() {
+    let other = Sandbox::new();
+    let mut live = Proc::spawn(other.run_sh("v", &[], "echo ready $$; read line || :"));
+    live.wait_ready();
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.runs()).unwrap();
+    std::os::unix::fs::symlink(other.runs().join("v"), sandbox.runs().join("v")).unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["stop", "v", "--kill", "--wait", "2"]);
+    let done = bounded(cmd);
+    done.assert_code(1);
+    done.assert_stderr_has("a symbolic link, not a run directory");
+    assert!(
+        process_alive(live.pid()),
+        "the other configuration's run was signalled"
+    );
+    live.close_stdin();
+    live.finish().assert_code(0);
 }
