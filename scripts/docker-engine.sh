@@ -109,8 +109,19 @@ start() {
       >"$base/dockerd.log" 2>&1 </dev/null &
     wait_ready $!
   fi
-  if [ "$(docker info --format '{{.Swarm.LocalNodeState}}')" != active ]; then
+  # A daemon that was already in a swarm says "pending" while it rejoins it: wait that out, and
+  # make a swarm only where there is none.
+  local state i
+  for i in $(seq 1 300); do
+    state=$(docker info --format '{{.Swarm.LocalNodeState}}' 2>/dev/null || true)
+    [ "$state" = pending ] || [ -z "$state" ] || break
+    sleep 0.1
+  done
+  if [ "$state" = inactive ]; then
     docker swarm init --advertise-addr 127.0.0.1 >/dev/null
+  elif [ "$state" != active ]; then
+    log "the engine's swarm is ${state:-unknown}, not active"
+    return 1
   fi
   if ! docker image inspect "$image" >/dev/null 2>&1; then
     local rootfs="$base/rootfs"
