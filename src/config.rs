@@ -804,6 +804,23 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         &from_file,
     )?;
     let absolute = |key: &'static str, (p, origin): (PathBuf, Origin)| {
+        // A NUL cannot reach the kernel, and a newline or escape in a path would forge lines
+        // in every listing and log that shows it.
+        if let Some(c) = p
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .find(|b| b.is_ascii_control())
+        {
+            return Err(NameError {
+                what: key,
+                value: p.display().to_string().escape_debug().to_string(),
+                rule: format!(
+                    "holds the control character {:?}; a path has none",
+                    char::from(*c)
+                ),
+            });
+        }
         std::path::absolute(&p).map(|p| (p, origin)).map_err(|e| {
             invalid(
                 key,

@@ -1,8 +1,9 @@
-//! One way to read a file ccci-run did not just write itself: a record, a stop request, a
-//! ticket, a holder line, a metrics file, a unit file. On a shared host any of them may be
-//! something else than the small regular file it names: a FIFO (an open for reading blocks until
-//! a writer comes, for ever), a link to `/dev/zero` (a read never ends), a huge sparse file (a
-//! read takes the memory), or a link to a file of someone else's.
+//! One way to read a file ccci-run did not just write itself, and one way to write a file that
+//! others read ([`write_atomically`]). A file ccci-run did not just write itself is a record,
+//! a stop request, a ticket, a holder line, a metrics file, a unit file. On a shared host any of
+//! them may be something else than the small regular file it names: a FIFO (an open for reading
+//! blocks until a writer comes, for ever), a link to `/dev/zero` (a read never ends), a huge
+//! sparse file (a read takes the memory), or a link to a file of someone else's.
 //!
 //! Invariant: a file is opened without blocking and without following a link in its last
 //! component (unless [`Rules::follow_links`] says links are expected there), judged by the
@@ -216,6 +217,55 @@ pub(crate) fn kernel_file(path: impl AsRef<Path>) -> io::Result<File> {
     File::open(path)
 }
 
+/// The permissions of a file [`write_atomically`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// 0644 less the process's umask: a run's own records.
+    Umasked,
+    /// 0644 whatever the umask: a file that another user's process must read. The metrics are
+    /// read by node_exporter under its own user, and the janitor's unit runs with UMask=0077.
+    WorldReadable,
+}
+
+/// One way to write a file others read: replace `path` with `bytes` (and a newline) so that
+/// readers see the old or the new contents, never a mix. The new contents go to a temp file
+/// made beside it with `O_EXCL` under an unpredictable name (never a file or a link someone
+/// else made there first, in a shared metrics dir or a run dir the run's command can write),
+/// then renamed into place; on any failure the temp file is removed.
+pub(crate) fn write_atomically(
+    path: &Path,
+    bytes: &[u8],
+    sync: bool,
+    mode: Mode,
+) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map_or_else(|| "file".to_owned(), |n| n.to_string_lossy().into_owned());
+    let mut file = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(0o644))
+        .tempfile_in(dir)?;
+    // The umask applies to open(2) only: fchmod sets the mode itself, and before the rename,
+    // so the name never shows a file its reader cannot open.
+    if mode == Mode::WorldReadable {
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
+    file.write_all(bytes)?;
+    file.write_all(b"\n")?;
+    // When asked: the data reaches the disk before the name does, so a crash cannot leave a
+    // torn record. The rename is not synced on its own: after a crash the previous phase's
+    // record may come back, which a run's phases tolerate.
+    if sync {
+        file.as_file().sync_data()?;
+    }
+    file.persist(path).map(drop).map_err(|e| e.error)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,5 +327,27 @@ mod tests {
         };
         assert!(refused(read(&theirs, &rules)).contains("uid 65534"));
         assert_eq!(read(&theirs, &Rules::small(64)).unwrap(), b"x");
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_a_planted_link_and_leaves_no_temp_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let target = dir.path().join("ccci.prom");
+        symlink(&victim, &target).unwrap();
+        write_atomically(&target, b"metrics", false, Mode::WorldReadable).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        let meta = std::fs::symlink_metadata(&target).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o644);
+        assert_eq!(read_text(&target, &Rules::small(64)).unwrap(), "metrics\n");
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["ccci.prom", "victim"]);
     }
 }

@@ -394,11 +394,34 @@ impl RunAppPattern {
 /// Text from outside (a file name planted in a world-writable dir, a lock file's contents) made
 /// safe for a terminal: control characters, escape sequences and backslashes are escaped, and
 /// bytes that are not UTF-8 are shown as `\xNN` instead of being dropped.
+/// Unicode's bidirectional formatting characters: shown raw, they reorder what a terminal shows
+/// (a run id that reads as another's).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` as a terminal may show it: control and bidirectional formatting characters escaped
+/// (`\n`, `\u{202e}`), everything else as it is.
+pub(crate) fn visible(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() || is_bidi_control(c)) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() || is_bidi_control(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 pub(crate) fn escape_outside(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
-            if c.is_control() || c == '\\' {
+            if c.is_control() || is_bidi_control(c) || c == '\\' {
                 out.extend(c.escape_default());
             } else {
                 out.push(c);
@@ -549,6 +572,13 @@ pub(crate) fn cgroup_owner(name: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn visible_escapes_control_and_bidi_characters_only() {
+        assert_eq!(visible("run 7 \u{e9}"), "run 7 \u{e9}");
+        assert_eq!(visible("a\nb\u{1b}[31m"), "a\\nb\\u{1b}[31m");
+        assert_eq!(visible("x\u{202e}y\u{2066}"), "x\\u{202e}y\\u{2066}");
+    }
+
     use super::*;
     use proptest::prelude::*;
     use rstest::rstest;

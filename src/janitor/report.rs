@@ -355,11 +355,11 @@ pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()>
     if let Some(host) = &report.host {
         out.push_str(&host_text(host));
     }
-    record::write_atomically(
+    crate::files::write_atomically(
         path,
         out.trim_end().as_bytes(),
         false,
-        record::Mode::WorldReadable,
+        crate::files::Mode::WorldReadable,
     )
 }
 
@@ -586,11 +586,11 @@ fn host_text(m: &HostMetrics) -> String {
 
 /// `lock --metrics-file`: the host's metrics alone, written as the janitor writes its own.
 pub(crate) fn write_host_metrics(path: &Path, metrics: &HostMetrics) -> io::Result<()> {
-    record::write_atomically(
+    crate::files::write_atomically(
         path,
         host_text(metrics).trim_end().as_bytes(),
         false,
-        record::Mode::WorldReadable,
+        crate::files::Mode::WorldReadable,
     )
 }
 

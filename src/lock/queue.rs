@@ -270,7 +270,20 @@ impl Queue {
         let clock = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-        let token = last.saturating_add(1).max(clock);
+        // A counter that cannot rise is refused, never reused: the same token for two holders
+        // is what fencing exists to prevent.
+        let token = last
+            .checked_add(1)
+            .ok_or_else(|| {
+                io::Error::other(format!(
+                    "the fencing counter {} stands at {last}, the largest token there is: no \
+                     later holder can be given a larger one; every consumer that remembers \
+                     tokens of this lock must be reset before the counter is",
+                    path.display()
+                ))
+            })
+            .map_err(self.io_err("advance the fencing counter"))?
+            .max(clock);
         file.set_len(0)
             .and_then(|()| file.rewind())
             .and_then(|()| file.write_all(format!("{token}\n").as_bytes()))

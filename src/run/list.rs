@@ -339,8 +339,8 @@ pub(crate) fn render_table(runs: &[RunInfo]) -> String {
         if let Some(note) = &r.note {
             detail.push(format!("note: {note}"));
         }
-        let _ = writeln!(
-            out,
+        // Every field may come from a record the run's own command could write: escaped.
+        let line = format!(
             "{:<20} {:<16} {:<12} {:<34} {:<10} {:<12} {:>9} {:>4}  {}",
             r.run_id,
             r.recipe,
@@ -353,6 +353,7 @@ pub(crate) fn render_table(runs: &[RunInfo]) -> String {
                 .map_or_else(|| "-".to_owned(), |c| c.to_string()),
             detail.join("; ")
         );
+        let _ = writeln!(out, "{}", crate::names::visible(&line));
     }
     out
 }

@@ -9,10 +9,8 @@
 //! rename; elsewhere an unreadable record is what a reader may meet, and every reader skips it),
 //! and each sync costs a disk flush on every run.
 
-use std::fs::OpenOptions;
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::Path;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
@@ -137,64 +135,8 @@ impl RunRecord {
     fn write_with(&self, path: &Path, sync: bool) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
         tracing::trace!(path = %path.display(), bytes = json.len(), sync, "writing the run record");
-        write_atomically(path, &json, sync, Mode::Umasked)
+        crate::files::write_atomically(path, &json, sync, crate::files::Mode::Umasked)
     }
-}
-
-/// The permissions of a file [`write_atomically`] writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// 0644 less the process's umask: a run's own records.
-    Umasked,
-    /// 0644 whatever the umask: a file that another user's process must read. The metrics are
-    /// read by node_exporter under its own user, and the janitor's unit runs with UMask=0077.
-    WorldReadable,
-}
-
-/// Replace `path` with `bytes` so that readers see the old or the new contents, never a mix.
-pub(crate) fn write_atomically(
-    path: &Path,
-    bytes: &[u8],
-    sync: bool,
-    mode: Mode,
-) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-    // Unique per write: the watchdog thread may write while the main thread is stuck in one.
-    static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp: PathBuf = dir.join(format!(
-        ".{}.tmp-{}-{n}",
-        name.as_deref().unwrap_or("record"),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        // The umask applies to open(2) only: fchmod sets the mode itself, and before the
-        // rename, so the name never shows a file its reader cannot open.
-        if mode == Mode::WorldReadable {
-            file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        }
-        file.write_all(bytes)?;
-        file.write_all(b"\n")?;
-        // When asked: the data reaches the disk before the name does, so a crash cannot leave
-        // a torn record. The rename is not synced on its own: after a crash the previous
-        // phase's record may come back, which a run's phases tolerate.
-        if sync {
-            file.sync_data()?;
-        }
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]

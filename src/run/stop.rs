@@ -295,8 +295,10 @@ fn request(dir: &Path, supervisor: &ProcessIdentity, by: Requester) -> Result<()
         at: record::timestamp(std::time::SystemTime::now()),
     };
     let json = serde_json::to_vec(&request).map_err(std::io::Error::other);
-    json.and_then(|json| record::write_atomically(&path, &json, false, record::Mode::Umasked))
-        .map_err(|source| StopError::Request { path, source })
+    json.and_then(|json| {
+        crate::files::write_atomically(&path, &json, false, crate::files::Mode::Umasked)
+    })
+    .map_err(|source| StopError::Request { path, source })
 }
 
 /// Wait until the supervisor exits or `wait` passes; whether it exited.

@@ -255,3 +255,77 @@ fn stop_never_follows_a_run_dir_planted_as_a_link() {
     live.close_stdin();
     live.finish().assert_code(0);
 }
+
+/// A named lock's fencing counter at the largest token there is: `lock` refuses loudly (125)
+/// and never runs its command with a token another holder had, nor the same one twice.
+#[test]
+fn a_saturated_fencing_counter_is_refused_never_reused() {
+    let sandbox = Sandbox::new();
+    let queue = sandbox.locks().join("ccci-fenced.lock.queue");
+    std::fs::create_dir_all(&queue).unwrap();
+    std::fs::write(queue.join(".fencing"), format!("{}\n", i64::MAX)).unwrap();
+    for _ in 0..2 {
+        let mut cmd = sandbox.ccci();
+        cmd.args([
+            "lock",
+            "fenced",
+            "--",
+            "sh",
+            "-c",
+            "echo token $CCCI_FENCING_TOKEN",
+        ]);
+        let done = bounded(cmd);
+        done.assert_code(125);
+        assert!(
+            !done.out.iter().any(|l| l.starts_with("token")),
+            "the command ran\n{}",
+            done.transcript()
+        );
+        done.assert_stderr_has("the largest token there is");
+    }
+}
+
+/// A control character in a configured path (from the configuration file, where TOML escapes
+/// can put one) is a usage error naming the key, escaped, before anything is done.
+#[test]
+fn a_control_character_in_a_configured_path_is_refused() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.path().join("config.toml");
+    std::fs::write(&config, "runs_dir = \"/tmp/runs\\nforged line\"\n").unwrap();
+    // Not the sandbox's command line: its own --runs-dir would win over the file's.
+    let mut cmd = std::process::Command::new(crate::util::BIN);
+    crate::util::without_ccci_env(&mut cmd)
+        .env("CCCI_CONFIG", &config)
+        .arg("config");
+    let done = bounded(cmd);
+    done.assert_code(2);
+    done.assert_stderr_has("control character");
+    assert!(
+        !done.err.iter().any(|l| l.starts_with("forged line")),
+        "the newline reached the output raw\n{}",
+        done.transcript()
+    );
+}
+
+/// A record whose fields hold bidirectional and terminal control characters (the run's own
+/// command can rewrite its record): `runs` shows them escaped.
+#[test]
+fn runs_shows_control_and_bidi_characters_escaped() {
+    let sandbox = Sandbox::new();
+    run(sandbox.run_sh("esc", &[], "true")).assert_code(0);
+    let path = sandbox.runs().join("esc").join("run.json");
+    let mut record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    record["recipe"] = "evil\u{202e}txt.exe\u{1b}[2J".into();
+    std::fs::write(&path, record.to_string()).unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["runs", "--all"]);
+    let done = bounded(cmd);
+    done.assert_code(0);
+    let text = done.out.join("\n");
+    assert!(
+        !text.contains('\u{202e}') && !text.contains('\u{1b}'),
+        "raw control characters in the listing: {text:?}"
+    );
+    assert!(text.contains("\\u{202e}"), "{text}");
+}
