@@ -338,7 +338,7 @@ mod tests {
         let target = dir.path().join("ccci.prom");
         symlink(&victim, &target).unwrap();
         write_atomically(&target, b"metrics", false, Mode::WorldReadable).unwrap();
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(read_text(&victim, &Rules::small(64)).unwrap(), "keep");
         let meta = std::fs::symlink_metadata(&target).unwrap();
         assert!(meta.is_file());
         assert_eq!(meta.permissions().mode() & 0o777, 0o644);
