@@ -136,7 +136,22 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
             record_path.display()
         ))
     })?;
-    let target = verify(&dir, &supervisor).map_err(|why| not_live(why.to_string()))?;
+    let target = verify(&dir, &supervisor).map_err(|why| match why {
+        // Dead, or it just finished: a run that ended cleanly between our read of its record
+        // and the look at its guard has written its exit by now.
+        NotLive::Dead => match RunRecord::read(&record_path).ok().and_then(|r| {
+            let code = r.exit_code?;
+            Some((code, r.shutdown_reason))
+        }) {
+            Some((code, reason)) => not_live(format!(
+                "it has finished ({}, exit {code}); record {}",
+                reason.as_deref().unwrap_or("command-ended"),
+                record_path.display()
+            )),
+            None => not_live(NotLive::Dead.to_string()),
+        },
+        other => not_live(other.to_string()),
+    })?;
     let requester = Requester {
         uid: nix::unistd::getuid().as_raw(),
         pid: std::process::id() as i32,

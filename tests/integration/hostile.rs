@@ -329,3 +329,24 @@ fn runs_shows_control_and_bidi_characters_escaped() {
     );
     assert!(text.contains("\\u{202e}"), "{text}");
 }
+
+/// `doctor --unit-file` pointed at a FIFO or at /dev/zero ends at once, its unit checks saying
+/// why the file was not read.
+#[rstest::rstest]
+#[case::fifo(true)]
+#[case::dev_zero(false)]
+fn doctor_reads_no_unit_file_that_is_a_fifo_or_a_device(#[case] fifo: bool) {
+    let sandbox = Sandbox::new();
+    let unit = sandbox.path().join("drone-runner-exec.service");
+    if fifo {
+        mkfifo(&unit);
+    } else {
+        std::os::unix::fs::symlink("/dev/zero", &unit).unwrap();
+    }
+    let mut cmd = sandbox.ccci();
+    cmd.args(["doctor", "--json", "--unit-file"]).arg(&unit);
+    let done = bounded(cmd);
+    let text = done.out.join("\n");
+    let expected = if fifo { "a FIFO" } else { "a character device" };
+    assert!(text.contains(expected), "{}", done.transcript());
+}
