@@ -118,7 +118,8 @@ fn a_planted_stop_request_never_holds_up_a_plain_sigterm(#[case] fifo: bool) {
     let done = live.finish();
     done.assert_code(143);
     let record = sandbox.record("st");
-    assert_ne!(record["stop_reason"], "stopped", "{record:#}");
+    assert_eq!(record["shutdown_reason"], "SIGTERM", "{record:#}");
+    assert!(record.get("stopped_by").is_none(), "{record:#}");
 }
 
 /// A run's record replaced by a FIFO, a link to /dev/zero, or a huge sparse file: `runs`,
