@@ -95,6 +95,16 @@ impl LockError {
                 | Self::HardLinked { .. }
         )
     }
+
+    /// True when the file is another user's, or closed to us: whether it is held is not ours
+    /// to know.
+    pub(crate) fn is_not_ours(&self) -> bool {
+        match self {
+            Self::ForeignOwner { .. } => true,
+            Self::Io { source, .. } => source.kind() == io::ErrorKind::PermissionDenied,
+            _ => false,
+        }
+    }
 }
 
 /// Make sure `dir` exists and is safe to keep lock files in: a directory owned by us or root,

@@ -506,9 +506,20 @@ pub(crate) fn record_last_wait(
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        // Without blocking: a FIFO planted there (any process of the lock's user can) must not
+        // hold up the holder's command; and only a regular file is written to.
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
         .open(last_wait_path(lock_dir, name))
-        .and_then(|file| file.write_all_at(line.as_bytes(), 0))
+        .and_then(|file| {
+            let kind = file.metadata()?.file_type();
+            if !kind.is_file() {
+                return Err(io::Error::other(format!(
+                    "it is {}, not a regular file; left alone",
+                    crate::files::kind_name(kind)
+                )));
+            }
+            file.write_all_at(line.as_bytes(), 0)
+        })
 }
 
 /// Where the last wait for lock `name` is recorded.

@@ -47,6 +47,16 @@ pub(crate) struct StopConfig {
 pub(crate) enum StopError {
     #[error("no live run {run_id} to stop: {why}")]
     NotLive { run_id: RunId, why: String },
+    /// The run may well be live, but the caller may not look at it: never "no live run".
+    #[error(
+        "run {run_id} is not yours to read: {path}: {why}; nothing signalled (stop it as the \
+         user that runs it)"
+    )]
+    NotYours {
+        run_id: RunId,
+        path: PathBuf,
+        why: String,
+    },
     #[error("failed to read runs dir {path}: {source}")]
     RunsDir {
         path: PathBuf,
@@ -115,6 +125,13 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
                 record_path.display()
             )));
         }
+        Err(source) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(StopError::NotYours {
+                run_id: id.clone(),
+                path: record_path,
+                why: source.to_string(),
+            });
+        }
         Err(source) => {
             return Err(StopError::Record {
                 path: record_path,
@@ -149,6 +166,11 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
                 record_path.display()
             )),
             None => not_live(NotLive::Dead.to_string()),
+        },
+        NotLive::NotYours(why) => StopError::NotYours {
+            run_id: id.clone(),
+            path: dir.join(names::RUN_GUARD_FILE),
+            why,
         },
         other => not_live(other.to_string()),
     })?;
@@ -203,6 +225,8 @@ enum NotLive {
     Dead,
     Unresolvable(String),
     Guard(String),
+    /// The guard is another user's, or closed to us.
+    NotYours(String),
 }
 
 impl std::fmt::Display for NotLive {
@@ -215,7 +239,7 @@ impl std::fmt::Display for NotLive {
             Self::Unresolvable(why) => {
                 write!(f, "its supervisor cannot be judged from here: {why}")
             }
-            Self::Guard(why) => f.write_str(why),
+            Self::Guard(why) | Self::NotYours(why) => f.write_str(why),
         }
     }
 }
@@ -237,6 +261,9 @@ fn verify(dir: &Path, supervisor: &ProcessIdentity) -> Result<Target, NotLive> {
             }
         }
         Liveness::Free { .. } | Liveness::NoGuard => return Err(NotLive::Dead),
+        Liveness::Unreadable(err) if err.is_not_ours() => {
+            return Err(NotLive::NotYours(err.to_string()));
+        }
         Liveness::Unreadable(err) => return Err(NotLive::Guard(err.to_string())),
     }
     let proc_dir = Judge::new()

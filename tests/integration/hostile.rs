@@ -1,6 +1,7 @@
 //! Every file ccci-run reads or writes on a shared host, met as it may be: another
 //! configuration's, planted by another process of the same user.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use nix::sys::signal::Signal;
@@ -88,6 +89,32 @@ fn a_fifo_named_like_a_ticket_wedges_neither_lock_nor_janitor() {
     let mut cmd = sandbox.ccci();
     cmd.args(["janitor", "--json"]);
     bounded(cmd).assert_code(0);
+}
+
+/// A FIFO where a named lock's holder records how long it waited: `lock` runs its command at
+/// once (opening it for writing would block until someone reads), warns, and leaves it alone.
+#[test]
+fn a_fifo_at_the_last_wait_record_never_holds_up_the_holder() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.locks()).unwrap();
+    let planted = sandbox.locks().join("ccci-shared.lock.last-wait");
+    mkfifo(&planted);
+    let mut cmd = sandbox.ccci();
+    cmd.args(["lock", "shared", "--wait", "5", "--", "echo", "held"]);
+    let done = bounded(cmd);
+    done.assert_code(0);
+    assert!(
+        done.out.iter().any(|l| l == "held"),
+        "{}",
+        done.transcript()
+    );
+    assert!(
+        std::fs::symlink_metadata(&planted)
+            .unwrap()
+            .file_type()
+            .is_fifo(),
+        "the FIFO was replaced"
+    );
 }
 
 /// The run's own command plants a FIFO (or a link to /dev/zero) where `ccci-run stop` leaves its
@@ -350,4 +377,48 @@ fn doctor_reads_no_unit_file_that_is_a_fifo_or_a_device(#[case] fifo: bool) {
     let text = done.out.join("\n");
     let expected = if fifo { "a FIFO" } else { "a character device" };
     assert!(text.contains(expected), "{}", done.transcript());
+}
+
+/// `stop` by a user who may not look at a live run says so ("not yours to read"), never "no
+/// live run", and signals nothing: whether the record itself is closed to them, or only the
+/// run's guard.
+#[rstest::rstest]
+#[case::record_closed(false)]
+#[case::guard_closed(true)]
+fn stop_by_another_user_says_not_yours_never_no_live_run(#[case] record_readable: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::Uid::effective().is_root() {
+        crate::util::skip("needs root", "run the suite as root to switch to another user");
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let mut live = Proc::spawn(sandbox.run_sh("9", &[], "echo ready $$; read line || :"));
+    live.wait_ready();
+    let open = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(sandbox.path(), open.clone()).unwrap();
+    std::fs::set_permissions(sandbox.runs(), open.clone()).unwrap();
+    if record_readable {
+        let dir = sandbox.runs().join("9");
+        std::fs::set_permissions(&dir, open).unwrap();
+        std::fs::set_permissions(dir.join("run.json"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+    }
+    let ours = sandbox.ccci();
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(ours.get_program())
+        .args(ours.get_args())
+        .args(["stop", "9", "--kill"])
+        .env("CCCI_CONFIG", "/dev/null");
+    let done = bounded(cmd);
+    done.assert_code(1);
+    done.assert_stderr_has("run 9 is not yours to read");
+    assert!(
+        !done.stderr().contains("no live run"),
+        "{}",
+        done.transcript()
+    );
+    assert!(process_alive(live.pid()), "the run was signalled");
+    live.close_stdin();
+    live.finish().assert_code(0);
 }
