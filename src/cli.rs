@@ -341,7 +341,8 @@ pub(crate) struct ConvergeArgs {
     /// Branch, tag or commit (with --recipe).
     #[arg(long = "ref", value_name = "REF", requires = "recipe")]
     pub git_ref: Option<String>,
-    /// Give up after DURATION and name what has not converged (exit 75); 0 polls once
+    /// Give up after DURATION and name what has not converged (exit 75); it bounds every call
+    /// to the engine too; 0 polls once, within 1 s
     /// [env: CCCI_CONVERGE_TIMEOUT; file: converge_timeout; default: 5m].
     #[arg(long, value_name = "DURATION", value_parser = converge_timeout)]
     pub timeout: Option<Duration>,

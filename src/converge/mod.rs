@@ -40,8 +40,9 @@ pub(crate) struct ConvergeConfig {
 /// How often a long wait says what it is waiting for.
 const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
-/// How long the first poll may take past a short `--timeout`.
-const FIRST_POLL_LIMIT: Duration = Duration::from_secs(10);
+/// The least a `--timeout` gives the whole command: one look at the engine needs some time
+/// (`--timeout 0` polls once, within this).
+const ONE_LOOK: Duration = Duration::from_secs(1);
 
 /// Why `converge` could not judge at all.
 #[derive(Debug, thiserror::Error)]
@@ -77,26 +78,23 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
     // Handlers first, so a signal while we connect is not lost.
     let funnel = SignalFunnel::install(start_ppid)?;
     let started = Instant::now();
-    let deadline = started + cfg.timeout;
+    // The timeout bounds the whole command, every engine call included: a hung engine is
+    // given no more than the timeout (or one look's time), never a fixed allowance of its own.
+    let deadline = started + cfg.timeout.max(ONE_LOOK);
+    let left = || deadline.saturating_duration_since(Instant::now());
     let fail = |cause: String| ConvergeError::Docker {
         stack: cfg.stack.clone(),
         cause,
     };
-    let seam = DockerSeam::connect().map_err(|e| fail(e.0))?;
+    let seam = DockerSeam::connect_within(left()).map_err(|e| fail(e.0))?;
     // A worker answers every stack call with "not a swarm manager": say so once, at once.
-    seam.refuse_a_worker().map_err(|e| fail(e.0))?;
+    seam.refuse_a_worker_within(left()).map_err(|e| fail(e.0))?;
     let mut watch = Watch::new(cfg, started);
     let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
     let mut backoff = Backoff::new(Policy::CONVERGE, rng, MonotonicClock);
     let mut last_error = None;
     let end = loop {
-        // The first poll is always made, whatever the timeout (`--timeout 0` polls once).
-        let poll_until = if watch.polls == 0 {
-            deadline.max(started + FIRST_POLL_LIMIT)
-        } else {
-            deadline
-        };
-        match seam.stack_state(&cfg.stack, Some(funnel.wake_fd()), poll_until) {
+        match seam.stack_state(&cfg.stack, Some(funnel.wake_fd()), deadline) {
             Ok(Polled::Seen(state)) => {
                 watch.polls += 1;
                 last_error = None;
@@ -119,7 +117,7 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
             break End::Stopped(event);
         }
         let now = Instant::now();
-        if now >= deadline {
+        if now >= deadline || cfg.timeout.is_zero() {
             break End::TimedOut;
         }
         let delay = backoff

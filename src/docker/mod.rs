@@ -146,10 +146,23 @@ impl std::fmt::Debug for DockerSeam {
     }
 }
 
+/// A wait as it is said: to a tenth of a second (what is left of a timeout is never a round
+/// figure).
+fn shown(wait: Duration) -> String {
+    crate::duration::show(Duration::from_millis(
+        (wait.as_millis() as u64).div_ceil(100) * 100,
+    ))
+}
+
 impl DockerSeam {
     /// Connect to the engine `DOCKER_HOST` names (the default socket only when it is unset) and
     /// negotiate the API version; an engine that does not answer is an error.
     pub(crate) fn connect() -> Result<Self, DockerError> {
+        Self::connect_within(Duration::from_secs(10))
+    }
+
+    /// [`Self::connect`], the engine's first answer awaited at most `within`.
+    pub(crate) fn connect_within(within: Duration) -> Result<Self, DockerError> {
         let endpoint = Endpoint::from_env().map_err(|e| DockerError(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -177,10 +190,13 @@ impl DockerSeam {
             })?
             .with_timeout(REQUEST_TIMEOUT);
         let docker = runtime
-            .block_on(async {
-                tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version()).await
-            })
-            .map_err(|_| DockerError(format!("Docker at {endpoint} did not answer within 10 s")))?
+            .block_on(async { tokio::time::timeout(within, docker.negotiate_version()).await })
+            .map_err(|_| {
+                DockerError(format!(
+                    "Docker at {endpoint} did not answer within {}",
+                    shown(within)
+                ))
+            })?
             .map_err(|e| DockerError(format!("Docker at {endpoint} is unreachable: {e}")))?;
         Ok(Self {
             docker,
@@ -199,21 +215,18 @@ impl DockerSeam {
 
     /// What `doctor` reports of the engine: its version, the API version spoken, and the swarm
     /// state of its node; each request within `within`.
+    /// Both questions together are given at most `within`.
     pub(crate) fn engine_facts(&self, within: Duration) -> Result<EngineFacts, DockerError> {
-        let late = || {
-            DockerError(format!(
-                "Docker did not answer within {} s",
-                within.as_secs()
-            ))
-        };
+        let until = tokio::time::Instant::now() + within;
+        let late = || DockerError(format!("Docker did not answer within {}", shown(within)));
         let version = self
             .runtime
-            .block_on(async { tokio::time::timeout(within, self.docker.version()).await })
+            .block_on(async { tokio::time::timeout_at(until, self.docker.version()).await })
             .map_err(|_| late())?
             .map_err(|e| DockerError(format!("failed to ask Docker its version: {e}")))?;
         let info = self
             .runtime
-            .block_on(async { tokio::time::timeout(within, self.docker.info()).await })
+            .block_on(async { tokio::time::timeout_at(until, self.docker.info()).await })
             .map_err(|_| late())?
             .map_err(|e| DockerError(format!("failed to ask Docker about its swarm: {e}")))?;
         let swarm = info.swarm.unwrap_or_default();
@@ -234,7 +247,12 @@ impl DockerSeam {
     /// ("not a swarm manager"), so nothing of an app can be listed, judged or removed through it.
     /// An engine outside a swarm, or a manager, passes.
     pub(crate) fn refuse_a_worker(&self) -> Result<(), DockerError> {
-        let facts = self.engine_facts(Duration::from_secs(10))?;
+        self.refuse_a_worker_within(Duration::from_secs(10))
+    }
+
+    /// [`Self::refuse_a_worker`], the engine's answer awaited at most `within`.
+    pub(crate) fn refuse_a_worker_within(&self, within: Duration) -> Result<(), DockerError> {
+        let facts = self.engine_facts(within)?;
         if facts.swarm_state == "active" && !facts.swarm_manager {
             return Err(DockerError(
                 "the Docker engine (DOCKER_HOST) is a swarm worker, not a manager: a stack's \

@@ -175,6 +175,16 @@ impl StopRequest {
     }
 }
 
+/// Whether process `pid` runs the program we run, by its command name (world-readable, unlike
+/// its executable, and not the sender's to choose: a forger picks the request, not the sender).
+fn same_program(pid: i32) -> bool {
+    let comm = |p: &str| crate::files::kernel_text(format!("/proc/{p}/comm")).ok();
+    match (comm("self"), comm(&pid.to_string())) {
+        (Some(ours), Some(theirs)) => ours == theirs,
+        _ => false,
+    }
+}
+
 /// Where a supervisor that takes stop requests finds them.
 struct StopRequests {
     path: std::path::PathBuf,
@@ -311,6 +321,17 @@ impl SignalFunnel {
                 ?request,
                 ?sender,
                 "a SIGTERM that is not the stop request's"
+            );
+            return None;
+        }
+        // The request is in a directory the run's own command can write to: one naming the
+        // process that is about to send a plain SIGTERM (Drone's runner, systemd) would relabel
+        // it. A real one is sent by a ccci-run, which waits for the end, so it is there to see.
+        if sender.pid != 0 && !same_program(sender.pid) {
+            tracing::warn!(
+                ?sender,
+                "a stop request names the sender of a SIGTERM, but the sender is not ccci-run: \
+                 taken as a plain SIGTERM"
             );
             return None;
         }

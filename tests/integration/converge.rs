@@ -411,6 +411,39 @@ fn bad_targets_are_refused_and_a_missing_engine_is_125() {
     done.assert_stderr_has("failed to read stack a from Docker");
 }
 
+/// An engine that takes the connection and never answers: `--timeout` bounds the whole
+/// command, the engine's first answer included (it used to be given 10 s of its own, whatever
+/// the timeout). Needs no engine: the socket is the test's own.
+#[test]
+fn a_hung_engine_is_given_no_more_than_the_timeout() {
+    let sandbox = Sandbox::new();
+    let socket = sandbox.path().join("hung.sock");
+    // Connections queue in the backlog and are never accepted, so nothing is ever answered.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.env("DOCKER_HOST", format!("unix://{}", socket.display()))
+        .args([
+            "--docker",
+            "auto",
+            "converge",
+            "--stack",
+            "a",
+            "--timeout",
+            "2",
+        ]);
+    let started = std::time::Instant::now();
+    let done = run(cmd);
+    let took = started.elapsed();
+    done.assert_code(125);
+    done.assert_stderr_has("did not answer within 2s");
+    // Far from the old 10 s, whatever the machine's load: the bound is the timeout.
+    assert!(
+        took < std::time::Duration::from_secs(8),
+        "took {took:?}\n{}",
+        done.transcript()
+    );
+}
+
 /// Inside a run, converge without a target waits for the run's own stack; --recipe and
 /// --domain name the same one; a stack with no services is no such stack (1).
 #[test]
