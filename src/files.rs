@@ -46,6 +46,14 @@ impl Rules {
             owners: Owners::Any,
         }
     }
+
+    /// The same, believed only of our own files or root's.
+    pub(crate) const fn ours(self) -> Self {
+        Self {
+            owners: Owners::UsOrRoot,
+            ..self
+        }
+    }
 }
 
 /// Why a file was not read.

@@ -307,8 +307,9 @@ impl SignalFunnel {
         let stop = self.stop.as_ref()?;
         let sender = sender?;
         // Written by `ccci-run stop`, but in a directory the run's own command can write to: a
-        // FIFO or a link planted there must not hold the teardown up.
-        let text = crate::files::read(&stop.path, &crate::files::Rules::small(4096))
+        // FIFO or a link planted there must not hold the teardown up. A requester is us or root
+        // (only they may signal us), and so is the request's owner.
+        let text = crate::files::read(&stop.path, &crate::files::Rules::small(4096).ours())
             .map_err(|err| {
                 if !err.is_missing() {
                     tracing::warn!("not a stop request: {err}");
