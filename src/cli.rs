@@ -10,11 +10,11 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Parser, Subcommand};
 
+use crate::config::Class;
 use crate::config::{
     CgroupMode, Choice, DockerMode, Fetch, Given, Global, Identity, Inputs, LockConfig, LogFormat,
     Origin, RunConfig, SweepOptions, Timing,
 };
-use crate::lock::queue::Class;
 use crate::names::{DomainSuffix, LockName, NameError, RunId, StackName};
 
 #[derive(Debug, Parser)]

@@ -190,7 +190,7 @@ pub(crate) const TIMINGS: [TimingInfo; 10] = [
         key: "reap_budget",
         env: "CCCI_REAP_BUDGET",
         spec: Spec::at_least(Duration::from_secs(1)),
-        default: Some(crate::janitor::reap::DEFAULT_REAP_BUDGET),
+        default: Some(DEFAULT_REAP_BUDGET),
         unset: "",
     },
     TimingInfo {
@@ -216,7 +216,7 @@ pub(crate) const TIMINGS: [TimingInfo; 10] = [
         env: "CCCI_CONVERGE_STABLE",
         // Zero counts a running task at once (as long as its service has not failed).
         spec: Spec::at_least(Duration::ZERO),
-        default: Some(crate::converge::judge::DEFAULT_STABLE),
+        default: Some(DEFAULT_STABLE),
         unset: "",
     },
 ];
@@ -294,6 +294,38 @@ pub(crate) trait Choice: Copy + PartialEq + Send + Sync + 'static {
             .iter()
             .find(|(_, n, _)| *n == name)
             .map(|(v, _, _)| *v)
+    }
+}
+
+/// A lock waiter's class: fast tickets go before normal ones.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Class {
+    Fast,
+    Normal,
+}
+
+impl Choice for Class {
+    const CHOICES: &'static [(Self, &'static str, &'static str)] =
+        &[(Self::Fast, "fast", ""), (Self::Normal, "normal", "")];
+}
+
+impl Class {
+    /// Its place in a ticket's name: fast sorts first.
+    pub(crate) fn rank(self) -> u8 {
+        match self {
+            Class::Fast => 0,
+            Class::Normal => 1,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Class::Fast => "fast",
+            Class::Normal => "normal",
+        }
     }
 }
 
@@ -596,7 +628,7 @@ pub(crate) enum Fetch {
     Skip,
     /// Copy the staged canonical clone.
     CopyStaged,
-    /// Clone from this URL (it may hold credentials: show it only through `fetch::redact`).
+    /// Clone from this URL (it may hold credentials: show it only through `recipe_url::redact`).
     Clone { url: String },
 }
 
@@ -624,7 +656,7 @@ impl Fetch {
             Fetch::CopyStaged
         } else {
             Fetch::Clone {
-                url: crate::run::fetch::recipe_url(recipe_url, template, recipe),
+                url: crate::recipe_url::recipe_url(recipe_url, template, recipe),
             }
         })
     }
@@ -651,7 +683,7 @@ pub(crate) struct LockConfig {
     pub wait: Option<Duration>,
     /// The exit code when the lock is not acquired within `wait`.
     pub conflict_exit: u8,
-    pub class: crate::lock::queue::Class,
+    pub class: Class,
     pub promote_after: Duration,
     pub kill_grace: Duration,
     pub teardown_timeout: Duration,
@@ -691,6 +723,13 @@ pub(crate) struct SweepOptions {
     /// How long the Docker side of the reaps may take, confirmation included.
     pub reap_budget: Duration,
 }
+
+/// How long the Docker side of a reap may take by default, confirmation included.
+pub(crate) const DEFAULT_REAP_BUDGET: Duration = Duration::from_secs(120);
+
+/// How long any task must have been running for `converge` to count it, unless
+/// `converge_stable` says.
+pub(crate) const DEFAULT_STABLE: Duration = Duration::from_secs(1);
 
 /// Twice the default hard deadline: no healthy run holds its lock that long.
 pub(crate) const DEFAULT_LONG_HELD: Duration = Duration::from_secs(7200);
@@ -915,10 +954,10 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
     settings.extend(node_sweep_shown);
     settings.push(match &recipe_url_template {
         // Shown as the recipe URL is everywhere: credentials redacted.
-        Some((t, origin)) => setting("recipe_url_template", crate::run::fetch::redact(t), origin),
+        Some((t, origin)) => setting("recipe_url_template", crate::recipe_url::redact(t), origin),
         None => setting(
             "recipe_url_template",
-            crate::run::fetch::DEFAULT_URL_TEMPLATE.to_owned(),
+            crate::recipe_url::DEFAULT_URL_TEMPLATE.to_owned(),
             &Origin::Default,
         ),
     });

@@ -1,4 +1,4 @@
-//! Durations: one syntax for every flag, environment variable and configuration key that takes
+//! Durations (and the one way an instant is written, [`timestamp`]): one syntax for every flag, environment variable and configuration key that takes
 //! one. A bare number is seconds, fractions allowed (`90`, `1.5`); otherwise a number with
 //! units as humantime reads them (`90s`, `500ms`, `5m`, `1h30m`, `14d`). Each setting has its
 //! own bounds ([`Spec`]); a value outside them is refused, never clamped.
@@ -7,6 +7,11 @@
 //! arithmetic on instants can overflow, and every refusal names the accepted forms.
 
 use std::time::Duration;
+
+/// An instant as every record and holder line writes it: RFC 3339, UTC, with milliseconds.
+pub(crate) fn timestamp(at: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
 
 /// The forms every error names.
 pub(crate) const FORMS: &str = "seconds (90, 1.5) or a number with units (90s, 5m, 1h30m, 14d)";

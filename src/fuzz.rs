@@ -130,7 +130,7 @@ fn proc_lines(value: &str) {
 
 /// Recipe URLs: redaction never panics and never lets a query, fragment or password through.
 fn urls(value: &str) {
-    let shown = crate::run::fetch::redact(value);
+    let shown = crate::recipe_url::redact(value);
     if let Some((_, rest)) = value.split_once("://") {
         let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         if let Some((info, _)) = rest[..end].rsplit_once('@') {

@@ -20,8 +20,10 @@ pub(crate) mod janitor;
 pub(crate) mod lock;
 mod man;
 pub(crate) mod names;
+pub(crate) mod recipe_url;
 pub(crate) mod report;
 pub(crate) mod run;
+pub(crate) mod rundir;
 pub(crate) mod supervise;
 
 use std::process::ExitCode;

@@ -11,7 +11,7 @@
 //! And one a single look gets wrong: a crash-looping task is `running` for a moment every
 //! time it restarts, its first start included, before any failure exists. So a running task
 //! counts only once it has stayed up for the stable window (`converge_stable`, default
-//! [`DEFAULT_STABLE`]; zero counts it at once), and for at least [`STABLE_AFTER_FAILURE`] once
+//! [`crate::config::DEFAULT_STABLE`]; zero counts it at once), and for at least [`STABLE_AFTER_FAILURE`] once
 //! a task of the service's current spec has failed.
 //!
 //! How long a task has been up is `now` (this host's clock at the poll) minus the task's status
@@ -75,9 +75,6 @@ pub(crate) enum Outcome {
 
 /// How long a task must have been running to count, once a task of the same spec has failed.
 pub(crate) const STABLE_AFTER_FAILURE: Duration = Duration::from_secs(5);
-
-/// How long any task must have been running to count, unless `converge_stable` says.
-pub(crate) const DEFAULT_STABLE: Duration = Duration::from_secs(1);
 
 /// How many failed tasks a service's report names.
 const ERRORS_SHOWN: usize = 3;
@@ -337,6 +334,7 @@ pub(crate) fn describe(reports: &[ServiceReport], stack: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DEFAULT_STABLE;
     use rstest::rstest;
 
     fn now() -> SystemTime {

@@ -4,7 +4,7 @@
 //! and a note in the dead run's record.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use crate::app;
 use crate::config::Global;
@@ -15,8 +15,8 @@ use crate::lock::Holder;
 use crate::lock::backend::Lease;
 use crate::names::{AppDomain, RunId};
 use crate::report;
-use crate::run::record::{self, RunRecord};
-use crate::run::rundir::{self, Liveness};
+use crate::rundir::record::RunRecord;
+use crate::rundir::{self, Liveness};
 use crate::supervise::identity::{Judge, Scope};
 use crate::supervise::{cgroup, leftovers};
 
@@ -51,9 +51,6 @@ pub(super) fn finish_reap(
         mark_run_reaped(global, &holder, domain);
     }
 }
-
-/// How long the Docker side of a reap may take by default, confirmation included.
-pub(crate) const DEFAULT_REAP_BUDGET: Duration = Duration::from_secs(120);
 
 /// How many scans for marked processes a sweep makes (a leftover may fork while it is killed).
 const LEFTOVER_ROUNDS: usize = 20;
@@ -206,7 +203,7 @@ fn mark_run_reaped(global: &Global, holder: &Holder, domain: &AppDomain) {
     if record.pid != holder.pid || record.domain != domain.as_str() || record.reaped.is_some() {
         return;
     }
-    record.reaped = Some(record::timestamp(SystemTime::now()));
+    record.reaped = Some(crate::duration::timestamp(SystemTime::now()));
     if let Err(err) = record.write(&path) {
         tracing::warn!(path = %path.display(), "failed to mark run record reaped: {err}");
     }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::run::record;
+use crate::rundir::record;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -448,11 +448,11 @@ pub(crate) fn gather(
             name: lock.name.clone(),
             fast: queue
                 .iter()
-                .filter(|t| t.ticket.class == crate::lock::queue::Class::Fast)
+                .filter(|t| t.ticket.class == crate::config::Class::Fast)
                 .count(),
             normal: queue
                 .iter()
-                .filter(|t| t.ticket.class == crate::lock::queue::Class::Normal)
+                .filter(|t| t.ticket.class == crate::config::Class::Normal)
                 .count(),
             oldest_waiter_s: queue.iter().map(age).fold(0.0, f64::max),
             last_wait_s: last_wait,
@@ -467,7 +467,7 @@ pub(crate) fn gather(
 
 /// Live runs, and dead ones whose app is still deployed (its `.env` is there) and unreaped.
 fn count_runs(runs_dir: &Path, abra_home: &Path) -> (usize, usize) {
-    use crate::run::rundir::{Liveness, probe};
+    use crate::rundir::{Liveness, probe};
     let (mut live, mut dead) = (0, 0);
     let Ok(entries) = std::fs::read_dir(runs_dir) else {
         return (0, 0);

@@ -23,8 +23,8 @@ use serde::Serialize;
 use crate::janitor::report::SweepReport;
 use crate::lock::LockError;
 use crate::names::{self, NameError, RunId};
-use crate::run::record::RunRecord;
-use crate::run::rundir::{self, Liveness};
+use crate::rundir::record::RunRecord;
+use crate::rundir::{self, Liveness};
 
 /// Where every setting that names the runs dir comes from, for messages.
 const RUNS_DIR_SETTING: &str = "runs dir (--runs-dir, CCCI_RUNS_DIR, runs_dir)";

@@ -8,7 +8,7 @@ use std::io;
 use crate::config::{Global, SweepOptions};
 use crate::janitor::report::SweepReport;
 use crate::names::RunId;
-use crate::run::rundir::{self, Liveness};
+use crate::rundir::{self, Liveness};
 use crate::supervise::identity::Scope;
 
 /// Remove the state files of this configuration's runs that are dead: their run's guard lock is

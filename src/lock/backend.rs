@@ -16,8 +16,8 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::config::Class;
 use crate::lock::list::LockInfo;
-use crate::lock::queue::Class;
 use crate::lock::{Holder, LockError};
 use crate::names::{AppDomain, LockName};
 use crate::supervise::fence;

@@ -492,7 +492,7 @@ impl Holder {
         Self {
             run_id: run_id.to_owned(),
             pid: std::process::id(),
-            started_at: crate::run::record::timestamp(SystemTime::now()),
+            started_at: crate::duration::timestamp(SystemTime::now()),
             host: nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
                 .unwrap_or_default(),

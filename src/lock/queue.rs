@@ -42,6 +42,7 @@ use nix::sys::time::TimeSpec;
 use nix::unistd::Pid;
 use rand::RngExt;
 
+use crate::config::Class;
 use crate::lock::backend::{Taken, Wait};
 use crate::lock::local::FileLease;
 use crate::lock::{self, HeldLock, LockError, LockFile, TryLock};
@@ -65,37 +66,6 @@ const DEAD_AHEAD_RETRY: Duration = Duration::from_millis(20);
 const POLL_MS: std::ops::RangeInclusive<u64> = 20..=50;
 /// How often a waiter repeats its waiting line.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
-
-/// Fast tickets go before normal ones.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Class {
-    Fast,
-    Normal,
-}
-
-impl crate::config::Choice for Class {
-    const CHOICES: &'static [(Self, &'static str, &'static str)] =
-        &[(Self::Fast, "fast", ""), (Self::Normal, "normal", "")];
-}
-
-impl Class {
-    fn rank(self) -> u8 {
-        match self {
-            Class::Fast => 0,
-            Class::Normal => 1,
-        }
-    }
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Class::Fast => "fast",
-            Class::Normal => "normal",
-        }
-    }
-}
 
 /// A place in the queue; its file name is `rank-seq-pid`, so names sort in queue order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]

@@ -18,8 +18,8 @@ use serde::Serialize;
 use crate::lock::list::{LockInfo, LockKind};
 use crate::names::{self, escape_outside};
 use crate::run::phase::Phase;
-use crate::run::record::RunRecord;
-use crate::run::rundir::{self, Liveness};
+use crate::rundir::record::RunRecord;
+use crate::rundir::{self, Liveness};
 use crate::supervise::cgroup;
 use crate::supervise::identity::{Judge, Verdict};
 
@@ -361,7 +361,7 @@ pub(crate) fn render_table(runs: &[RunInfo]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::record::Phase as Entered;
+    use crate::rundir::record::Phase as Entered;
 
     fn record(phases: &[&str], exit_code: Option<u8>) -> RunRecord {
         RunRecord {

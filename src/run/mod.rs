@@ -17,8 +17,6 @@
 pub(crate) mod fetch;
 pub(crate) mod list;
 pub(crate) mod phase;
-pub(crate) mod record;
-pub(crate) mod rundir;
 pub(crate) mod state;
 pub(crate) mod stop;
 
@@ -31,8 +29,8 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use self::fetch::{FetchError, FetchSpec};
-use self::rundir::{RunDir, RunDirError};
 use crate::app;
+use crate::config::Class;
 use crate::config::{DockerMode, Fetch, Global, RunConfig};
 use crate::docker::DockerError;
 use crate::docker::DockerLink;
@@ -41,13 +39,13 @@ use crate::janitor::{self, decide::Decision};
 use crate::lock::backend::{
     Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, arm_fence, is_lost, loss_watch,
 };
-use crate::lock::queue::Class;
 use crate::lock::{Holder, LockError};
 use crate::names;
 use crate::report;
 use crate::run::phase::Phase;
-use crate::run::record::RunRecord;
 use crate::run::state::{StateError, StateFiles};
+use crate::rundir::record::RunRecord;
+use crate::rundir::{RunDir, RunDirError};
 use crate::supervise::Supervisor;
 use crate::supervise::cgroup::{self, Cgroups};
 use crate::supervise::fence::{self, Fence};
@@ -413,7 +411,7 @@ impl Run<'_> {
                 self.record.enter(Phase::FetchCopied);
             }
             Fetch::Clone { url } => {
-                self.record.recipe_url = Some(fetch::redact(url));
+                self.record.recipe_url = Some(crate::recipe_url::redact(url));
                 self.save_checked(false)?;
                 let spec = FetchSpec {
                     url: url.clone(),
@@ -537,7 +535,7 @@ impl Run<'_> {
     /// Step 3: clone on a worker thread; a signal or the deadline ends a hanging fetch at once.
     /// `Ok(Err(event))` is such an ending.
     fn fetch_recipe(&mut self, spec: FetchSpec) -> Result<Result<String, Event>, RunError> {
-        let shown = fetch::redact(&spec.url);
+        let shown = crate::recipe_url::redact(&spec.url);
         let worker = Worker::spawn("fetch", move |cancel| fetch::fetch(&spec, cancel))
             .map_err(|e| RunError::Fetch(FetchError::Start(e)))?;
         let started = Instant::now();
@@ -597,7 +595,7 @@ impl Run<'_> {
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
         janitor::reap::reap_dead_runs_processes(self.owner.scope, &mut Vec::new(), false);
-        let mut budget = janitor::reap::DEFAULT_REAP_BUDGET
+        let mut budget = crate::config::DEFAULT_REAP_BUDGET
             .min(self.hard_end.saturating_duration_since(Instant::now()));
         if let Some(wait) = self.cfg.lock_wait {
             budget = budget.min(wait);
@@ -628,7 +626,7 @@ impl Run<'_> {
             dry_run: false,
             hunt: crate::config::Hunt::Nearby,
             long_held: crate::config::DEFAULT_LONG_HELD,
-            reap_budget: janitor::reap::DEFAULT_REAP_BUDGET
+            reap_budget: crate::config::DEFAULT_REAP_BUDGET
                 .min(self.hard_end.saturating_duration_since(Instant::now())),
         };
         let report = janitor::sweep_with(&*self.locks, self.global, &opts, &self.docker);

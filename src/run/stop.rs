@@ -24,8 +24,8 @@ use crate::exit;
 use crate::lock::Holder;
 use crate::names::{self, RunId};
 use crate::run::phase::Phase;
-use crate::run::record::{self, RunRecord};
-use crate::run::rundir::{self, Liveness};
+use crate::rundir::record::RunRecord;
+use crate::rundir::{self, Liveness};
 use crate::supervise::identity::{Judge, Owner, ProcessIdentity, Scope, Verdict};
 use crate::supervise::leftovers::{self, Cleared, Predecessor};
 use crate::supervise::linux::{self, ProcDir};
@@ -334,7 +334,7 @@ fn request(dir: &Path, supervisor: &ProcessIdentity, by: Requester) -> Result<()
         pid: by.pid,
         pid_ns: own_ns,
         supervisor: supervisor.clone(),
-        at: record::timestamp(std::time::SystemTime::now()),
+        at: crate::duration::timestamp(std::time::SystemTime::now()),
     };
     let json = serde_json::to_vec(&request).map_err(std::io::Error::other);
     json.and_then(|json| {

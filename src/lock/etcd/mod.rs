@@ -49,10 +49,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, SortOrder, SortTarget};
 
+use crate::config::Class;
 use crate::config::EtcdSettings;
 use crate::lock::backend::{Attempt, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
 use crate::lock::list::{LockInfo, LockKind};
-use crate::lock::queue::{Class, QueuedTicket, Ticket};
+use crate::lock::queue::{QueuedTicket, Ticket};
 use crate::lock::{Holder, LockError};
 use crate::names::AppDomain;
 use crate::names::etcd as keys;

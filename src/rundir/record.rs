@@ -15,11 +15,6 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-/// An RFC 3339 UTC timestamp with milliseconds.
-pub(crate) fn timestamp(at: SystemTime) -> String {
-    humantime::format_rfc3339_millis(at).to_string()
-}
-
 /// What a run record may be: far below this (a few KiB), whatever the run did.
 const RECORD_RULES: crate::files::Rules = crate::files::Rules::small(1 << 20);
 
@@ -110,7 +105,7 @@ impl RunRecord {
         tracing::debug!(%phase, "phase");
         self.phases.push(Phase {
             name: phase.as_str().to_owned(),
-            at: timestamp(SystemTime::now()),
+            at: crate::duration::timestamp(SystemTime::now()),
         });
     }
 
