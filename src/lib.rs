@@ -273,11 +273,24 @@ fn command(
         Command::Lock(args) => {
             let cfg = args.validate(global)?;
             let backend = lock::backend(global).map_err(lock::named::NamedLockError::from)?;
+            // `--metrics-file`: the janitor's report of the host, once the wait is over (the
+            // lock backend knows nothing of the janitor).
+            let publish = |backend: &dyn lock::backend::LockBackend| {
+                let Some(target) = &cfg.metrics else { return };
+                let metrics = janitor::report::gather(&target.global, Some(backend), "lock");
+                if let Err(err) = janitor::report::write_host_metrics(&target.file, &metrics) {
+                    report::line(&format!(
+                        "ccci-run: warning: failed to write metrics file {}: {err}",
+                        target.file.display()
+                    ));
+                }
+            };
             Ok(lock::named::run(
                 &*backend,
                 &global.runs_dir,
                 &cfg,
                 start_ppid,
+                &publish,
             )?)
         }
         Command::Locks(args) => locks(&args, global),
@@ -294,7 +307,47 @@ fn command(
             let cfg = args.validate(global)?;
             janitor::retention::check_runs_dir(&global.runs_dir)?;
             docker::DockerLink::check_env(global.docker)?;
-            Ok(run::run(global, &cfg, start_ppid)?)
+            Ok(run::run(global, &cfg, start_ppid, &RunSweeper)?)
+        }
+    }
+}
+
+/// The janitor's side of a run, handed to it here: a command imports no other command.
+struct RunSweeper;
+
+impl run::Sweeper for RunSweeper {
+    fn reap_dead_runs_processes(&self, scope: supervise::identity::Scope) {
+        janitor::reap::reap_dead_runs_processes(scope, &mut Vec::new(), false);
+    }
+
+    fn sweep(
+        &self,
+        locks: &dyn lock::backend::LockBackend,
+        global: &config::Global,
+        reap_budget: std::time::Duration,
+        docker: &docker::DockerLink,
+    ) {
+        let opts = config::SweepOptions {
+            dry_run: false,
+            hunt: config::Hunt::Nearby,
+            long_held: config::DEFAULT_LONG_HELD,
+            reap_budget,
+        };
+        let report = janitor::sweep_with(locks, global, &opts, docker);
+        for warning in &report.warnings {
+            tracing::warn!("janitor: {warning}");
+        }
+        for err in &report.errors {
+            tracing::warn!("janitor: {err}");
+        }
+        for c in report
+            .candidates
+            .iter()
+            .filter(|c| c.decision == janitor::decide::Decision::Reap)
+        {
+            if let Some(err) = &c.error {
+                tracing::warn!("janitor: failed to reap {}: {err}", c.domain);
+            }
         }
     }
 }

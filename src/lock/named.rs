@@ -71,9 +71,20 @@ pub(crate) enum NamedLockError {
 
 pub(crate) type LockOptions = crate::config::LockConfig;
 
+/// What the command above the lock does once the wait is over: `lock --metrics-file` writes
+/// the host's metrics there (the janitor's report, which a backend does not know of). It may
+/// not stop the command: a failure is its own warning.
+pub(crate) type Publish<'a> = &'a dyn Fn(&dyn LockBackend);
+
 /// Once the wait is over: record how long the holder waited (for whoever publishes metrics),
-/// and write the metrics file when asked. Neither may stop the command: a failure is a warning.
-fn publish(backend: &dyn LockBackend, opts: &LockOptions, taken: &Taken, waited: Duration) {
+/// and publish. Neither may stop the command: a failure is a warning.
+fn publish(
+    backend: &dyn LockBackend,
+    opts: &LockOptions,
+    taken: &Taken,
+    waited: Duration,
+    then: Publish<'_>,
+) {
     if matches!(taken, Taken::Held(_)) {
         if let Err(err) = crate::lock::queue::record_last_wait(&opts.lock_dir, &opts.name, waited) {
             tracing::warn!(
@@ -83,15 +94,7 @@ fn publish(backend: &dyn LockBackend, opts: &LockOptions, taken: &Taken, waited:
             );
         }
     }
-    if let Some(target) = &opts.metrics {
-        let metrics = crate::janitor::report::gather(&target.global, Some(backend), "lock");
-        if let Err(err) = crate::janitor::report::write_host_metrics(&target.file, &metrics) {
-            report::line(&format!(
-                "ccci-run: warning: failed to write metrics file {}: {err}",
-                target.file.display()
-            ));
-        }
-    }
+    then(backend);
 }
 
 /// Run `ccci-run lock`; returns the exit code.
@@ -100,6 +103,7 @@ pub(crate) fn run(
     runs_dir: &Path,
     opts: &LockOptions,
     start_ppid: Pid,
+    then: Publish<'_>,
 ) -> Result<u8, NamedLockError> {
     let span = tracing::error_span!("lock", name = %opts.name);
     let _in_lock = span.enter();
@@ -141,7 +145,7 @@ pub(crate) fn run(
             };
             let waiting_since = Instant::now();
             let taken = backend.take(key, &wait, &mut |_, _| {})?;
-            publish(backend, opts, &taken, waiting_since.elapsed());
+            publish(backend, opts, &taken, waiting_since.elapsed(), then);
             match taken {
                 Taken::Held(lease) => {
                     if let Some(fd) = loss_watch(&*lease).map_err(NamedLockError::LossWatch)? {

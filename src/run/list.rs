@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::lock::list::{LockInfo, LockKind};
 use crate::names::{self, escape_outside};
-use crate::run::phase::Phase;
+use crate::rundir::phase::Phase;
 use crate::rundir::record::RunRecord;
 use crate::rundir::{self, Liveness};
 use crate::supervise::cgroup;

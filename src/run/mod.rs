@@ -16,7 +16,6 @@
 
 pub(crate) mod fetch;
 pub(crate) mod list;
-pub(crate) mod phase;
 pub(crate) mod state;
 pub(crate) mod stop;
 
@@ -35,15 +34,14 @@ use crate::config::{DockerMode, Fetch, Global, RunConfig};
 use crate::docker::DockerError;
 use crate::docker::DockerLink;
 use crate::exit;
-use crate::janitor::{self, decide::Decision};
 use crate::lock::backend::{
     Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, arm_fence, is_lost, loss_watch,
 };
 use crate::lock::{Holder, LockError};
 use crate::names;
 use crate::report;
-use crate::run::phase::Phase;
 use crate::run::state::{StateError, StateFiles};
+use crate::rundir::phase::Phase;
 use crate::rundir::record::RunRecord;
 use crate::rundir::{RunDir, RunDirError};
 use crate::supervise::Supervisor;
@@ -108,8 +106,30 @@ pub(crate) enum RunError {
     },
 }
 
+/// What a run asks of the janitor: its start-of-run sweep, and the reaping of dead runs'
+/// processes before a dead run's app is removed. A command imports no other command, so the
+/// entry (`lib.rs`) hands the run the janitor's side as a value of this trait.
+pub(crate) trait Sweeper {
+    /// Stop every process a dead run of the configuration `scope` left.
+    fn reap_dead_runs_processes(&self, scope: crate::supervise::identity::Scope);
+    /// A sweep of the host, the Docker side within `reap_budget`. Whatever goes wrong is
+    /// logged, never returned: a sweep never stops the run.
+    fn sweep(
+        &self,
+        locks: &dyn LockBackend,
+        global: &Global,
+        reap_budget: Duration,
+        docker: &DockerLink,
+    );
+}
+
 /// Run the `run` subcommand; returns the exit code.
-pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u8, RunError> {
+pub(crate) fn run(
+    global: &Global,
+    cfg: &RunConfig,
+    start_ppid: Pid,
+    sweeper: &dyn Sweeper,
+) -> Result<u8, RunError> {
     // Every event of the run (status lines included, in JSON mode) carries its id and domain;
     // the span is at error level so that it exists whatever the verbosity.
     let span = tracing::error_span!("run", run_id = %cfg.run_id, domain = %cfg.identity.domain);
@@ -134,7 +154,9 @@ pub(crate) fn run(global: &Global, cfg: &RunConfig, start_ppid: Pid) -> Result<u
     // The runs dir exists now: it names the configuration every process of the run works for.
     let owner = Owner::establish(&global.runs_dir)?;
     funnel.accept_stop_requests(run_dir.stop_request_path(), owner.process.clone());
-    let mut run = Run::new(funnel, global, cfg, &run_dir, hard_end, locks, owner);
+    let mut run = Run::new(
+        funnel, global, cfg, &run_dir, hard_end, locks, owner, sweeper,
+    );
     let result = run.execute(&run_dir, holder.pid);
     if let Err(err) = &result {
         run.record.error = Some(err.to_string());
@@ -227,6 +249,8 @@ struct Run<'a> {
     docker: DockerLink,
     /// This supervisor and its configuration.
     owner: &'static Owner,
+    /// The janitor's side of a run.
+    sweeper: &'a dyn Sweeper,
 }
 
 impl<'a> Run<'a> {
@@ -239,6 +263,7 @@ impl<'a> Run<'a> {
         hard_end: Instant,
         locks: Box<dyn LockBackend>,
         owner: &'static Owner,
+        sweeper: &'a dyn Sweeper,
     ) -> Self {
         let mut record = first_record(cfg, &Holder::this_process(cfg.run_id.as_str()));
         let cgroup = cgroup::run_cgroup(global.cgroup, "run", cfg.run_id.as_str(), owner);
@@ -274,6 +299,7 @@ impl<'a> Run<'a> {
             watchdog,
             docker: DockerLink::new(global.docker, global.node_sweep.clone()),
             owner,
+            sweeper,
         }
     }
 }
@@ -594,7 +620,7 @@ impl Run<'_> {
         self.save();
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
-        janitor::reap::reap_dead_runs_processes(self.owner.scope, &mut Vec::new(), false);
+        self.sweeper.reap_dead_runs_processes(self.owner.scope);
         let mut budget = crate::config::DEFAULT_REAP_BUDGET
             .min(self.hard_end.saturating_duration_since(Instant::now()));
         if let Some(wait) = self.cfg.lock_wait {
@@ -622,29 +648,10 @@ impl Run<'_> {
 
     /// Step 4: a janitor sweep. Whatever goes wrong is logged; it never stops the run.
     fn sweep(&mut self) {
-        let opts = crate::config::SweepOptions {
-            dry_run: false,
-            hunt: crate::config::Hunt::Nearby,
-            long_held: crate::config::DEFAULT_LONG_HELD,
-            reap_budget: crate::config::DEFAULT_REAP_BUDGET
-                .min(self.hard_end.saturating_duration_since(Instant::now())),
-        };
-        let report = janitor::sweep_with(&*self.locks, self.global, &opts, &self.docker);
-        for warning in &report.warnings {
-            tracing::warn!("janitor: {warning}");
-        }
-        for err in &report.errors {
-            tracing::warn!("janitor: {err}");
-        }
-        for c in report
-            .candidates
-            .iter()
-            .filter(|c| c.decision == Decision::Reap)
-        {
-            if let Some(err) = &c.error {
-                tracing::warn!("janitor: failed to reap {}: {err}", c.domain);
-            }
-        }
+        let budget = crate::config::DEFAULT_REAP_BUDGET
+            .min(self.hard_end.saturating_duration_since(Instant::now()));
+        self.sweeper
+            .sweep(&*self.locks, self.global, budget, &self.docker);
     }
 
     fn supervisor(&self) -> Supervisor<'_> {

@@ -23,7 +23,7 @@ use nix::sys::signal::Signal;
 use crate::exit;
 use crate::lock::Holder;
 use crate::names::{self, RunId};
-use crate::run::phase::Phase;
+use crate::rundir::phase::Phase;
 use crate::rundir::record::RunRecord;
 use crate::rundir::{self, Liveness};
 use crate::supervise::identity::{Judge, Owner, ProcessIdentity, Scope, Verdict};

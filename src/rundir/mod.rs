@@ -15,6 +15,7 @@
 //! so a live run's tree is never wiped by another run that reuses its id; and a run clears its
 //! holder line before it lets the guard go, so a finished run's id can always be run again.
 
+pub(crate) mod phase;
 pub(crate) mod record;
 
 use std::io;

@@ -101,7 +101,7 @@ fn pids<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<i32>, D
 
 impl RunRecord {
     /// Note that the run entered `phase` now.
-    pub(crate) fn enter(&mut self, phase: crate::run::phase::Phase) {
+    pub(crate) fn enter(&mut self, phase: crate::rundir::phase::Phase) {
         tracing::debug!(%phase, "phase");
         self.phases.push(Phase {
             name: phase.as_str().to_owned(),
@@ -137,7 +137,7 @@ impl RunRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::phase::Phase;
+    use crate::rundir::phase::Phase;
 
     #[test]
     fn round_trips_and_leaves_no_temp_file() {
