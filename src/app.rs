@@ -1,5 +1,8 @@
 //! Removing a run app: what a run's teardown and the janitor's reap both do to make an app
 //! domain disappear. Removal is idempotent: what is already gone counts as removed.
+//!
+//! Floor: backends (docs/architecture.md): imports the floors below and the other backends, never a
+//! command.
 
 use std::io;
 use std::path::{Path, PathBuf};

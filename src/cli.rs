@@ -1,6 +1,8 @@
 //! The command line: raw clap arguments, validated once into the configuration types of
 //! [`crate::config`]. Only the entry point uses this module; nothing downstream parses strings
 //! again, and no type outside it knows clap.
+//!
+//! Floor: entry (docs/architecture.md): the top: dispatches the commands and wires them together.
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -18,6 +18,8 @@
 //! subcommand: the repair answers yes then. And the fish generator completes named options
 //! only, never a positional argument's values (`ccci-run completions <TAB>` offered file
 //! names): the repair adds a line for each positional with a fixed set of values.
+//!
+//! Floor: entry (docs/architecture.md): the top: dispatches the commands and wires them together.
 
 use clap::CommandFactory;
 use clap_complete::Shell;

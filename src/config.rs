@@ -5,6 +5,8 @@
 //!
 //! Invariant: what comes out is absolute and validated; nothing downstream parses a setting
 //! again, and `ccci-run config` shows each value with where it came from.
+//!
+//! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
 use std::path::{Path, PathBuf};
 

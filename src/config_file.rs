@@ -8,6 +8,8 @@
 //! FIFO never hangs us), judged by the opened descriptor (no swap between look and read), and
 //! read to at most [`MAX_LEN`] bytes (a device never grows us without bound). The null device
 //! reads as an empty file: `--config /dev/null` means "no settings from a file".
+//!
+//! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
 use std::io::{self, Read};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};

@@ -1,10 +1,13 @@
-//! Durations (and the one way an instant is written, [`timestamp`]): one syntax for every flag, environment variable and configuration key that takes
-//! one. A bare number is seconds, fractions allowed (`90`, `1.5`); otherwise a number with
-//! units as humantime reads them (`90s`, `500ms`, `5m`, `1h30m`, `14d`). Each setting has its
-//! own bounds ([`Spec`]); a value outside them is refused, never clamped.
+//! Durations (and the one way an instant is written, [`timestamp`]): one syntax for every flag,
+//! environment variable and configuration key that takes one. A bare number is seconds,
+//! fractions allowed (`90`, `1.5`); otherwise a number with units as humantime reads them
+//! (`90s`, `500ms`, `5m`, `1h30m`, `14d`). Each setting has its own bounds ([`Spec`]); a value
+//! outside them is refused, never clamped.
 //!
 //! Invariant: a duration that comes out of [`parse`] is inside its spec's bounds, so no later
 //! arithmetic on instants can overflow, and every refusal names the accepted forms.
+//!
+//! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
 use std::time::Duration;
 

@@ -2,6 +2,8 @@
 //!
 //! Apart from these, `run` passes the command's own status through (128+N when a signal N
 //! killed it). Operators and Drone steps branch on these numbers; the README documents them.
+//!
+//! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
 /// The janitor's sweep did not complete, or a reap failed.
 pub(crate) const FAILURE: u8 = 1;

@@ -11,6 +11,8 @@
 //! [`Rules::max_len`] — and only then read, to at most that many bytes. Anything else is a
 //! [`ReadError`] that names the path and what it is; the caller skips the item, never the
 //! whole job.
+//!
+//! Floor: mechanisms (docs/architecture.md): imports the ground and the mechanisms, nothing above.
 
 use std::fs::File;
 use std::io::{self, Read};

@@ -3,6 +3,8 @@
 //! The invariant everything rests on: lock lifetime ⊆ process lifetime ⊆ step lifetime ⊆ hard
 //! deadline. Kernel primitives only — flock, prctl, signals, process groups — no daemon and no
 //! shared state service.
+//!
+//! Floor: entry (docs/architecture.md): the top: dispatches the commands and wires them together.
 
 pub(crate) mod app;
 pub(crate) mod cli;

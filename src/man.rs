@@ -3,6 +3,8 @@
 //! own definition, then ENVIRONMENT, EXIT STATUS, FILES, EXAMPLES and SEE ALSO.
 //!
 //! Nothing here may change anything but the output it is asked for.
+//!
+//! Floor: entry (docs/architecture.md): the top: dispatches the commands and wires them together.
 
 use std::io::{self, Write};
 

@@ -4,6 +4,8 @@
 //! Invariant: a domain [`AppDomain::derive`] produces for a valid recipe always matches the
 //! [`RunAppPattern`] of the same suffix, so the janitor can see every run's leftovers; and a stack
 //! name maps back to exactly the domain it came from.
+//!
+//! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
 use std::fmt;
 use std::sync::LazyLock;

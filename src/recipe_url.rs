@@ -1,8 +1,9 @@
-//! The recipe repository's URL: the template it is made from, and how it is shown. Ground
-//! floor ([`docs/architecture.md`](../docs/architecture.md)): pure text, imports nothing above it.
+//! The recipe repository's URL: the template it is made from, and how it is shown.
 //!
 //! Invariant: credentials in a URL (user information, a query string, a fragment) never reach
 //! a message, a log line or a record: whatever shows a URL shows [`redact`]'s form of it.
+//!
+//! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
 use crate::names::Recipe;
 

@@ -9,6 +9,8 @@
 //! to a closed pipe (EPIPE: the reader died) or a full disk (ENOSPC) is dropped here and never
 //! becomes a panic, so it cannot change the exit code a run records. `clippy.toml` keeps
 //! `print!`, `eprintln!` and `std::io::stdout()`/`stderr()` out of every other module.
+//!
+//! Floor: ground (docs/architecture.md): imports nothing above the ground.
 #![expect(
     clippy::disallowed_methods,
     reason = "the one module that writes to stdout and stderr"

@@ -6,6 +6,8 @@
 //! project's full-jitter backoff, so a signal ends it at once (also in the middle of a poll),
 //! and `--timeout` bounds it. Invariant: the command returns 0 only after a poll in which every
 //! service had what its mode asks for and no update or rollback was in progress.
+//!
+//! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
 pub(crate) mod judge;
 

@@ -17,6 +17,9 @@
 //! errors are not. Only API 1.41 (Docker 20.10) endpoints are used; the version is negotiated.
 //!
 //! [`swarm`] reads one stack's services, tasks and nodes for `converge`, three list calls at most.
+//!
+//! Floor: backends (docs/architecture.md): imports the floors below and the other backends, never a
+//! command.
 #![allow(clippy::disallowed_types)]
 
 pub(crate) mod backoff;

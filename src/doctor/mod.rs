@@ -10,6 +10,8 @@
 //! Invariant: doctor changes nothing it does not undo before it returns (a probe cgroup, a
 //! probe lease), never panics, and never hangs: each Docker, etcd and systemd question is
 //! asked within a bound.
+//!
+//! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
 mod unit;
 

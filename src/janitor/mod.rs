@@ -15,6 +15,8 @@
 //! Invariants: only domains matching `RUN_APP_RE` are ever probed; a held lock is never stolen.
 //! The decision is a pure function ([`decide`](fn@decide)) of what the probe saw; everything
 //! else here only carries it out.
+//!
+//! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
 pub(crate) mod decide;
 pub(crate) mod reap;

@@ -11,6 +11,9 @@
 //!   notice its loss — implemented on one host by the local flock ([`local`]).
 //!
 //! Nothing here may start a process, touch Docker or remove an app: a lock only says who may.
+//!
+//! Floor: backends (docs/architecture.md): imports the floors below and the other backends, never a
+//! command.
 
 pub(crate) mod backend;
 #[cfg(feature = "etcd")]

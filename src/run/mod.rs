@@ -1,9 +1,10 @@
 //! `ccci-run run`: supervise one CI run from lifetime guards to teardown.
 //!
-//! This folder holds everything one run owns: its directory, guard and `ABRA_DIR` ([`rundir`]),
-//! its record ([`record`]) and phases ([`phase`]), its state files ([`state`]), the recipe it
-//! fetches ([`fetch`]), and here the order they happen in; and the two commands that look at
-//! runs from outside: `runs` ([`list`]) and `stop` ([`stop`]). It must never reap another run's app
+//! This folder holds what one run does: its state files ([`state`]), the recipe it fetches
+//! ([`fetch`]), and here the order everything happens in; and the two commands that look at
+//! runs from outside: `runs` ([`list`]) and `stop` ([`stop`]). Its directory, guard, record and
+//! phases are a floor below ([`crate::rundir`]), where the janitor reads them too; the janitor's
+//! side of a run comes from the entry, as a [`Sweeper`]. It must never reap another run's app
 //! or hold a lock past its own process: what a dead run leaves is the janitor's.
 //!
 //! The order is the contract's: guards, per-run `ABRA_DIR`, recipe, a janitor sweep, the app
@@ -13,6 +14,8 @@
 //! parent-death signal is SIGTERM), the hard deadline, the app lock lost — goes through
 //! [`Run::teardown`] exactly once, and nothing this run started (its process group, daemonised
 //! descendants, state files) outlives it.
+//!
+//! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
 pub(crate) mod fetch;
 pub(crate) mod list;
@@ -154,10 +157,8 @@ pub(crate) fn run(
     // The runs dir exists now: it names the configuration every process of the run works for.
     let owner = Owner::establish(&global.runs_dir)?;
     funnel.accept_stop_requests(run_dir.stop_request_path(), owner.process.clone());
-    let mut run = Run::new(
-        funnel, global, cfg, &run_dir, hard_end, locks, owner, sweeper,
-    );
-    let result = run.execute(&run_dir, holder.pid);
+    let mut run = Run::new(funnel, global, cfg, &run_dir, hard_end, locks, owner);
+    let result = run.execute(&run_dir, holder.pid, sweeper);
     if let Err(err) = &result {
         run.record.error = Some(err.to_string());
         run.record.exit_code = Some(exit::INTERNAL);
@@ -249,8 +250,6 @@ struct Run<'a> {
     docker: DockerLink,
     /// This supervisor and its configuration.
     owner: &'static Owner,
-    /// The janitor's side of a run.
-    sweeper: &'a dyn Sweeper,
 }
 
 impl<'a> Run<'a> {
@@ -263,7 +262,6 @@ impl<'a> Run<'a> {
         hard_end: Instant,
         locks: Box<dyn LockBackend>,
         owner: &'static Owner,
-        sweeper: &'a dyn Sweeper,
     ) -> Self {
         let mut record = first_record(cfg, &Holder::this_process(cfg.run_id.as_str()));
         let cgroup = cgroup::run_cgroup(global.cgroup, "run", cfg.run_id.as_str(), owner);
@@ -299,7 +297,6 @@ impl<'a> Run<'a> {
             watchdog,
             docker: DockerLink::new(global.docker, global.node_sweep.clone()),
             owner,
-            sweeper,
         }
     }
 }
@@ -307,7 +304,12 @@ impl<'a> Run<'a> {
 impl Run<'_> {
     /// The run's steps in the contract's order; a way out before the command starts goes
     /// straight to teardown.
-    fn execute(&mut self, run_dir: &RunDir, pid: u32) -> Result<u8, RunError> {
+    fn execute(
+        &mut self,
+        run_dir: &RunDir,
+        pid: u32,
+        sweeper: &dyn Sweeper,
+    ) -> Result<u8, RunError> {
         // Before anything is fetched, locked or started: no run without its last-resort bound.
         self.watchdog.check()?;
         self.save_checked(false)?;
@@ -341,7 +343,7 @@ impl Run<'_> {
         if let Some(Ok(seam)) = self.docker.get() {
             seam.refuse_a_worker().map_err(RunError::DockerWorker)?;
         }
-        self.sweep();
+        self.sweep(sweeper);
         self.record.enter(Phase::Janitor);
         match self.take_app_lock()? {
             Taken::Held(lease) => {
@@ -363,7 +365,7 @@ impl Run<'_> {
         }
         self.record.enter(Phase::AppLock);
         self.clear_predecessors()?;
-        self.clear_leftovers()?;
+        self.clear_leftovers(sweeper)?;
         self.state = StateFiles::create(
             &self.global.state_dir,
             self.owner.scope,
@@ -608,7 +610,7 @@ impl Run<'_> {
     /// is seen by no manager), within the lock wait: a node that may hold some of it and cannot
     /// be checked stops the run (125), naming the node, rather than let the command's deploy
     /// mount an earlier run's data there.
-    fn clear_leftovers(&mut self) -> Result<(), RunError> {
+    fn clear_leftovers(&mut self, sweeper: &dyn Sweeper) -> Result<(), RunError> {
         let domain = &self.cfg.identity.domain;
         let several = match self.docker.get() {
             Some(Ok(seam)) => seam.several_nodes(),
@@ -620,7 +622,7 @@ impl Run<'_> {
         self.save();
         // Its processes first: a dead run's leftover deploy or test script must not act on the
         // app while (or after) it is removed.
-        self.sweeper.reap_dead_runs_processes(self.owner.scope);
+        sweeper.reap_dead_runs_processes(self.owner.scope);
         let mut budget = crate::config::DEFAULT_REAP_BUDGET
             .min(self.hard_end.saturating_duration_since(Instant::now()));
         if let Some(wait) = self.cfg.lock_wait {
@@ -647,11 +649,10 @@ impl Run<'_> {
     }
 
     /// Step 4: a janitor sweep. Whatever goes wrong is logged; it never stops the run.
-    fn sweep(&mut self) {
+    fn sweep(&mut self, sweeper: &dyn Sweeper) {
         let budget = crate::config::DEFAULT_REAP_BUDGET
             .min(self.hard_end.saturating_duration_since(Instant::now()));
-        self.sweeper
-            .sweep(&*self.locks, self.global, budget, &self.docker);
+        sweeper.sweep(&*self.locks, self.global, budget, &self.docker);
     }
 
     fn supervisor(&self) -> Supervisor<'_> {

@@ -14,6 +14,9 @@
 //! Invariant: nothing under a run directory is removed or rebuilt unless we hold its guard lock,
 //! so a live run's tree is never wiped by another run that reuses its id; and a run clears its
 //! holder line before it lets the guard go, so a finished run's id can always be run again.
+//!
+//! Floor: backends (docs/architecture.md): imports the floors below and the other backends, never a
+//! command.
 
 pub(crate) mod phase;
 pub(crate) mod record;

@@ -12,6 +12,8 @@
 //! Invariant: when [`Supervisor::start_and_stop`] returns, no member of the command's process
 //! group is left, and the first reason is the one reported; signals that arrive after it are
 //! reported and ignored.
+//!
+//! Floor: mechanisms (docs/architecture.md): imports the ground and the mechanisms, nothing above.
 
 pub(crate) mod cgroup;
 pub(crate) mod fence;

@@ -21,6 +21,7 @@ mod fetch;
 mod hostile;
 mod identity;
 mod janitor;
+mod layers;
 mod lifetime;
 mod limits;
 mod multinode;

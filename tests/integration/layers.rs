@@ -1,0 +1,368 @@
+//! The floors of `src/` (docs/architecture.md): every `crate::` path read from the source, each
+//! room mapped to its floor by the document's table, and every arrow that points up, goes from
+//! one command to another, or closes a circle on one floor named.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One floor of the table: its number, its name, its rooms (`names.rs` → `names`, `lock/` →
+/// `lock`).
+#[derive(Debug)]
+struct Floor {
+    number: u32,
+    name: String,
+    rooms: Vec<String>,
+}
+
+/// The floors table of docs/architecture.md: the rows under `| floor | name | rooms |`.
+fn floors(doc: &str) -> Vec<Floor> {
+    let mut rows = doc
+        .lines()
+        .skip_while(|l| !l.starts_with("| floor | name | rooms |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'));
+    let mut floors = Vec::new();
+    for row in rows.by_ref() {
+        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        assert_eq!(cells.len(), 3, "a floors row has three cells: {row}");
+        let rooms = cells[2]
+            .split(',')
+            .map(|r| {
+                let r = r.trim().trim_matches('`');
+                r.strip_suffix(".rs")
+                    .or_else(|| r.strip_suffix('/'))
+                    .unwrap_or_else(|| panic!("a room is `name.rs` or `name/`: {r:?}"))
+                    .to_owned()
+            })
+            .collect();
+        floors.push(Floor {
+            number: cells[0].parse().expect("a floor's number"),
+            name: cells[1].to_owned(),
+            rooms,
+        });
+    }
+    floors
+}
+
+/// Every `.rs` file under `dir`, with its path relative to `src/`.
+fn sources(dir: &Path, under: &Path, out: &mut Vec<(String, String)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            sources(&path, under, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let rel = path.strip_prefix(under).unwrap().display().to_string();
+            out.push((rel, std::fs::read_to_string(&path).unwrap()));
+        }
+    }
+}
+
+/// The room a source file belongs to: its first path component, without `.rs`.
+fn room_of(rel: &str) -> String {
+    let first = rel.split('/').next().unwrap();
+    first.strip_suffix(".rs").unwrap_or(first).to_owned()
+}
+
+/// The source without its comments (line comments, doc comments and block comments) and string
+/// literals' contents, so that a `crate::` in prose or in a message is no import.
+fn code_only(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &text[i..];
+        if rest.starts_with("//") {
+            let end = rest.find('\n').unwrap_or(rest.len());
+            i += end;
+        } else if rest.starts_with("/*") {
+            let end = rest.find("*/").map_or(rest.len(), |e| e + 2);
+            i += end;
+        } else if raw_string_opens(text, i) {
+            let hashes = rest[1..].chars().take_while(|c| *c == '#').count();
+            let close = format!("\"{}", "#".repeat(hashes));
+            let body = 2 + hashes;
+            let end = rest[body..]
+                .find(&close)
+                .map_or(rest.len(), |e| body + e + close.len());
+            out.push_str("\"\"");
+            i += end;
+        } else if rest.starts_with('"') {
+            let mut j = 1;
+            let rb = rest.as_bytes();
+            while j < rb.len() && rb[j] != b'"' {
+                j += if rb[j] == b'\\' { 2 } else { 1 };
+            }
+            out.push_str("\"\"");
+            i += (j + 1).min(rest.len());
+        } else if rest.starts_with("'\"'") {
+            // The one char literal that would open a string.
+            out.push_str("' '");
+            i += 3;
+        } else {
+            let c = rest.chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// Whether a raw string (`r"`, `r#"`, `r##"`…) opens at byte `i`, not a raw identifier or the
+/// end of a name.
+fn raw_string_opens(text: &str, i: usize) -> bool {
+    let rest = &text[i..];
+    let Some(after) = rest.strip_prefix('r') else {
+        return false;
+    };
+    let before = text[..i].chars().next_back();
+    if before.is_some_and(|c| (c.is_alphanumeric() && c != 'b') || c == '_') {
+        return false;
+    }
+    after.trim_start_matches('#').starts_with('"')
+}
+
+/// The first component of every path that starts with `crate::`, with the path as written.
+/// `use crate::{a::b, c}` gives `a` and `c`.
+fn crate_paths(code: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(pos) = code[at..].find("crate::") {
+        let start = at + pos;
+        at = start + "crate::".len();
+        // `$crate::` (a macro) and `ccci_crate::` are no paths of ours.
+        let before = code[..start].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        let rest = &code[at..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // A group: its top-level items, up to the matching brace.
+            let mut depth = 1;
+            let mut item = String::new();
+            let mut items = Vec::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    break;
+                }
+                if c == ',' && depth == 1 {
+                    items.push(std::mem::take(&mut item));
+                } else {
+                    item.push(c);
+                }
+            }
+            items.push(item);
+            for item in items {
+                let item = item.trim();
+                let first: String = item
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !first.is_empty() {
+                    found.push((first, format!("crate::{{{}}}", item.replace('\n', " "))));
+                }
+            }
+        } else {
+            let path: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            let first = path.split("::").next().unwrap_or_default().to_owned();
+            if !first.is_empty() {
+                found.push((first, format!("crate::{path}")));
+            }
+        }
+    }
+    found
+}
+
+/// A room's own doc: the `//!` lines at the top of its file (`x.rs`) or its `mod.rs`.
+fn room_doc(src: &Path, room: &str) -> String {
+    let file = if src.join(room).is_dir() {
+        src.join(room).join("mod.rs")
+    } else {
+        src.join(format!("{room}.rs"))
+    };
+    std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+        .lines()
+        .take_while(|l| l.starts_with("//!") || l.starts_with("#!") || l.trim().is_empty())
+        .filter(|l| l.starts_with("//!"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn every_import_points_down_and_no_command_imports_another() {
+    let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
+    let floors = floors(&doc);
+    assert!(
+        floors.len() >= 3,
+        "docs/architecture.md has no floors table: {floors:?}"
+    );
+    let mut floor_of: BTreeMap<&str, &Floor> = BTreeMap::new();
+    for floor in &floors {
+        for room in &floor.rooms {
+            assert!(
+                floor_of.insert(room, floor).is_none(),
+                "room {room} is on two floors of docs/architecture.md"
+            );
+        }
+    }
+    let commands = floors
+        .iter()
+        .find(|f| f.name == "commands")
+        .expect("a floor named commands");
+
+    let src = repo().join("src");
+    let mut files = Vec::new();
+    sources(&src, &src, &mut files);
+    let rooms: BTreeSet<String> = files.iter().map(|(rel, _)| room_of(rel)).collect();
+    let mut problems = Vec::new();
+    for room in &rooms {
+        let Some(floor) = floor_of.get(room.as_str()) else {
+            problems.push(format!(
+                "room {room} is on no floor: add it to the floors table of docs/architecture.md"
+            ));
+            continue;
+        };
+        let doc = room_doc(&src, room);
+        let said = format!("Floor: {}", floor.name);
+        if !doc.contains(&said) {
+            problems.push(format!(
+                "room {room}'s module doc does not name its floor (a line with {said:?})"
+            ));
+        }
+    }
+    for room in floor_of.keys() {
+        if !rooms.contains(*room) {
+            problems.push(format!(
+                "docs/architecture.md names room {room}, which src/ does not have"
+            ));
+        }
+    }
+
+    // Room-level arrows, with one example each (file and path) for the messages.
+    let mut arrows: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
+    for (rel, text) in &files {
+        let from = room_of(rel);
+        for (to, path) in crate_paths(&code_only(text)) {
+            if to == from || !rooms.contains(&to) {
+                // Its own room, or an item of lib.rs itself (`crate::Error`): the entry.
+                if to != from && !rooms.contains(&to) {
+                    arrows
+                        .entry((from.clone(), "lib".to_owned()))
+                        .or_insert((rel.clone(), path));
+                }
+                continue;
+            }
+            arrows
+                .entry((from.clone(), to))
+                .or_insert((rel.clone(), path));
+        }
+    }
+    for ((from, to), (file, path)) in &arrows {
+        let (Some(a), Some(b)) = (floor_of.get(from.as_str()), floor_of.get(to.as_str())) else {
+            continue;
+        };
+        if b.number > a.number {
+            problems.push(format!(
+                "src/{file}: {path} points up, from {from} ({}) to {to} ({})",
+                a.name, b.name
+            ));
+        } else if a.number == commands.number && b.number == commands.number {
+            problems.push(format!(
+                "src/{file}: {path} goes from command {from} to command {to}: what two \
+                 commands share moves down a floor, or the entry hands it over"
+            ));
+        }
+    }
+    // No circle among the rooms of one floor: a depth-first search over same-floor arrows.
+    let same_floor: BTreeMap<&str, Vec<&str>> = arrows
+        .keys()
+        .filter(|(f, t)| {
+            floor_of
+                .get(f.as_str())
+                .zip(floor_of.get(t.as_str()))
+                .is_some_and(|(a, b)| a.number == b.number)
+        })
+        .fold(BTreeMap::new(), |mut m, (f, t)| {
+            m.entry(f.as_str())
+                .or_insert_with(Vec::new)
+                .push(t.as_str());
+            m
+        });
+    fn visit<'a>(
+        room: &'a str,
+        graph: &BTreeMap<&'a str, Vec<&'a str>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+        circles: &mut Vec<String>,
+    ) {
+        if let Some(at) = path.iter().position(|r| *r == room) {
+            let mut circle = path[at..].to_vec();
+            circle.push(room);
+            circles.push(circle.join(" -> "));
+            return;
+        }
+        if !done.insert(room) {
+            return;
+        }
+        path.push(room);
+        for next in graph.get(room).into_iter().flatten() {
+            visit(next, graph, path, done, circles);
+        }
+        path.pop();
+    }
+    let mut circles = Vec::new();
+    let mut done = BTreeSet::new();
+    for room in same_floor.keys() {
+        visit(room, &same_floor, &mut Vec::new(), &mut done, &mut circles);
+    }
+    for circle in circles {
+        problems.push(format!("a circle on one floor: {circle}"));
+    }
+    assert!(
+        problems.is_empty(),
+        "the floors of docs/architecture.md do not hold:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+/// The reader of paths is itself right: groups, nested groups, inline paths, and nothing from
+/// comments, strings or macros.
+#[test]
+fn the_import_reader_reads_what_rustc_reads() {
+    let code = code_only(
+        r##"
+        use crate::{lock::{self, LockFile}, names::RunId,
+            supervise::identity::Scope};
+        use crate::config::Global;
+        // use crate::janitor::sweep;
+        /// See [`crate::docker::DockerSeam`].
+        let x = crate::run::stop::stop(a);
+        let s = "crate::converge::run";
+        let r = r#"crate::doctor"#;
+        macro_rules! m { () => { $crate::report::line("") } }
+        let c = '"'; let d = crate::exit::OK;
+        "##,
+    );
+    let firsts: Vec<String> = crate_paths(&code).into_iter().map(|(f, _)| f).collect();
+    assert_eq!(
+        firsts,
+        ["lock", "names", "supervise", "config", "run", "exit"],
+        "{code}"
+    );
+}
