@@ -1,0 +1,86 @@
+//! Discovery: every run-app stack's resources, one list call per kind however many stacks there
+//! are (counted, so tests can check). A resource belongs to stack S when it carries the label
+//! `com.docker.stack.namespace=S` or is named `S_…` (external secrets carry no label); S maps
+//! back to a domain only through the run-app pattern, so nothing outside the run-app namespace
+//! is ever touched.
+
+use super::*;
+
+impl DockerSeam {
+    /// Every run-app stack's resources: one list call per kind.
+    pub(crate) fn discover(
+        &self,
+        pattern: &RunAppPattern,
+    ) -> Result<BTreeMap<AppDomain, StackResources>, DockerError> {
+        self.runtime.block_on(self.list(pattern))
+    }
+
+    /// One list call per kind, sorted into run-app stacks.
+    pub(super) async fn list(
+        &self,
+        pattern: &RunAppPattern,
+    ) -> Result<BTreeMap<AppDomain, StackResources>, DockerError> {
+        self.list_calls.set(self.list_calls.get() + 6);
+        let d = &self.docker;
+        let (services, containers, networks, volumes, secrets, configs) = tokio::join!(
+            d.list_services(Some(ListServicesOptions::default())),
+            d.list_containers(Some(ListContainersOptions {
+                all: true,
+                ..Default::default()
+            })),
+            d.list_networks(Some(ListNetworksOptions::default())),
+            d.list_volumes(Some(ListVolumesOptions::default())),
+            d.list_secrets(Some(ListSecretsOptions::default())),
+            d.list_configs(Some(ListConfigsOptions::default())),
+        );
+        fn failed(kind: &'static str) -> impl Fn(BollardError) -> DockerError {
+            move |e| DockerError(format!("failed to list {kind}: {e}"))
+        }
+        let mut found: BTreeMap<AppDomain, StackResources> = BTreeMap::new();
+        let mut add = |labels: Option<&HashMap<String, String>>,
+                       id: Option<String>,
+                       name: Option<String>,
+                       pick: fn(&mut StackResources) -> &mut Vec<Resource>| {
+            let (Some(id), Some(name)) = (id, name) else {
+                return;
+            };
+            let by_label = labels
+                .and_then(|l| l.get(STACK_LABEL))
+                .and_then(|stack| pattern.domain_of_stack(stack));
+            let Some(domain) = by_label.or_else(|| pattern.domain_of_resource(&name)) else {
+                return;
+            };
+            let name = name.trim_start_matches('/').to_owned();
+            pick(found.entry(domain).or_default()).push(Resource { id, name });
+        };
+        for s in services.map_err(failed("services"))? {
+            let spec = s.spec.unwrap_or_default();
+            add(spec.labels.as_ref(), s.id, spec.name, |r| &mut r.services);
+        }
+        for c in containers.map_err(failed("containers"))? {
+            let name = c.names.and_then(|n| n.into_iter().next());
+            add(c.labels.as_ref(), c.id, name, |r| &mut r.containers);
+        }
+        for n in networks.map_err(failed("networks"))? {
+            add(n.labels.as_ref(), n.id, n.name, |r| &mut r.networks);
+        }
+        for v in volumes
+            .map_err(failed("volumes"))?
+            .volumes
+            .unwrap_or_default()
+        {
+            add(Some(&v.labels), Some(v.name.clone()), Some(v.name), |r| {
+                &mut r.volumes
+            });
+        }
+        for s in secrets.map_err(failed("secrets"))? {
+            let spec = s.spec.unwrap_or_default();
+            add(spec.labels.as_ref(), s.id, spec.name, |r| &mut r.secrets);
+        }
+        for c in configs.map_err(failed("configs"))? {
+            let spec = c.spec.unwrap_or_default();
+            add(spec.labels.as_ref(), c.id, spec.name, |r| &mut r.configs);
+        }
+        Ok(found)
+    }
+}
