@@ -19,7 +19,7 @@
 //! only, never a positional argument's values (`ccci-run completions <TAB>` offered file
 //! names): the repair adds a line for each positional with a fixed set of values.
 //!
-//! Floor: entry (docs/architecture.md): the top: dispatches the commands and wires them together.
+//! Floor: entry (docs/architecture.md): the top floor, imported by nothing but the entry.
 
 use clap::CommandFactory;
 use clap_complete::Shell;

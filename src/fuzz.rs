@@ -12,7 +12,7 @@
 //! CCCI_FUZZ_TARGET=names,holder CCCI_FUZZ_SECS=600 cargo test --release --lib fuzz::soak -- --ignored --nocapture
 //! ```
 //!
-//! Floor: entry (docs/architecture.md): the top: dispatches the commands and wires them together.
+//! Floor: entry (docs/architecture.md): the top floor, imported by nothing but the entry.
 
 #![cfg(test)]
 

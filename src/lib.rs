@@ -4,7 +4,7 @@
 //! deadline. Kernel primitives only — flock, prctl, signals, process groups — no daemon and no
 //! shared state service.
 //!
-//! Floor: entry (docs/architecture.md): the top: dispatches the commands and wires them together.
+//! Floor: entry (docs/architecture.md): the top floor, imported by nothing but the entry.
 
 pub(crate) mod app;
 pub(crate) mod cli;

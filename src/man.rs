@@ -4,7 +4,7 @@
 //!
 //! Nothing here may change anything but the output it is asked for.
 //!
-//! Floor: entry (docs/architecture.md): the top: dispatches the commands and wires them together.
+//! Floor: entry (docs/architecture.md): the top floor, imported by nothing but the entry.
 
 use std::io::{self, Write};
 

@@ -1,0 +1,42 @@
+//! `janitor`'s arguments.
+
+use super::*;
+
+#[derive(Debug, Args)]
+pub(crate) struct JanitorArgs {
+    /// Decide and report, but change nothing at all.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Flag (never steal) a lock held for longer than DURATION
+    /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
+    #[arg(long, value_name = "DURATION", value_parser = long_held)]
+    pub long_held: Option<Duration>,
+    /// Also write Prometheus metrics here (node_exporter textfile collector), atomically.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
+    /// How long reaping may take (the Docker side, until the engine lists nothing of each
+    /// stack); past it the stack is `reap-incomplete` and the next sweep finishes the job
+    /// [env: CCCI_REAP_BUDGET; file: reap_budget; default: 2m].
+    #[arg(long, value_name = "DURATION", value_parser = reap_budget)]
+    pub reap_budget: Option<Duration>,
+    /// Also remove per-run directories older than AGE whose run is not live; AGE needs a unit
+    /// (14d, 36h) [env: CCCI_KEEP_RUNS; file: keep_runs; default: keep them].
+    #[arg(long, value_name = "AGE", value_parser = keep_runs)]
+    pub keep_runs: Option<Duration>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
+}
+
+impl JanitorArgs {
+    pub(crate) fn sweep_options(&self, global: &Global) -> SweepOptions {
+        SweepOptions {
+            dry_run: self.dry_run,
+            hunt: crate::config::Hunt::Everywhere,
+            long_held: global.timings.value(Timing::LongHeld),
+            reap_budget: global.timings.value(Timing::ReapBudget),
+        }
+    }
+}

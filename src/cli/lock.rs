@@ -1,0 +1,94 @@
+//! `lock` and `locks`: a named lock's arguments, and the listing of every lock.
+
+use super::*;
+
+#[derive(Debug, Args)]
+pub(crate) struct LockArgs {
+    /// The lock's name: `<lock-dir>/ccci-<NAME>.lock`.
+    pub name: String,
+    /// Give up after DURATION (exit 75, or -E's code) [default: wait as long as it takes];
+    /// flock(1)'s -w SECS, fractions too.
+    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = any_duration)]
+    pub wait: Option<Duration>,
+    /// Do not wait: give up at once (exit 75, or -E's code) when the lock is held or others
+    /// queue ahead, as --wait 0 does (flock(1)'s -n, which exits 1).
+    #[arg(short = 'n', long, visible_alias = "nb", conflicts_with = "wait")]
+    pub nonblock: bool,
+    /// The exit code when the lock is not acquired (--wait ran out, -n found it taken)
+    /// [default: 75]: 1, 3-75 or 77-124, since ccci-run gives the others their own meaning
+    /// (flock(1)'s -E, whose default is 1).
+    #[arg(short = 'E', long, value_name = "CODE", value_parser = conflict_exit_code)]
+    pub conflict_exit_code: Option<u8>,
+    /// Queue class: fast tickets go before normal ones.
+    #[arg(long, value_name = "CLASS", default_value = "normal", value_parser = choice::<Class>())]
+    pub class: Class,
+    /// A normal ticket that waited this long joins the fast class, keeping its place
+    /// [env: CCCI_PROMOTE_AFTER; file: promote_after; default: 20m].
+    #[arg(long, value_name = "DURATION", value_parser = promote_after)]
+    pub promote_after: Option<Duration>,
+    /// Time between the forwarded signal and SIGKILL of COMMAND's process group
+    /// [env: CCCI_KILL_GRACE; file: kill_grace; default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = kill_grace)]
+    pub kill_grace: Option<Duration>,
+    /// Time the rest of the teardown may take after the kill grace; then whatever is left is
+    /// killed and ccci-run exits [env: CCCI_TEARDOWN_TIMEOUT; file: teardown_timeout;
+    /// default: 5m].
+    #[arg(long, value_name = "DURATION", value_parser = teardown_timeout)]
+    pub teardown_timeout: Option<Duration>,
+    /// Tear down when any of these processes exits; each must be an ancestor (the CI step
+    /// shell's $$, and its parent, the runner).
+    #[arg(long, value_name = "PID,...", env = "CCCI_TIE_TO", value_delimiter = ',', value_parser = parse_pid)]
+    pub tie_to: Vec<i32>,
+    /// Write Prometheus metrics here once the lock is taken (or the wait given up), atomically:
+    /// every named lock's queue and last wait, and this host's live and unswept dead runs.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
+    /// The command to run while holding the lock.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LocksArgs {
+    /// Print the list as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Flag a lock held for longer than DURATION
+    /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
+    #[arg(long, value_name = "DURATION", value_parser = long_held)]
+    pub long_held: Option<Duration>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
+}
+
+impl LockArgs {
+    pub(crate) fn validate(self, global: &Global) -> Result<LockConfig, NameError> {
+        let t = &global.timings;
+        if let Some(etcd) = &global.etcd {
+            etcd.check_stop_budget(t.value(Timing::KillGrace))?;
+        }
+        Ok(LockConfig {
+            name: LockName::parse(&self.name)?,
+            wait: if self.nonblock {
+                Some(Duration::ZERO)
+            } else {
+                self.wait
+            },
+            conflict_exit: self.conflict_exit_code.unwrap_or(crate::exit::LOCK_TIMEOUT),
+            class: self.class,
+            promote_after: t.value(Timing::PromoteAfter),
+            kill_grace: t.value(Timing::KillGrace),
+            teardown_timeout: t.value(Timing::TeardownTimeout),
+            tie_to: unique_pids(&self.tie_to)?,
+            cgroup: global.cgroup,
+            lock_dir: global.lock_dir.clone(),
+            metrics: self.metrics_file.map(|file| crate::config::MetricsTarget {
+                file,
+                global: global.clone(),
+            }),
+            command: self.command,
+        })
+    }
+}
