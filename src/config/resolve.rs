@@ -1,0 +1,406 @@
+//! Resolution: each setting from the command line, else the environment, else the file, else
+//! its default, with where it came from ([`Origin`]) for `ccci-run config`.
+
+use super::*;
+
+/// A yes/no environment value: empty, `0`, `false`, `no`, `off` are no; `1`, `true`, `yes`,
+/// `on` are yes (any case); anything else is a usage error naming the variable.
+pub(super) fn parse_boolish(var: &'static str, value: &str) -> Result<bool, NameError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" | "n" | "f" => Ok(false),
+        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
+        _ => Err(NameError {
+            what: var,
+            value: value.to_owned(),
+            rule: "must be 1/true/yes/on or 0/false/no/off (or empty)".to_owned(),
+        }),
+    }
+}
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", content = "from")]
+pub(crate) enum Origin {
+    Flag,
+    Environment(String),
+    File(PathBuf),
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Flag => f.write_str("flag"),
+            Self::Environment(var) => write!(f, "environment ({var})"),
+            Self::File(path) => write!(f, "file ({})", path.display()),
+            Self::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// One effective setting, for `ccci-run config`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Setting {
+    pub key: &'static str,
+    pub value: String,
+    pub origin: Origin,
+}
+
+/// The resolved global settings (paths still to be validated by their users).
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub lock_dir: PathBuf,
+    pub abra_home: PathBuf,
+    pub runs_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub domain_suffix: String,
+    pub docker: DockerMode,
+    pub log_format: LogFormat,
+    pub cgroup: CgroupMode,
+    pub etcd: Option<EtcdSettings>,
+    pub timings: Timings,
+    pub recipe_url_template: Option<String>,
+    pub node_sweep: NodeSweepSettings,
+    /// Every setting with its origin, in a fixed order.
+    pub settings: Vec<Setting>,
+}
+
+/// A value given on the command line or in the environment, with which of the two it was.
+pub(crate) type Given<T> = Option<(T, Origin)>;
+
+/// What the command line and the environment say about the global settings; the CLI produces
+/// it, [`resolve`] layers the file and the defaults under it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Inputs {
+    pub config: Option<PathBuf>,
+    pub lock_dir: Given<PathBuf>,
+    pub abra_home: Given<PathBuf>,
+    pub runs_dir: Given<PathBuf>,
+    pub state_dir: Given<PathBuf>,
+    pub domain_suffix: Given<String>,
+    pub docker: Given<DockerMode>,
+    pub log_format: Given<LogFormat>,
+    pub cgroup: Given<CgroupMode>,
+    pub etcd_endpoints: Given<Vec<String>>,
+    pub lease_ttl: Given<Duration>,
+    /// Run settings given on the command line.
+    pub timings: Vec<(Timing, Duration)>,
+}
+
+/// The first of: the value given, the file's, the default — with where it came from.
+pub(super) fn pick<T>(
+    given: Given<T>,
+    file: Option<T>,
+    file_origin: &Origin,
+    default: T,
+) -> (T, Origin) {
+    match (given, file) {
+        (Some(given), _) => given,
+        (None, Some(v)) => (v, file_origin.clone()),
+        (None, None) => (default, Origin::Default),
+    }
+}
+
+/// `$HOME/.abra`; when HOME is unset or empty, the home directory of the user we run as, and
+/// `/root` only when even that is unknown.
+pub(super) fn home_default() -> PathBuf {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::Uid::effective())
+                .ok()
+                .flatten()
+                .map(|user| user.dir)
+        })
+        .unwrap_or_else(|| PathBuf::from("/root"))
+        .join(".abra")
+}
+
+/// Resolve the global settings: flag > environment > file > default.
+pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
+    let (file, path) = load(inputs.config.as_deref())?;
+    let from_file = Origin::File(path.clone().unwrap_or_default());
+    let mut node_sweep_shown = Vec::new();
+    let node_sweep = node_sweep_settings(&file, &from_file, &mut node_sweep_shown)?;
+    let i = inputs.clone();
+    let (timings, shown_timings) = resolve_timings(
+        &i.timings,
+        &file,
+        path.as_deref().unwrap_or(Path::new("")),
+        &from_file,
+    )?;
+    let absolute = |key: &'static str, (p, origin): (PathBuf, Origin)| {
+        // A NUL cannot reach the kernel, and a newline or escape in a path would forge lines
+        // in every listing and log that shows it.
+        if let Some(c) = p
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .find(|b| b.is_ascii_control())
+        {
+            return Err(NameError {
+                what: key,
+                value: p.display().to_string().escape_debug().to_string(),
+                rule: format!(
+                    "holds the control character {:?}; a path has none",
+                    char::from(*c)
+                ),
+            });
+        }
+        std::path::absolute(&p).map(|p| (p, origin)).map_err(|e| {
+            invalid(
+                key,
+                &Some(p.clone()),
+                format!("cannot be made absolute: {e}"),
+            )
+        })
+    };
+    let lock_dir = absolute(
+        "lock_dir",
+        pick(i.lock_dir, file.lock_dir, &from_file, "/run/lock".into()),
+    )?;
+    let abra_home = absolute(
+        "abra_home",
+        pick(i.abra_home, file.abra_home, &from_file, home_default()),
+    )?;
+    let runs_dir = absolute(
+        "runs_dir",
+        pick(
+            i.runs_dir,
+            file.runs_dir,
+            &from_file,
+            "/var/lib/cc-ci-runs".into(),
+        ),
+    )?;
+    let state_dir = absolute(
+        "state_dir",
+        pick(i.state_dir, file.state_dir, &from_file, "/tmp".into()),
+    )?;
+    let default_suffix = crate::names::DEFAULT_DOMAIN_SUFFIX.to_owned();
+    let domain_suffix = pick(
+        i.domain_suffix,
+        file.domain_suffix,
+        &from_file,
+        default_suffix,
+    );
+    let docker = pick(i.docker, file.docker, &from_file, DockerMode::Auto);
+    let log_format = pick(i.log_format, file.log_format, &from_file, LogFormat::Text);
+    let cgroup = pick(i.cgroup, file.cgroup, &from_file, CgroupMode::Auto);
+    let endpoints = pick(
+        i.etcd_endpoints,
+        file.etcd_endpoints,
+        &from_file,
+        Vec::new(),
+    );
+    let file_path = path.clone().unwrap_or_default();
+    let file_ttl = file
+        .lease_ttl
+        .as_ref()
+        .map(|v| v.parse("lease_ttl", &LEASE_TTL_SPEC, &file_path))
+        .transpose()?;
+    let lease_ttl = pick(
+        i.lease_ttl,
+        file_ttl,
+        &from_file,
+        Duration::from_secs(DEFAULT_LEASE_TTL.into()),
+    );
+    let ttl_secs = u32::try_from(lease_ttl.0.as_secs()).unwrap_or(u32::MAX);
+    let etcd = EtcdSettings::validate(&endpoints.0, ttl_secs).map_err(|rule| NameError {
+        what: "etcd settings (--etcd-endpoints, --lease-ttl, CCCI_ETCD_ENDPOINTS, CCCI_LEASE_TTL, etcd_endpoints, lease_ttl)",
+        value: endpoints.0.join(","),
+        rule,
+    })?;
+    let shown = |p: &PathBuf| p.display().to_string();
+    let settings = vec![
+        setting("lock_dir", shown(&lock_dir.0), &lock_dir.1),
+        setting("abra_home", shown(&abra_home.0), &abra_home.1),
+        setting("runs_dir", shown(&runs_dir.0), &runs_dir.1),
+        setting("state_dir", shown(&state_dir.0), &state_dir.1),
+        setting("domain_suffix", domain_suffix.0.clone(), &domain_suffix.1),
+        setting("docker", docker.0.name().to_owned(), &docker.1),
+        setting("log_format", log_format.0.name().to_owned(), &log_format.1),
+        setting("cgroup", cgroup.0.name().to_owned(), &cgroup.1),
+        setting("etcd_endpoints", endpoints.0.join(","), &endpoints.1),
+        setting(
+            "lease_ttl",
+            crate::duration::show(lease_ttl.0),
+            &lease_ttl.1,
+        ),
+    ];
+    let recipe_url_template = match std::env::var("CCCI_RECIPE_URL_TEMPLATE") {
+        Ok(template) => Some((
+            template,
+            Origin::Environment("CCCI_RECIPE_URL_TEMPLATE".to_owned()),
+        )),
+        Err(_) => file
+            .recipe_url_template
+            .clone()
+            .map(|t| (t, from_file.clone())),
+    };
+    let mut settings = settings;
+    settings.extend(node_sweep_shown);
+    settings.push(match &recipe_url_template {
+        // Shown as the recipe URL is everywhere: credentials redacted.
+        Some((t, origin)) => setting("recipe_url_template", crate::recipe_url::redact(t), origin),
+        None => setting(
+            "recipe_url_template",
+            crate::recipe_url::DEFAULT_URL_TEMPLATE.to_owned(),
+            &Origin::Default,
+        ),
+    });
+    settings.extend(shown_timings);
+    Ok(Resolved {
+        lock_dir: lock_dir.0,
+        abra_home: abra_home.0,
+        runs_dir: runs_dir.0,
+        state_dir: state_dir.0,
+        domain_suffix: domain_suffix.0,
+        docker: docker.0,
+        log_format: log_format.0,
+        cgroup: cgroup.0,
+        etcd,
+        timings,
+        recipe_url_template: recipe_url_template.map(|(t, _)| t),
+        node_sweep,
+        settings,
+    })
+}
+
+/// The node sweep's image and node socket: the environment, else the file, else the default;
+/// each shown with its origin. An empty image, or a socket path that is not absolute, is
+/// refused (the job would fail on every node, every sweep).
+pub(super) fn node_sweep_settings(
+    file: &FileConfig,
+    from_file: &Origin,
+    settings: &mut Vec<Setting>,
+) -> Result<NodeSweepSettings, NameError> {
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|v| (v, Origin::Environment(name.to_owned())))
+    };
+    let (image, image_origin) = env("CCCI_NODE_SWEEP_IMAGE")
+        .or_else(|| {
+            file.node_sweep_image
+                .clone()
+                .map(|v| (v, from_file.clone()))
+        })
+        .unwrap_or_else(|| (DEFAULT_NODE_SWEEP_IMAGE.to_owned(), Origin::Default));
+    if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+        return Err(NameError {
+            what: "node sweep image (CCCI_NODE_SWEEP_IMAGE, node_sweep_image)",
+            value: image,
+            rule: "must name an image with a docker CLI, such as docker:27-cli, without spaces"
+                .to_owned(),
+        });
+    }
+    let (socket, socket_origin) = env("CCCI_NODE_DOCKER_SOCKET")
+        .map(|(v, o)| (PathBuf::from(v), o))
+        .or_else(|| {
+            file.node_docker_socket
+                .clone()
+                .map(|v| (v, from_file.clone()))
+        })
+        .unwrap_or_else(|| (PathBuf::from(DEFAULT_NODE_DOCKER_SOCKET), Origin::Default));
+    if !socket.is_absolute() {
+        return Err(NameError {
+            what: "node Docker socket (CCCI_NODE_DOCKER_SOCKET, node_docker_socket)",
+            value: socket.display().to_string(),
+            rule: "must be an absolute path, the same on every node, such as /var/run/docker.sock"
+                .to_owned(),
+        });
+    }
+    settings.push(setting("node_sweep_image", image.clone(), &image_origin));
+    settings.push(setting(
+        "node_docker_socket",
+        socket.display().to_string(),
+        &socket_origin,
+    ));
+    Ok(NodeSweepSettings { image, socket })
+}
+
+/// The run settings: each from the command line, else its environment variable, else the
+/// file, else its default; with what `ccci-run config` shows of each.
+pub(super) fn resolve_timings(
+    flags: &[(Timing, Duration)],
+    file: &FileConfig,
+    path: &Path,
+    from_file: &Origin,
+) -> Result<(Timings, Vec<Setting>), NameError> {
+    let mut timings = Timings::default();
+    let mut shown = Vec::new();
+    for (at, info) in TIMINGS.iter().enumerate() {
+        let flag = flags
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == info.timing)
+            .map(|(_, v)| (*v, Origin::Flag));
+        // A flag wins: the variable is not even read then, so a bad value set for every step
+        // never turns an explicit flag into a usage error.
+        let env = match std::env::var_os(info.env).filter(|_| flag.is_none()) {
+            Some(value) => {
+                let text = value.to_string_lossy();
+                let parsed =
+                    crate::duration::parse(&text, &info.spec).map_err(|rule| NameError {
+                        what: info.env,
+                        value: text.clone().into_owned(),
+                        rule,
+                    })?;
+                Some((parsed, Origin::Environment(info.env.to_owned())))
+            }
+            None => None,
+        };
+        let from_file_value = file
+            .timing(info.timing)
+            .map(|v| v.parse(info.key, &info.spec, path))
+            .transpose()?;
+        let (value, origin) = match (flag.or(env), from_file_value) {
+            (Some(given), _) => (Some(given.0), given.1),
+            (None, Some(v)) => (Some(v), from_file.clone()),
+            (None, None) => (info.default, Origin::Default),
+        };
+        timings.values[at] = value;
+        let text = value.map_or_else(|| info.unset.to_owned(), crate::duration::show);
+        shown.push(setting(info.key, text, &origin));
+    }
+    Ok((timings, shown))
+}
+
+pub(super) fn setting(key: &'static str, value: String, origin: &Origin) -> Setting {
+    Setting {
+        key,
+        value,
+        origin: origin.clone(),
+    }
+}
+
+pub(super) fn invalid(what: &'static str, path: &Option<PathBuf>, rule: String) -> NameError {
+    NameError {
+        what,
+        value: path
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        rule,
+    }
+}
+
+/// `CCCI_LOG_FORMAT`, when it names a format.
+pub(crate) fn log_format_from_env() -> Option<LogFormat> {
+    std::env::var("CCCI_LOG_FORMAT")
+        .ok()
+        .and_then(|v| LogFormat::from_name(&v))
+}
+
+/// The log format of an error that came before the configuration could be resolved: `given`
+/// (the flag, else the environment), else the configuration file's `log_format` when that
+/// file can be read and parsed, else text.
+pub(crate) fn log_format_for_errors(
+    given: Option<LogFormat>,
+    config: Option<PathBuf>,
+) -> LogFormat {
+    given
+        .or_else(|| load(config.as_deref()).ok()?.0.log_format)
+        .unwrap_or(LogFormat::Text)
+}
