@@ -1,7 +1,8 @@
 //! `ccci-run run`: supervise one CI run from lifetime guards to teardown.
 //!
 //! This folder holds what one run does: its state files ([`state`]), the recipe it fetches
-//! ([`fetch`]), and here the order everything happens in; and the two commands that look at
+//! ([`fetch`]), its app lock ([`app_lock`]), its end ([`teardown`]), and here the order
+//! everything happens in; and the two commands that look at
 //! runs from outside: `runs` ([`list`]) and `stop` ([`stop`]). Its directory, guard, record and
 //! phases are a floor below ([`crate::rundir`]), where the janitor reads them too; the janitor's
 //! side of a run comes from the entry, as a [`Sweeper`]. It must never reap another run's app
@@ -17,10 +18,12 @@
 //!
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
+mod app_lock;
 pub(crate) mod fetch;
 pub(crate) mod list;
 pub(crate) mod state;
 pub(crate) mod stop;
+mod teardown;
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -388,45 +391,6 @@ impl Run<'_> {
         Ok(self.supervise_and_tear_down(early))
     }
 
-    /// For an app lock that can lapse behind our back (an etcd lease): start the run's fence
-    /// and feed it every renewal, before anything runs under the lock.
-    fn arm_fence(&mut self, lease: &dyn Lease) -> Result<Option<Fence>, RunError> {
-        arm_fence(
-            lease,
-            &mut self.funnel,
-            &fence::Target {
-                cgroup: self.cgroup.as_ref().map(|c| c.cgroup.path()),
-                owner: self.owner,
-                label: &format!("the app lock of {}", self.cfg.identity.domain),
-            },
-        )
-        .map_err(RunError::Fence)
-    }
-
-    /// Whether the app lock is no longer ours for sure: lost, or its fence has fired.
-    fn lock_gone(&self) -> bool {
-        self.app_lock.as_deref().is_some_and(is_lost)
-            || self.fence.as_ref().is_some_and(Fence::ended)
-    }
-
-    /// Right before a teardown step that acts on the app: is the app lock provably ours? When
-    /// not, say why and leave the app alone.
-    fn lock_confirmed(&mut self, step: &str) -> bool {
-        let Some(lease) = self.app_lock.as_deref() else {
-            return false;
-        };
-        match lease.confirm() {
-            Ok(()) => true,
-            Err(why) => {
-                self.teardown_error(format!(
-                    "the app lock is not provably ours before {step} ({why}): the app is left \
-                     to whoever holds the lock now, or to the janitor"
-                ));
-                false
-            }
-        }
-    }
-
     /// Step 3: the recipe into the run's tree, as configured. `Some(event)`: a way out ended a
     /// fetch that was under way.
     fn get_recipe(&mut self, recipe_dir: &Path) -> Result<Option<Event>, RunError> {
@@ -481,70 +445,6 @@ impl Run<'_> {
         .collect()
     }
 
-    /// Step 5: the app lock, through the lock backend. Waits visibly for as long as the
-    /// lock-wait budget allows; a signal or the deadline ends the wait at once.
-    fn take_app_lock(&mut self) -> Result<Taken, RunError> {
-        let domain = &self.cfg.identity.domain;
-        // The line names our cgroup and marker: should we die holding the lock, the next
-        // holder finds in it what to clear.
-        let holder = Holder::this_process(self.cfg.run_id.as_str())
-            .with_cgroup(self.cgroup.as_ref().map(|c| c.cgroup.path()));
-        let wait = Wait {
-            holder: &holder,
-            funnel: &self.funnel,
-            until: self.cfg.lock_wait.map(|budget| Instant::now() + budget),
-            class: Class::Normal,
-            promote_after: Duration::MAX,
-            stop_budget: crate::config::EtcdSettings::stop_budget(self.cfg.kill_grace),
-        };
-        let started = Instant::now();
-        let mut waited = false;
-        let (record, record_path) = (&self.record, &self.record_path);
-        let taken = self
-            .locks
-            .take(LockKey::App(domain), &wait, &mut |holder, so_far| {
-                if !waited {
-                    // The wait may be long: the record says where the run is.
-                    save_or_warn(record, record_path);
-                }
-                waited = true;
-                let held_by = Holder::describe(holder);
-                if so_far.is_zero() {
-                    report::line(&format!(
-                        "== app lock: another run of {domain} is in flight — waiting; held by \
-                         {held_by} =="
-                    ));
-                } else {
-                    report::line(&format!(
-                        "== app lock: still waiting for {domain} after {} s; held by {held_by} ==",
-                        so_far.as_secs()
-                    ));
-                }
-            })?;
-        if waited && matches!(taken, Taken::Held(_)) {
-            report::line(&format!(
-                "== app lock: acquired {domain} after {:.1} s ==",
-                started.elapsed().as_secs_f64()
-            ));
-        }
-        Ok(taken)
-    }
-
-    /// The lock-wait budget ran out: say who holds the lock, record it, exit 75.
-    fn lock_timed_out(&mut self, waited: Duration, lock: &str, detail: &str) -> u8 {
-        let message = format!(
-            "app lock {lock} for {} not acquired within {} s; {detail}",
-            self.cfg.identity.domain,
-            (waited.as_secs_f64() * 10.0).round() / 10.0,
-        );
-        report::line(&format!("ccci-run: {message}"));
-        self.record.error = Some(message);
-        self.record.exit_code = Some(exit::LOCK_TIMEOUT);
-        self.record.enter(Phase::Finished);
-        self.save();
-        exit::LOCK_TIMEOUT
-    }
-
     /// Write the run record, or fail the run: before its command starts, a run must be able
     /// to record itself.
     fn save_checked(&self, durable: bool) -> Result<(), RunError> {
@@ -582,72 +482,6 @@ impl Run<'_> {
         }
     }
 
-    /// Holding the app lock: a holder line found in it names a run that died holding it (a
-    /// SIGKILL, the OOM killer). Whatever that run left still running — its cgroup, every
-    /// process naming it — is killed and confirmed gone before our command starts, whether or
-    /// not it left an app; where that cannot be done, the line says why.
-    fn clear_predecessors(&mut self) -> Result<(), RunError> {
-        let Some(lease) = self.app_lock.as_deref() else {
-            return Ok(());
-        };
-        let domain = self.cfg.identity.domain.to_string();
-        let until = Instant::now()
-            + leftovers::KILL_BUDGET.min(self.hard_end.saturating_duration_since(Instant::now()));
-        for before in lease.predecessors() {
-            let cleared = leftovers::clear_predecessor(&before.predecessor(), self.owner, until);
-            let who = Holder::describe(Some(&before));
-            if let Err(why) = cleared.report("app lock", &who) {
-                return Err(RunError::Predecessor { domain, why });
-            }
-        }
-        Ok(())
-    }
-
-    /// Holding the app lock, nothing else of this domain can be alive: whatever of the app is
-    /// there now was left by a run that died while we waited (after our sweep). It goes before
-    /// the command starts, so the command never deploys over a dead run's stack. On a swarm of
-    /// several nodes the stack is always swept off every node (another node's copy of a volume
-    /// is seen by no manager), within the lock wait: a node that may hold some of it and cannot
-    /// be checked stops the run (125), naming the node, rather than let the command's deploy
-    /// mount an earlier run's data there.
-    fn clear_leftovers(&mut self, sweeper: &dyn Sweeper) -> Result<(), RunError> {
-        let domain = &self.cfg.identity.domain;
-        let several = match self.docker.get() {
-            Some(Ok(seam)) => seam.several_nodes(),
-            _ => false,
-        };
-        if !several && !app::app_has_leftovers(self.global, &self.docker, domain) {
-            return Ok(());
-        }
-        self.save();
-        // Its processes first: a dead run's leftover deploy or test script must not act on the
-        // app while (or after) it is removed.
-        sweeper.reap_dead_runs_processes(self.owner.scope);
-        let mut budget = crate::config::DEFAULT_REAP_BUDGET
-            .min(self.hard_end.saturating_duration_since(Instant::now()));
-        if let Some(wait) = self.cfg.lock_wait {
-            budget = budget.min(wait);
-        }
-        let removal = app::remove_app_now(self.global, &self.docker, domain, budget);
-        if removal.removed.counts().iter().any(|(_, n)| *n > 0) {
-            report::line(&format!(
-                "== app lock: removed what a previous run of {domain} left: {} ==",
-                removal.removed.summary()
-            ));
-        }
-        if !removal.nodes.is_empty() {
-            return Err(RunError::NodesNotClean {
-                stack: domain.stack_name(),
-                waited: budget,
-                why: removal.nodes.join("; "),
-            });
-        }
-        for err in removal.errors {
-            tracing::warn!("failed to clear leftovers of {domain}: {err}");
-        }
-        Ok(())
-    }
-
     /// Step 4: a janitor sweep. Whatever goes wrong is logged; it never stops the run.
     fn sweep(&mut self, sweeper: &dyn Sweeper) {
         let budget = crate::config::DEFAULT_REAP_BUDGET
@@ -665,215 +499,11 @@ impl Run<'_> {
         )
     }
 
-    /// Start the command (unless a way out already happened), wait for a way out, tear down.
-    fn supervise_and_tear_down(&mut self, early: VecDeque<Event>) -> u8 {
-        let (program, args) = self
-            .cfg
-            .command
-            .split_first()
-            .expect("clap requires a command");
-        let spec = CommandSpec {
-            program: program.clone(),
-            args: args.to_vec(),
-            env: self.env.clone(),
-            cwd: None,
-        };
-        // Built from the fields it needs, so the record can be written as teardown begins.
-        let record = &mut self.record;
-        let record_path = &self.record_path;
-        let watchdog = &self.watchdog;
-        let supervisor = supervisor(
-            &self.funnel,
-            self.cfg,
-            self.hard_end,
-            self.cgroup.as_ref(),
-            self.fence.as_ref(),
-        );
-        let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
-            watchdog.set_exit_code(reason.exit_code());
-            record.shutdown_reason = Some(reason.name());
-            match reason {
-                ShutdownReason::TiedPidDied(pid) => record.tied_pid_died = Some(pid),
-                ShutdownReason::Stopped(by) => record.stopped_by = Some(by),
-                _ => {}
-            }
-            record.enter(Phase::Teardown);
-            save_or_warn(record, record_path);
-        });
-        self.record.command_status = stopped
-            .command_status
-            .and_then(|s| serde_json::to_value(s).ok());
-        self.record.killed_after_grace = stopped.killed_after_grace;
-        for err in stopped.errors {
-            self.teardown_error(err);
-        }
-        self.teardown(stopped.teardown_until);
-        // Past the whole bound (a supervisor stopped that long): ended as the watchdog would
-        // have ended it, whichever thread gets there first.
-        if self.teardown_timed_out || Instant::now() >= self.hard_end {
-            self.record.shutdown_reason = Some(TEARDOWN_TIMEOUT.to_owned());
-        }
-        crate::supervise::summarise_ignored();
-        let code = stopped.reason.exit_code();
-        self.record.exit_code = Some(code);
-        self.record.enter(Phase::Finished);
-        self.save();
-        report::line(&format!(
-            "== run {}: finished, exit {code}; record {} ==",
-            self.cfg.run_id,
-            self.record_path.display()
-        ));
-        // The build log may be gone by now (a cancelled build's pipe is closed at the kill):
-        // the outcome also goes to the system journal, where there is one.
-        let reason = self
-            .record
-            .shutdown_reason
-            .as_deref()
-            .unwrap_or("command-ended");
-        let left = if self.record.teardown_errors.is_empty() {
-            "nothing left".to_owned()
-        } else {
-            format!(
-                "teardown incomplete ({}; see {})",
-                self.record.teardown_errors.join("; "),
-                self.record_path.display()
-            )
-        };
-        report::journal(&format!(
-            "run {}: torn down after {reason}, exit {code}, {left}",
-            self.cfg.run_id
-        ));
-        code
-    }
-
-    /// Everything after the command's group is gone, within `until`: leftovers killed, the
-    /// hook (its share of the budget), app removal (the rest), state files. Signals are
-    /// reported and ignored here; they can never extend it.
-    fn teardown(&mut self, until: Instant) {
-        self.kill_leftovers(until);
-        if self.app_lock.is_none() {
-            // Never held the app lock: the app, if any, is another run's. Hands off.
-        } else if self.lock_gone() {
-            report::line(
-                "!! teardown: the app lock was lost; the app is left to whoever holds the lock \
-                 now, or to the janitor",
-            );
-        } else if self.cfg.no_teardown {
-            report::line("== --no-teardown: keeping the app; the next janitor sweep reaps it ==");
-        } else {
-            self.tear_down_app(until);
-        }
-        for err in self.state.remove() {
-            self.teardown_error(err);
-        }
-    }
-
-    /// The app's part of a teardown, while the app lock is held: the hook (its share of the
-    /// budget), then the app's removal (the rest), each only once etcd confirms the lock.
-    fn tear_down_app(&mut self, until: Instant) {
-        if let Some(hook) = self.cfg.on_teardown.clone() {
-            if !self.lock_confirmed("the teardown hook") {
-                return;
-            }
-            self.run_hook(&hook, hook_share(Instant::now(), until));
-            self.kill_leftovers(until);
-        }
-        if !self.lock_confirmed("the app's removal") {
-            return;
-        }
-        // Never past the time the app lock is safely ours (a lease not renewed meanwhile).
-        let safe = self
-            .app_lock
-            .as_deref()
-            .and_then(|lease| lease.safe_until());
-        let budget = safe
-            .map_or(until, |safe| safe.min(until))
-            .saturating_duration_since(Instant::now());
-        let app::Removal {
-            removed, errors, ..
-        } = app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
-        for (kind, count) in removed.counts() {
-            if count > 0 {
-                tracing::info!(kind, count, "removed the app's resources");
-            }
-        }
-        if Instant::now() >= until && !errors.is_empty() {
-            self.teardown_timed_out = true;
-        }
-        for err in errors {
-            self.teardown_error(err);
-        }
-    }
-
-    fn run_hook(&mut self, hook: &str, until: Instant) {
-        let spec = CommandSpec {
-            program: "sh".into(),
-            args: vec!["-c".into(), hook.into()],
-            env: self.env.clone(),
-            cwd: None,
-        };
-        let leaf = self.cgroup.as_ref().map(|c| &c.hook);
-        let share = until.saturating_duration_since(Instant::now());
-        match self.supervisor().run_within(&spec, leaf, until) {
-            Ok(ChildStatus::Exited(0)) => {}
-            Ok(status) => self.teardown_error(format!(
-                "--on-teardown command failed with exit code {}",
-                status.exit_code()
-            )),
-            Err(err) => {
-                self.teardown_timed_out = true;
-                self.teardown_error(format!(
-                    "--on-teardown command {err} ({:.1} s)",
-                    share.as_secs_f64()
-                ));
-            }
-        }
-    }
-
-    fn kill_leftovers(&mut self, until: Instant) {
-        let result = match &self.cgroup {
-            Some(c) => self
-                .supervisor()
-                .kill_leftovers(Some(&c.command), until)
-                .and(self.supervisor().kill_leftovers(Some(&c.hook), until)),
-            None => self.supervisor().kill_leftovers(None, until),
-        };
-        if let Err(err) = result {
-            self.teardown_error(err);
-        }
-    }
-
-    /// Remove the run's (empty) cgroup; it is named in the record, so say when it stays.
-    fn remove_cgroup(&mut self) {
-        let Some(cgroups) = &self.cgroup else {
-            return;
-        };
-        if let Err(err) = cgroups.cgroup.remove() {
-            let message = format!("{err}; the next janitor sweep removes it");
-            tracing::warn!("{message}");
-        }
-    }
-
-    fn teardown_error(&mut self, message: String) {
-        report::line(&format!("!! teardown: {message}"));
-        self.record.teardown_errors.push(message);
-    }
-
     /// Write the run record; a failure is reported but never stops a teardown.
     fn save(&self) {
         save_or_warn(&self.record, &self.record_path);
     }
 }
-
-/// Of what is left of a teardown budget, the part the hook may use: everything but what app
-/// removal needs (half of what is left, at most [`REMOVAL_RESERVE`]).
-pub(crate) fn hook_share(now: Instant, until: Instant) -> Instant {
-    let left = until.saturating_duration_since(now);
-    until - (left / 2).min(REMOVAL_RESERVE)
-}
-
-/// What app removal keeps of the teardown budget when a hook runs first.
-pub(crate) const REMOVAL_RESERVE: Duration = Duration::from_secs(120);
 
 /// The watchdog's note in the run record before it ends the process.
 fn record_watchdog_end(path: &std::path::Path, code: u8) {
