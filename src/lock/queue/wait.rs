@@ -1,0 +1,356 @@
+//! The wait in the queue: the head ticket's one blocking flock, everyone else asleep until the
+//! queue changes or the owner ahead dies, promotion, the wait's bound and its reports; and the
+//! record of how long the last holder waited.
+
+use super::*;
+
+/// Wait in the queue of `name` (its lock file at `path`) until we hold the lock, the budget
+/// runs out, or a way out arrives. The ticket is gone whichever way this ends.
+pub(crate) fn acquire(
+    name: &LockName,
+    path: &Path,
+    lock_dir: &Path,
+    wait: &Wait<'_>,
+) -> Result<Taken, LockError> {
+    let queue = Queue::open(lock_dir, name)?;
+    let mut inotify = match watch_queue(&queue.dir) {
+        Ok(inotify) => Some(inotify),
+        Err(err) if inotify_exhausted(&err) => {
+            report::line(&format!(
+                "== lock {name}: cannot watch the queue {} ({err}: this user's inotify \
+                 instances or watches are used up, fs.inotify.max_user_instances, \
+                 max_user_watches); looking at it every {}–{} ms instead ==",
+                queue.dir.display(),
+                POLL_MS.start(),
+                POLL_MS.end()
+            ));
+            None
+        }
+        Err(err) => return Err(queue.io_err("watch")(err)),
+    };
+    let Some(ticket) = queue.take_ticket(wait.class, wait.funnel)? else {
+        return Ok(Taken::Stopped(first_shutdown(wait.funnel)));
+    };
+    let mut waiter = Waiter {
+        name,
+        path,
+        wait,
+        queue: &queue,
+        ticket,
+        ahead: None,
+        started: Instant::now(),
+        last_report: None,
+    };
+    let taken = waiter.run(inotify.as_mut());
+    // Held, timed out, stopped or failed: the ticket goes (a second removal is harmless).
+    queue.remove(&waiter.ticket);
+    taken
+}
+
+/// Note that the holder of lock `name` waited `waited` for it, for the metrics: beside the lock
+/// file (`<lock-dir>/ccci-<NAME>.lock.last-wait`), outside the queue directory its waiters
+/// watch, written in place at a fixed width so that a reader never sees half a number.
+pub(crate) fn record_last_wait(
+    lock_dir: &Path,
+    name: &LockName,
+    waited: Duration,
+) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let line = format!("{:015.3}\n", waited.as_secs_f64().min(99_999_999_999.0));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        // Without blocking: a FIFO planted there (any process of the lock's user can) must not
+        // hold up the holder's command; and only a regular file is written to.
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
+        .open(last_wait_path(lock_dir, name))
+        .and_then(|file| {
+            let kind = file.metadata()?.file_type();
+            if !kind.is_file() {
+                return Err(io::Error::other(format!(
+                    "it is {}, not a regular file; left alone",
+                    crate::files::kind_name(kind)
+                )));
+            }
+            file.write_all_at(line.as_bytes(), 0)
+        })
+}
+
+/// Where the last wait for lock `name` is recorded.
+pub(crate) fn last_wait_path(lock_dir: &Path, name: &LockName) -> PathBuf {
+    lock_dir.join(format!(
+        "{}{}",
+        name.file_name(),
+        crate::names::LAST_WAIT_SUFFIX
+    ))
+}
+
+/// The last holder's wait recorded at `path`, in seconds.
+pub(crate) fn last_wait(path: &Path) -> Option<f64> {
+    let text = crate::files::read_text(path, &crate::files::Rules::small(64)).ok()?;
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+}
+
+/// An inotify instance watching the queue directory `dir` for tickets coming and going.
+pub(super) fn watch_queue(dir: &Path) -> io::Result<Inotify> {
+    let inotify = Inotify::init()?;
+    inotify.watches().add(
+        dir,
+        WatchMask::CREATE | WatchMask::DELETE | WatchMask::MOVED_FROM | WatchMask::MOVED_TO,
+    )?;
+    Ok(inotify)
+}
+
+/// The host will not give us an instance or a watch (the user's share, or memory): the queue
+/// can still be looked at, only not waited on.
+pub(super) fn inotify_exhausted(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOSPC | nix::libc::ENOMEM)
+    )
+}
+
+/// One waiter's place in the queue while it waits.
+pub(super) struct Waiter<'a> {
+    name: &'a LockName,
+    path: &'a Path,
+    wait: &'a Wait<'a>,
+    queue: &'a Queue,
+    ticket: Ticket,
+    /// The ticket right ahead of ours: its owner's death wakes us at once.
+    ahead: Option<Ticket>,
+    started: Instant,
+    last_report: Option<Instant>,
+}
+
+/// What one round in the queue came to.
+pub(super) enum Round {
+    Done(Taken),
+    /// Not at the head yet, or the head lost the file to a replacement: look again.
+    Again,
+}
+
+impl Waiter<'_> {
+    /// Wait in line; without `inotify`, by looking again every [`POLL_MS`].
+    fn run(&mut self, mut inotify: Option<&mut Inotify>) -> Result<Taken, LockError> {
+        let mut buffer = [0u8; 4096];
+        let mut watch: Option<(Ticket, OwnerWatch)> = None;
+        loop {
+            // Drain what changed so far; whatever changes after this wakes the wait below.
+            while inotify.as_mut().is_some_and(|i| {
+                i.read_events(&mut buffer)
+                    .is_ok_and(|mut e| e.next().is_some())
+            }) {}
+            if let Round::Done(taken) = self.round()? {
+                return Ok(taken);
+            }
+            // Watch the owner of the ticket ahead: when it dies (a SIGKILLed waiter), nothing
+            // in the queue directory changes, so its pidfd is what wakes us.
+            if watch.as_ref().map(|(t, _)| *t) != self.ahead {
+                watch = self.ahead.map(|t| (t, self.queue.watch_owner(&t)));
+            }
+            let owner = match &watch {
+                Some((_, OwnerWatch::Pidfd(fd))) => Some(fd),
+                _ => None,
+            };
+            let mut timeout = self.remaining().map_or(KEEPALIVE, |l| l.min(KEEPALIVE));
+            if matches!(watch, Some((_, OwnerWatch::Gone))) {
+                // Its owner is gone already: look again soon, without spinning.
+                timeout = timeout.min(DEAD_AHEAD_RETRY);
+            }
+            if inotify.is_none() {
+                timeout = timeout.min(Duration::from_millis(
+                    rand::rng().random_range(POLL_MS.clone()),
+                ));
+            }
+            let fds: Vec<BorrowedFd<'_>> = inotify
+                .as_ref()
+                .map(|i| i.as_fd())
+                .into_iter()
+                .chain(owner.map(AsFd::as_fd))
+                .collect();
+            let (arrived, _) = self.wait.funnel.wait_on(&fds, Some(timeout));
+            if let Some(event) = shutdown_events(&arrived).next() {
+                return Ok(Taken::Stopped(event));
+            }
+        }
+    }
+
+    /// One look at the queue: promote, keep the ticket alive, clear the dead, and, at the head,
+    /// try the lock and park on it.
+    fn round(&mut self) -> Result<Round, LockError> {
+        self.promote_when_due();
+        if !self.queue.touch(&self.ticket) {
+            // Someone removed our ticket (an operator, or a reaper that took us for dead):
+            // take a new one rather than wait outside the queue.
+            tracing::warn!(
+                ticket = self.ticket.file_name(),
+                "our ticket vanished; taking a new one"
+            );
+            match self
+                .queue
+                .take_ticket(self.ticket.class, self.wait.funnel)?
+            {
+                Some(t) => self.ticket = t,
+                None => {
+                    return Ok(Round::Done(Taken::Stopped(first_shutdown(
+                        self.wait.funnel,
+                    ))));
+                }
+            }
+        }
+        let live = self.queue.reap(&self.ticket);
+        self.ahead = live
+            .iter()
+            .map(|t| t.ticket)
+            .take_while(|t| *t < self.ticket)
+            .last();
+        let at_head = live.first().map(|t| t.ticket) == Some(self.ticket);
+        // The head tries before the budget is looked at: `--wait 0` takes a free lock.
+        if at_head {
+            if let Some(lock) = try_lock_live(self.path)? {
+                return Ok(Round::Done(self.held(lock)?));
+            }
+        }
+        if self.remaining() == Some(Duration::ZERO) {
+            return Ok(Round::Done(self.give_up(&live)));
+        }
+        if !at_head {
+            self.report_wait(&live, false);
+            return Ok(Round::Again);
+        }
+        self.report_wait(&live, true);
+        self.park()
+    }
+
+    /// A normal ticket that waited past `--promote-after` joins the fast class.
+    fn promote_when_due(&mut self) {
+        if self.wait.class != Class::Normal
+            || self.ticket.class != Class::Normal
+            || self.started.elapsed() < self.wait.promote_after
+        {
+            return;
+        }
+        if let Some(promoted) = self.queue.promote(&self.ticket) {
+            report::line(&format!(
+                "== lock {}: ticket {} promoted to the fast class after {} s ==",
+                self.name,
+                self.ticket.seq,
+                self.started.elapsed().as_secs()
+            ));
+            self.ticket = promoted;
+        }
+    }
+
+    fn remaining(&self) -> Option<Duration> {
+        self.wait
+            .until
+            .map(|until| until.saturating_duration_since(Instant::now()))
+    }
+
+    /// The head's wait: ONE blocking flock on a worker for the remaining budget, while the main
+    /// thread keeps the ticket alive and watches for signals.
+    fn park(&mut self) -> Result<Round, LockError> {
+        let pending = LockFile::open(self.path)?.lock_in_background()?;
+        let (queue, ticket) = (self.queue, self.ticket);
+        // The keepalive: by path, never through the lock's descriptor, never recreating.
+        let mut touch = || {
+            queue.touch(&ticket);
+        };
+        Ok(
+            match self.wait.funnel.await_work(
+                pending,
+                self.wait.until,
+                Some((KEEPALIVE, &mut touch)),
+            ) {
+                Awaited::Done(outcome) => {
+                    let lock = outcome?;
+                    if lock.identity_matches()? {
+                        Round::Done(self.held(lock)?)
+                    } else {
+                        // The file was replaced while we waited: go round again on the live path.
+                        Round::Again
+                    }
+                }
+                Awaited::Stopped(event) => Round::Done(Taken::Stopped(event)),
+                Awaited::TimedOut => Round::Done(self.give_up(&self.queue.scan())),
+            },
+        )
+    }
+
+    /// Ours: say who holds it, for `locks` and for whoever times out behind us; a line found
+    /// in it names a holder that died holding it.
+    fn held(&self, mut lock: HeldLock) -> Result<Taken, LockError> {
+        let before = lock::Holder::parse(&lock.read_holder());
+        lock.write_holder(&self.wait.holder.to_line())?;
+        let token = self.queue.next_fencing_token()?;
+        Ok(Taken::Held(Box::new(
+            FileLease::taken_over(lock, before).with_fencing_token(token),
+        )))
+    }
+
+    /// Leave the queue and say where we were, and who holds the lock.
+    fn give_up(&self, live: &[QueuedTicket]) -> Taken {
+        self.queue.remove(&self.ticket);
+        let head = live
+            .iter()
+            .find(|t| t.ticket != self.ticket)
+            .map(|t| format!("head of queue is {}", t.ticket.describe()))
+            .unwrap_or_else(|| "(no other ticket queued)".to_owned());
+        Taken::TimedOut {
+            waited: self.wait.until.map_or(Duration::ZERO, |u| {
+                u.saturating_duration_since(self.started)
+            }),
+            lock: self.name.to_string(),
+            detail: format!(
+                "as queue ticket {} ({}); {head}; held by {}",
+                self.ticket.seq,
+                self.ticket.class.as_str(),
+                crate::lock::Holder::describe(crate::lock::Holder::of_file(self.path).as_ref())
+            ),
+        }
+    }
+
+    /// The waiting line: before blocking, then at most once a minute.
+    fn report_wait(&mut self, live: &[QueuedTicket], parking: bool) {
+        if self.last_report.is_some_and(|t| t.elapsed() < REPORT_EVERY) {
+            return;
+        }
+        self.last_report = Some(Instant::now());
+        let budget = self.remaining().map_or("no time limit".to_owned(), |l| {
+            format!("{:.1} s of budget left", l.as_secs_f64())
+        });
+        let position = if parking {
+            "head of the queue, waiting for the holder".to_owned()
+        } else {
+            let ahead = live.iter().take_while(|t| t.ticket < self.ticket).count();
+            let head = live.first().map_or("-".to_owned(), |t| t.ticket.describe());
+            format!("{ahead} ticket(s) ahead, head is {head}")
+        };
+        report::line(&format!(
+            "== lock {}: waiting as queue ticket {} ({}), {budget}; {position} ==",
+            self.name,
+            self.ticket.seq,
+            self.ticket.class.as_str()
+        ));
+    }
+}
+
+pub(super) fn first_shutdown(funnel: &SignalFunnel) -> Event {
+    shutdown_events(&funnel.pending())
+        .next()
+        .unwrap_or(Event::Signal(Signal::SIGTERM))
+}
+
+/// A non-blocking try; a lock on an inode that is no longer at the path does not count.
+pub(super) fn try_lock_live(path: &Path) -> Result<Option<HeldLock>, LockError> {
+    match LockFile::open(path)?.try_lock()? {
+        TryLock::Acquired(lock) if lock.identity_matches()? => Ok(Some(lock)),
+        _ => Ok(None),
+    }
+}
