@@ -1,0 +1,193 @@
+//! The claim: taking the owner key when nothing stands in the way, clearing what may be cleared
+//! (junk keys, a lapsed holder's tenure once its stop budget has passed), and the lapse of a
+//! holder that lost its lease without releasing.
+
+use super::*;
+
+/// A claim that went through: the owner key's revision, the cluster, the lineage it is in.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::lock::etcd) struct Claimed {
+    pub(in crate::lock::etcd) revision: i64,
+    pub(in crate::lock::etcd) cluster: u64,
+    pub(in crate::lock::etcd) lineage: Lineage,
+}
+
+impl Claimed {
+    /// The fencing token: above every earlier holder's, in this lineage and any before it.
+    pub(in crate::lock::etcd) fn token(&self) -> i64 {
+        self.lineage.base.saturating_add(self.revision)
+    }
+}
+
+/// Try to become the owner, as `waiter` (which must still be ours and is removed) or, without
+/// one, from outside the line: in one transaction that requires the owner key absent, no
+/// holder that has not ended, no settling lineage and `lineage` still the lineage. Writes the
+/// owner key and our tenure key. `None`: something changed; read again.
+pub(in crate::lock::etcd) async fn claim(
+    pool: &Pool,
+    dir: &str,
+    lineage: Lineage,
+    waiter: Option<&str>,
+    lease: i64,
+    holder_line: &str,
+    stop_budget: Duration,
+) -> Result<Option<Claimed>, etcd_client::Error> {
+    let owner = keys::owner_key(dir);
+    let bound = || Some(PutOptions::new().with_lease(lease));
+    let tenure = TenureValue {
+        holder: holder_line.to_owned(),
+        stop_budget_ms: u64::try_from(stop_budget.as_millis()).unwrap_or(u64::MAX),
+        lapsed: None,
+    };
+    let tenure = serde_json::to_string(&tenure).expect("a tenure record always serialises");
+    let mut when = vec![
+        Compare::create_revision(owner.as_str(), CompareOp::Equal, 0),
+        // No tenure key at all (a range compare holds for every key in it, and for an empty
+        // range as for an absent key).
+        Compare::create_revision(keys::tenure_prefix(dir), CompareOp::Equal, 0).with_prefix(),
+        Compare::lease(keys::SETTLING, CompareOp::Equal, 0),
+        Compare::mod_revision(keys::LINEAGE, CompareOp::Equal, lineage.mod_revision),
+    ];
+    let mut then = vec![
+        TxnOp::put(owner.as_str(), holder_line, bound()),
+        // Bound to no lease: it outlives ours if ours expires, and says how long we may take
+        // to stop (see [`lapse`]).
+        TxnOp::put(keys::tenure_key(dir, lease), tenure, None),
+    ];
+    if let Some(waiter) = waiter {
+        when.push(Compare::lease(waiter, CompareOp::Equal, lease));
+        then.push(TxnOp::delete(waiter, None));
+    }
+    let txn = Txn::new().when(when).and_then(then);
+    let response = pool
+        .call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+    Ok(response.succeeded().then(|| Claimed {
+        revision: response.header().map_or(0, |h| h.revision()),
+        cluster: response.header().map_or(0, |h| h.cluster_id()),
+        lineage,
+    }))
+}
+
+/// What a waiter (or a claim from outside the line) does about `obstacle` that is not waiting:
+/// begin a lineage, remove a junk owner key. `Err` when etcd did not answer.
+pub(in crate::lock::etcd) async fn clear(
+    pool: &Pool,
+    snap: &Snapshot,
+    obstacle: &Obstacle<'_>,
+    ttl: Duration,
+) -> Result<(), etcd_client::Error> {
+    match obstacle {
+        Obstacle::Lineage {
+            why,
+            mod_revision,
+            floor,
+        } => {
+            if let Some(line) =
+                lineage::begin(pool, snap.cluster, ttl, why, *mod_revision, *floor).await?
+            {
+                report::line(&line);
+            }
+        }
+        Obstacle::Junk(kv) => {
+            let removed = remove_junk(pool, kv).await?;
+            if removed {
+                report::line(&format!(
+                    "== etcd: removed {}, a key without a lease or record (written by hand?): it \
+                     held nobody's lock ==",
+                    String::from_utf8_lossy(kv.key())
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// What a look at a tenure key found.
+pub(in crate::lock::etcd) enum Tenure {
+    /// Its holder's lease lives: the holder is stopping its command, and removes the key when
+    /// it has.
+    Alive,
+    /// Its holder's lease expired without a release (cut off, stalled or killed): the key was
+    /// just bound to a lease of the holder's stop budget, or already was; nobody takes the lock
+    /// until it is gone.
+    Lapsed(TenureValue),
+    /// It changed meanwhile: read again.
+    Changed,
+}
+
+/// Look at tenure key `kv`: a key bound to no lease whose holder's lease is gone (etcd expired
+/// it) is rebound to a lease of its own that lasts the holder's stop budget, from now: the
+/// holder may have begun stopping its command no earlier than etcd could expire its lease, and
+/// has that long to finish. `who` says who found it.
+pub(in crate::lock::etcd) async fn lapse(
+    pool: &Pool,
+    kv: &KeyValue,
+    who: &str,
+) -> Result<Tenure, etcd_client::Error> {
+    let Some(value) = TenureValue::parse(kv) else {
+        return Ok(Tenure::Changed);
+    };
+    if kv.lease() != 0 {
+        return Ok(Tenure::Lapsed(value));
+    }
+    if let Some(id) = tenure_lease(kv) {
+        let alive = pool
+            .call(|mut c| async move { c.lease_time_to_live(id, None).await })
+            .await?;
+        if alive.ttl() > 0 {
+            return Ok(Tenure::Alive);
+        }
+    }
+    let budget = value.stop_budget();
+    let ttl = budget.as_secs() + u64::from(budget.subsec_nanos() > 0);
+    let ttl = i64::try_from(ttl.max(1)).unwrap_or(i64::MAX);
+    let grant = pool
+        .call(|mut c| async move { c.lease_grant(ttl, None).await })
+        .await?;
+    let lapsed = TenureValue {
+        lapsed: Some(format!(
+            "found expired by {who} at {}",
+            humantime::format_rfc3339_millis(std::time::SystemTime::now())
+        )),
+        ..value.clone()
+    };
+    let line = serde_json::to_string(&lapsed).expect("a tenure record always serialises");
+    let txn = Txn::new()
+        .when([
+            Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
+            Compare::lease(kv.key(), CompareOp::Equal, 0),
+        ])
+        .and_then([TxnOp::put(
+            kv.key(),
+            line,
+            Some(PutOptions::new().with_lease(grant.id())),
+        )]);
+    let response = pool
+        .call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+    Ok(if response.succeeded() {
+        Tenure::Lapsed(lapsed)
+    } else {
+        Tenure::Changed
+    })
+}
+
+/// The line a waiter says once about a holder that lost its lease without a release.
+pub(in crate::lock::etcd) fn lapsed_line(label: &str, value: &TenureValue) -> String {
+    let holder = Holder::parse(&value.holder);
+    format!(
+        "== {label}: its last holder, {}, lost its lease without releasing the lock (cut off, \
+         stalled or killed): its command may still be stopping, so the lock is taken only \
+         once its stop budget of {:.1} s has passed ==",
+        Holder::describe(holder.as_ref()),
+        value.stop_budget().as_secs_f64()
+    )
+}

@@ -1,0 +1,366 @@
+//! The line in front of an etcd lock: a lock directory read at one revision ([`Snapshot`]),
+//! what stands between a waiter and the lock ([`Obstacle`]), joining the line, the claim, and
+//! the wait on the runtime for our turn ([`wait_turn`], watched by the signal funnel through
+//! [`PendingTake`]). Here the snapshot and what it says; the claim and a holder's lapse are
+//! [`claim`], the wait for our turn [`turn`].
+//!
+//! Only keys bound to a lease count: a key that ccci-run always binds to one, found without
+//! (written by hand with `etcdctl put`), is junk. Waiters and claims look past it, `locks`
+//! shows it, the janitor removes it; an owner key that is junk is removed by the claim that
+//! finds it. A claim also waits for every tenure key (a holder that lost its owner key but has
+//! not ended yet, whose command may still act) and for a settling lineage.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
+};
+use serde::{Deserialize, Serialize};
+
+use super::Etcd;
+use super::client::{Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Shared};
+use super::lease::Session;
+use super::lineage::{self, Lineage};
+use crate::config::Class;
+use crate::lock::backend::{LockKey, Wait};
+use crate::lock::{Holder, LockError};
+use crate::names::etcd as keys;
+use crate::report;
+use crate::supervise::worker::Awaitable;
+
+mod claim;
+mod turn;
+
+pub(super) use claim::*;
+pub(super) use turn::*;
+
+/// How often a waiter reads its queue again even though its watch said nothing.
+pub(super) const RECHECK_EVERY: Duration = Duration::from_secs(3);
+
+/// What a tenure key holds: the holder's line, and how long it may take to stop its command
+/// once its lease is at risk (its kill grace and the kill margin). Written without a lease, so
+/// that it outlives a lease that expires: then whoever finds it first binds it to a lease of
+/// that length of its own ([`lapse`]), and nobody takes the lock until it is gone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct TenureValue {
+    pub(super) holder: String,
+    pub(super) stop_budget_ms: u64,
+    /// Once the holder's lease was found expired: who found it, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) lapsed: Option<String>,
+}
+
+impl TenureValue {
+    pub(super) fn parse(kv: &KeyValue) -> Option<Self> {
+        serde_json::from_slice(kv.value()).ok()
+    }
+
+    pub(super) fn stop_budget(&self) -> Duration {
+        Duration::from_millis(self.stop_budget_ms)
+    }
+}
+
+/// The lease a tenure key names (`tenure/<lease id>`).
+fn tenure_lease(kv: &KeyValue) -> Option<i64> {
+    let key = std::str::from_utf8(kv.key()).ok()?;
+    let (_, id) = key.rsplit_once('/')?;
+    i64::from_str_radix(id, 16).ok()
+}
+
+/// What a waiter's key holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct WaiterValue {
+    pub(super) holder: Holder,
+    pub(super) class: Class,
+}
+
+/// One lock's key directory, as read at one revision, with the lineage beside it.
+pub(super) struct Snapshot {
+    /// The lock's key directory.
+    dir: String,
+    pub(super) revision: i64,
+    /// The cluster that answered.
+    pub(super) cluster: u64,
+    /// The owner key, when it is bound to a lease.
+    pub(super) owner: Option<KeyValue>,
+    /// Holders that have not ended yet (their tenure keys), in creation order.
+    pub(super) tenures: Vec<KeyValue>,
+    /// Waiters in service order: fast first, then by creation.
+    pub(super) queue: Vec<(KeyValue, Option<WaiterValue>)>,
+    /// Keys of the directory found without a lease: ignored.
+    pub(super) junk: Vec<KeyValue>,
+    pub(super) lineage: lineage::State,
+    /// The settling key, while a new lineage settles.
+    pub(super) settling: Option<KeyValue>,
+}
+
+/// The first thing between a claim and the lock.
+pub(super) enum Obstacle<'s> {
+    /// No valid lineage: a new one must begin.
+    Lineage {
+        why: &'s str,
+        mod_revision: i64,
+        floor: i64,
+    },
+    /// Held.
+    Owner(&'s KeyValue),
+    /// An owner or tenure key without a lease (or, for a tenure key, without a tenure record):
+    /// removed, then claimed over.
+    Junk(&'s KeyValue),
+    /// A holder that lost its owner key and has not ended yet.
+    Tenure(&'s KeyValue),
+    /// A new lineage settles.
+    Settling(&'s KeyValue),
+    /// Another waiter is served first.
+    Ahead(&'s KeyValue),
+}
+
+impl Obstacle<'_> {
+    /// The key whose change may clear it, when waiting is the way past it.
+    pub(super) fn watched(&self) -> Option<&[u8]> {
+        match self {
+            Self::Owner(kv) | Self::Tenure(kv) | Self::Settling(kv) | Self::Ahead(kv) => {
+                Some(kv.key())
+            }
+            Self::Lineage { .. } | Self::Junk(_) => None,
+        }
+    }
+}
+
+impl Snapshot {
+    /// Lock directory `dir` from its keys as read at `revision` from `cluster`, in creation
+    /// order, beside the lineage record and the settling key as read with them.
+    pub(super) fn of<'k>(
+        dir: &str,
+        (revision, cluster): (i64, u64),
+        kvs: impl IntoIterator<Item = &'k KeyValue>,
+        lineage: Option<&KeyValue>,
+        settling: Option<&KeyValue>,
+    ) -> Self {
+        let owner_key = keys::owner_key(dir);
+        let queue_prefix = keys::queue_prefix(dir);
+        let tenure_prefix = keys::tenure_prefix(dir);
+        let mut snap = Self {
+            dir: dir.to_owned(),
+            revision,
+            cluster,
+            owner: None,
+            tenures: Vec::new(),
+            queue: Vec::new(),
+            junk: Vec::new(),
+            lineage: lineage::State::of(lineage, cluster),
+            settling: settling.filter(|kv| kv.lease() != 0).cloned(),
+        };
+        for kv in kvs {
+            let key = kv.key();
+            let ours = key == owner_key.as_bytes()
+                || key.starts_with(queue_prefix.as_bytes())
+                || key.starts_with(tenure_prefix.as_bytes());
+            if !ours {
+                continue;
+            }
+            let tenure = key.starts_with(tenure_prefix.as_bytes());
+            if tenure && TenureValue::parse(kv).is_some() {
+                // Bound to no lease while its holder lives, to one of its own once it lapsed.
+                snap.tenures.push(kv.clone());
+            } else if kv.lease() == 0 || tenure {
+                snap.junk.push(kv.clone());
+            } else if key == owner_key.as_bytes() {
+                snap.owner = Some(kv.clone());
+            } else {
+                let value = serde_json::from_slice::<WaiterValue>(kv.value()).ok();
+                snap.queue.push((kv.clone(), value));
+            }
+        }
+        // Stable: within a class, creation order (the read's order) stands.
+        snap.queue
+            .sort_by_key(|(_, v)| v.as_ref().map_or(Class::Normal, |v| v.class));
+        snap
+    }
+
+    /// Who holds the lock: the owner, else a holder that lost its key but has not ended.
+    pub(super) fn holder(&self) -> Option<Holder> {
+        if let Some(kv) = &self.owner {
+            return Holder::parse(&String::from_utf8_lossy(kv.value()));
+        }
+        let tenure = TenureValue::parse(self.tenures.first()?)?;
+        Holder::parse(&tenure.holder)
+    }
+
+    /// A junk owner or tenure key: it would fail a claim's transaction, so it goes first.
+    fn junk_in_the_way(&self) -> Option<&KeyValue> {
+        let owner = keys::owner_key(&self.dir);
+        let tenure = keys::tenure_prefix(&self.dir);
+        self.junk
+            .iter()
+            .find(|kv| kv.key() == owner.as_bytes() || kv.key().starts_with(tenure.as_bytes()))
+    }
+
+    /// What stands between `waiter` (or, without one, a claim from outside the line) and the
+    /// lock; `None`: claim it now.
+    pub(super) fn obstacle(&self, waiter: Option<&str>) -> Option<Obstacle<'_>> {
+        let ahead = match waiter {
+            Some(waiter) => self
+                .queue
+                .iter()
+                .take_while(|(kv, _)| kv.key() != waiter.as_bytes())
+                .last(),
+            None => self.queue.first(),
+        };
+        if let Some((kv, _)) = ahead {
+            return Some(Obstacle::Ahead(kv));
+        }
+        if let Some(kv) = &self.owner {
+            return Some(Obstacle::Owner(kv));
+        }
+        if let Some(kv) = self.tenures.first() {
+            return Some(Obstacle::Tenure(kv));
+        }
+        if let lineage::State::Ended {
+            why,
+            mod_revision,
+            floor,
+        } = &self.lineage
+        {
+            return Some(Obstacle::Lineage {
+                why,
+                mod_revision: *mod_revision,
+                floor: *floor,
+            });
+        }
+        if let Some(kv) = &self.settling {
+            return Some(Obstacle::Settling(kv));
+        }
+        self.junk_in_the_way().map(Obstacle::Junk)
+    }
+
+    /// Whether the lock is held back for the lineage (one to begin, or settling), not by a
+    /// holder.
+    pub(super) fn settles(&self) -> bool {
+        self.owner.is_none()
+            && self.tenures.is_empty()
+            && (self.settling.is_some() || self.lineage.valid().is_none())
+    }
+}
+
+impl Shared {
+    pub(super) fn snapshot(&self, dir: &str) -> Result<Snapshot, LockError> {
+        self.block_on("read the lock", REQUEST_TIMEOUT, snapshot(&self.pool, dir))
+    }
+}
+
+/// Read one lock's key directory, the lineage and the settling key, at one revision.
+pub(super) async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_client::Error> {
+    let txn = Txn::new().and_then([
+        TxnOp::get(
+            dir,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend),
+            ),
+        ),
+        TxnOp::get(keys::LINEAGE, None),
+        TxnOp::get(keys::SETTLING, None),
+    ]);
+    let response = pool
+        .call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+    let header = response
+        .header()
+        .map_or((0, 0), |h| (h.revision(), h.cluster_id()));
+    let gets: Vec<_> = response
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
+        .collect();
+    let [dir_keys, lineage, settling] = gets.as_slice() else {
+        return Err(etcd_client::Error::InvalidArgs(
+            "a read of a lock directory answered without its three parts".to_owned(),
+        ));
+    };
+    Ok(Snapshot::of(
+        dir,
+        header,
+        dir_keys.kvs(),
+        lineage.kvs().first(),
+        settling.kvs().first(),
+    ))
+}
+
+/// Remove `kv`, a key found without a lease, if it is still the one seen; whether it went.
+pub(super) async fn remove_junk(pool: &Pool, kv: &KeyValue) -> Result<bool, etcd_client::Error> {
+    let txn = Txn::new()
+        .when([
+            Compare::lease(kv.key(), CompareOp::Equal, 0),
+            Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
+        ])
+        .and_then([TxnOp::delete(kv.key(), None)]);
+    let response = pool
+        .call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+    Ok(response.succeeded())
+}
+
+/// "ticket 41 (normal, pid 7 on host-b)".
+pub(super) fn describe_waiter(kv: &KeyValue, value: Option<&WaiterValue>) -> String {
+    match value {
+        Some(v) => format!(
+            "{} ({}, pid {} on {})",
+            kv.create_revision(),
+            v.class.as_str(),
+            v.holder.pid,
+            v.holder.host
+        ),
+        None => kv.create_revision().to_string(),
+    }
+}
+
+/// A named lock's waiting line, as on one host: our ticket, the budget, our place in line.
+pub(super) fn waiting_line(
+    name: &crate::names::LockName,
+    snap: &Snapshot,
+    waiter: &str,
+    ticket: i64,
+    wait: &Wait<'_>,
+) -> String {
+    let budget = wait.until.map_or("no time limit".to_owned(), |until| {
+        format!(
+            "{:.1} s of budget left",
+            until
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64()
+        )
+    });
+    let ahead = snap
+        .queue
+        .iter()
+        .take_while(|(kv, _)| kv.key() != waiter.as_bytes())
+        .count();
+    let position = if ahead == 0 {
+        "head of the queue, waiting for the holder".to_owned()
+    } else {
+        let head = snap
+            .queue
+            .first()
+            .map_or("-".to_owned(), |(kv, v)| describe_waiter(kv, v.as_ref()));
+        format!("{ahead} ticket(s) ahead, head is {head}")
+    };
+    format!(
+        "== lock {name}: waiting as queue ticket {ticket} ({}), {budget}; {position} ==",
+        wait.class.as_str()
+    )
+}

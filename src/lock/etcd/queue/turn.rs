@@ -1,0 +1,298 @@
+//! The wait for our turn, on the runtime: watching what stands in the way, promotion, the
+//! claim when it is our turn; and how the signal funnel awaits it ([`PendingTake`]).
+
+use super::*;
+
+/// How a waiter waits for its turn.
+pub(in crate::lock::etcd) struct Turn {
+    pub(in crate::lock::etcd) dir: String,
+    pub(in crate::lock::etcd) waiter: String,
+    pub(in crate::lock::etcd) lease: i64,
+    pub(in crate::lock::etcd) holder_line: String,
+    /// When a normal waiter joins the fast class, and its key's value then.
+    pub(in crate::lock::etcd) promote: Option<(tokio::time::Instant, String)>,
+    /// The lease TTL: how long a lineage that begins here settles.
+    pub(in crate::lock::etcd) ttl: Duration,
+    /// The lock, as messages name it.
+    pub(in crate::lock::etcd) label: String,
+    /// How long our holder may take to stop its command, for our tenure record.
+    pub(in crate::lock::etcd) stop_budget: Duration,
+    /// Who we are, for the record of a lapsed tenure we find.
+    pub(in crate::lock::etcd) who: String,
+}
+
+/// Wait in line for the lock, as waiter key `turn.waiter` (already written), until we own it.
+pub(in crate::lock::etcd) async fn wait_turn(
+    pool: Arc<Pool>,
+    mut turn: Turn,
+) -> Result<Claimed, String> {
+    let waiter = turn.waiter.clone();
+    // The holder that lost its key we last said we wait for.
+    let mut told: Option<(Vec<u8>, bool)> = None;
+    loop {
+        let snap = match snapshot(&pool, &turn.dir).await {
+            Ok(snap) => snap,
+            Err(_) => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        };
+        if let Some(owner) = snap.owner.as_ref().filter(|o| o.lease() == turn.lease) {
+            // Our claim went through though its answer was lost (a member died meanwhile).
+            return match snap.lineage.valid() {
+                Some(lineage) if lineage.mod_revision < owner.create_revision() => Ok(Claimed {
+                    revision: owner.create_revision(),
+                    cluster: snap.cluster,
+                    lineage,
+                }),
+                _ => Err("the lock lineage changed as we took the lock".to_owned()),
+            };
+        }
+        if !snap
+            .queue
+            .iter()
+            .any(|(kv, _)| kv.key() == waiter.as_bytes())
+        {
+            return Err("our place in the queue is gone (the lease expired)".to_owned());
+        }
+        let obstacle = snap.obstacle(Some(&waiter));
+        let watched = match &obstacle {
+            None => {
+                let lineage = snap.lineage.valid().expect("no obstacle: a valid lineage");
+                let claimed = claim(
+                    &pool,
+                    &turn.dir,
+                    lineage,
+                    Some(&waiter),
+                    turn.lease,
+                    &turn.holder_line,
+                    turn.stop_budget,
+                )
+                .await;
+                match claimed {
+                    Ok(Some(claimed)) => return Ok(claimed),
+                    Ok(None) => {}
+                    Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+                }
+                continue;
+            }
+            Some(Obstacle::Tenure(kv)) if kv.lease() == 0 => {
+                match lapse(&pool, kv, &turn.who).await {
+                    Ok(Tenure::Alive) => kv.key().to_vec(),
+                    Ok(_) => continue,
+                    Err(_) => {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        continue;
+                    }
+                }
+            }
+            Some(obstacle) => match obstacle.watched() {
+                Some(key) => key.to_vec(),
+                None => {
+                    if clear(&pool, &snap, obstacle, turn.ttl).await.is_err() {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                    continue;
+                }
+            },
+        };
+        if let Some(Obstacle::Tenure(kv)) = &obstacle {
+            let lapsed = kv.lease() != 0;
+            if told.as_ref() != Some(&(kv.key().to_vec(), lapsed)) {
+                told = Some((kv.key().to_vec(), lapsed));
+                let value = TenureValue::parse(kv);
+                match value {
+                    Some(value) if lapsed => {
+                        report::line(&lapsed_line(&turn.label, &value));
+                    }
+                    _ => {
+                        let holder = value.and_then(|v| Holder::parse(&v.holder));
+                        report::line(&format!(
+                            "== {}: its last holder, {}, lost the lock but has not ended yet; \
+                             waiting until it has ==",
+                            turn.label,
+                            Holder::describe(holder.as_ref())
+                        ));
+                    }
+                }
+            }
+        }
+        // Wait for the one change that can make us the owner: the head waits for what stands
+        // in its way (the owner key, a holder that has not ended, a settling lineage), anyone
+        // else for the waiter just ahead of it (so a handoff wakes two waiters, not the whole
+        // line). A newcomer that goes ahead of us only delays us: no need to wake.
+        let options = WatchOptions::new().with_start_revision(snap.revision + 1);
+        let (at, mut client) = pool.current();
+        let mut watch = match client.watch(watched, Some(options)).await {
+            Ok(watch) => watch,
+            Err(_) => {
+                pool.fail_over(at);
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        };
+        // A watch on a member that stops answering says nothing at all: read the queue again
+        // now and then whatever the watch says (through a member that answers).
+        let recheck = tokio::time::sleep(RECHECK_EVERY);
+        tokio::pin!(recheck);
+        loop {
+            let promote_at = turn.promote.as_ref().map(|(at, _)| *at);
+            tokio::select! {
+                answer = watch.message() => match answer {
+                    Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
+                    Ok(Some(_)) => break,
+                    Ok(None) | Err(_) => {
+                        pool.fail_over(at);
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        break;
+                    }
+                },
+                () = &mut recheck => break,
+                () = async {
+                    match promote_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let (_, fast_line) = turn.promote.take().expect("only armed while set");
+                    // Keeps its creation revision: a promoted waiter keeps its place.
+                    let lease = turn.lease;
+                    let _ = pool
+                        .call(|mut c| {
+                            let line = fast_line.clone();
+                            let waiter = waiter.clone();
+                            let options = PutOptions::new().with_lease(lease);
+                            async move { c.put(waiter, line, Some(options)).await }
+                        })
+                        .await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A wait in line under way on the runtime, for the signal funnel to wait on.
+pub(in crate::lock::etcd) struct PendingTake {
+    pub(in crate::lock::etcd) shared: Arc<Shared>,
+    pub(in crate::lock::etcd) dir: String,
+    pub(in crate::lock::etcd) waiter: String,
+    pub(in crate::lock::etcd) lease: i64,
+    pub(in crate::lock::etcd) ready: UnixStream,
+    pub(in crate::lock::etcd) outcome: mpsc::Receiver<Result<Claimed, String>>,
+    pub(in crate::lock::etcd) task: tokio::task::JoinHandle<()>,
+}
+
+impl Awaitable for PendingTake {
+    type Output = Result<Claimed, String>;
+
+    fn ready_fd(&self) -> BorrowedFd<'_> {
+        self.ready.as_fd()
+    }
+
+    fn try_finish(&mut self) -> Option<Self::Output> {
+        self.outcome.try_recv().ok()
+    }
+
+    fn cancel(self) {
+        self.task.abort();
+        // Leave the line, and let go of the lock if it was got meanwhile (no command of ours
+        // ever ran under it, so our tenure ends too).
+        let owner = keys::owner_key(&self.dir);
+        let txn = Txn::new()
+            .when([Compare::lease(owner.as_str(), CompareOp::Equal, self.lease)])
+            .and_then([TxnOp::delete(owner.as_str(), None)]);
+        let leave = Txn::new().and_then([
+            TxnOp::delete(self.waiter.as_str(), None),
+            TxnOp::delete(keys::tenure_key(&self.dir, self.lease), None),
+        ]);
+        let result = self
+            .shared
+            .txn("let go of the lock", RELEASE_TIMEOUT, txn)
+            .and_then(|_| self.shared.txn("leave the queue", RELEASE_TIMEOUT, leave));
+        if let Err(err) = result {
+            tracing::debug!("{err}; the lease takes our keys with it");
+        }
+    }
+}
+
+impl Etcd {
+    /// Join the line for `dir` as `holder`, and claim the lock at once if nothing stands in the
+    /// way.
+    pub(in crate::lock::etcd) fn enqueue(
+        &self,
+        session: &Session,
+        dir: &str,
+        value: &WaiterValue,
+    ) -> Result<(String, Option<Claimed>, Snapshot), LockError> {
+        let waiter = keys::queue_key(dir, session.id);
+        let line = serde_json::to_string(value).expect("a waiter always serialises");
+        let holder_line = value.holder.to_line();
+        let id = session.id;
+        let stop_budget = self.shared.stop_budget();
+        let pool = &self.shared.pool;
+        let (claimed, snap) = self.shared.block_on("join the queue", REQUEST_TIMEOUT, {
+            let (dir, waiter) = (dir.to_owned(), waiter.clone());
+            async move {
+                pool.call(|mut c| {
+                    let (waiter, line) = (waiter.clone(), line.clone());
+                    async move {
+                        let options = PutOptions::new().with_lease(id);
+                        c.put(waiter, line, Some(options)).await
+                    }
+                })
+                .await?;
+                let snap = snapshot(pool, &dir).await?;
+                if let (None, Some(lineage)) = (snap.obstacle(Some(&waiter)), snap.lineage.valid())
+                {
+                    let claimed = claim(
+                        pool,
+                        &dir,
+                        lineage,
+                        Some(&waiter),
+                        id,
+                        &holder_line,
+                        stop_budget,
+                    );
+                    if let Some(claimed) = claimed.await? {
+                        return Ok((Some(claimed), snap));
+                    }
+                }
+                Ok((None, snap))
+            }
+        })?;
+        Ok((waiter, claimed, snap))
+    }
+
+    /// Why a wait for `dir` timed out: where we were in line (`ticket`, the revision that
+    /// created our waiter key), who is ahead, who holds it.
+    pub(in crate::lock::etcd) fn timed_out_detail(
+        &self,
+        key: LockKey<'_>,
+        dir: &str,
+        ticket: i64,
+        class: Class,
+    ) -> String {
+        let Ok(snap) = self.shared.snapshot(dir) else {
+            return "etcd did not answer".to_owned();
+        };
+        let held_by = if snap.settles() {
+            "nobody: a new etcd lock lineage is settling".to_owned()
+        } else {
+            Holder::describe(snap.holder().as_ref())
+        };
+        match key {
+            LockKey::App(_) => format!("held by {held_by}"),
+            LockKey::Named(_) => {
+                let head = snap.queue.first().map_or_else(
+                    || "(no other ticket queued)".to_owned(),
+                    |(kv, v)| format!("head of queue is {}", describe_waiter(kv, v.as_ref())),
+                );
+                format!(
+                    "as queue ticket {ticket} ({}); {head}; held by {held_by}",
+                    class.as_str()
+                )
+            }
+        }
+    }
+}
