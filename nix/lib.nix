@@ -302,6 +302,7 @@ rec {
       leaseTtl ? defaults.leaseTtl,
       nodeSweepImage ? null,
       nodeDockerSocket ? null,
+      dockerHost ? null,
       settings ? { },
     }:
     let
@@ -314,6 +315,7 @@ rec {
     + line "abra_home" abraHome
     + line "state_dir" stateDir
     + line "docker" docker
+    + (if dockerHost == null then "" else line "docker_host" dockerHost)
     + (if nodeSweepImage == null then "" else line "node_sweep_image" nodeSweepImage)
     + (if nodeDockerSocket == null then "" else line "node_docker_socket" nodeDockerSocket)
     + concatStringsSep "" (map (key: line key settings.${key}) set)

@@ -276,6 +276,18 @@ in
       '';
     };
 
+    dockerHost = mkOption {
+      type = types.nullOr (types.strMatching "(unix:///|tcp://).*");
+      default = null;
+      example = "unix:///run/user/1000/docker.sock";
+      description = ''
+        The engine, in DOCKER_HOST's forms (unix:///PATH, tcp://HOST:PORT), when it is not at
+        /var/run/docker.sock: a Drone step never sees the runner's DOCKER_HOST. A run's command
+        gets it as its own DOCKER_HOST. Null: DOCKER_HOST where set, else the default socket.
+        Written as `docker_host`.
+      '';
+    };
+
     nodeDockerSocket = mkOption {
       type = types.nullOr (types.strMatching "/.*");
       default = null;
@@ -374,6 +386,7 @@ in
             leaseTtl
             nodeSweepImage
             nodeDockerSocket
+            dockerHost
             ;
           inherit settings;
         };

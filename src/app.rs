@@ -30,12 +30,31 @@ pub(crate) struct RemoveError {
     source: io::Error,
 }
 
-/// The `.env` files abra keeps for `domain`: `<abra-home>/servers/<server>/<domain>.env`.
-pub(crate) fn env_files(abra_home: &Path, domain: &AppDomain) -> Result<Vec<PathBuf>, RemoveError> {
+/// A server directory of the abra home, as discovery and removal use it: where its `.env` files
+/// are (the link's target, for a linked server directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ServerDir {
+    /// `<abra-home>/servers/<server>`, as it is named.
+    pub named: PathBuf,
+    /// Where its files are: `named` itself, or the directory its link points to.
+    pub dir: PathBuf,
+}
+
+/// Every server directory under `<abra-home>/servers`, in name order, and a line for each
+/// entry that is not followed. abra's docs recommend one git repository per server linked into
+/// `servers/`, so a link is followed — to a real directory owned by us or root and writable
+/// by nobody else (a directory anyone can write to could be filled with `.env` files of apps
+/// that are not ours). Anything else (a file, a dangling link, a link to someone else's
+/// directory) is refused and named. `Ok(None)` when `servers/` does not exist.
+#[allow(clippy::type_complexity)]
+pub(crate) fn server_dirs(
+    abra_home: &Path,
+) -> Result<Option<(Vec<ServerDir>, Vec<String>)>, RemoveError> {
+    use std::os::unix::fs::MetadataExt;
     let servers = abra_home.join(crate::names::ABRA_SERVERS);
     let entries = match std::fs::read_dir(&servers) {
         Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
             return Err(RemoveError {
                 what: "list",
@@ -44,16 +63,77 @@ pub(crate) fn env_files(abra_home: &Path, domain: &AppDomain) -> Result<Vec<Path
             });
         }
     };
+    let us = nix::unistd::Uid::effective().as_raw();
+    let mut dirs = Vec::new();
+    let mut refused = Vec::new();
+    for entry in entries.flatten() {
+        let named = entry.path();
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            dirs.push(ServerDir {
+                dir: named.clone(),
+                named,
+            });
+            continue;
+        }
+        if !kind.is_symlink() {
+            continue;
+        }
+        let target = match std::fs::canonicalize(&named) {
+            Ok(target) => target,
+            Err(err) => {
+                refused.push(format!(
+                    "server directory {} is a link that leads nowhere ({err}): not followed",
+                    named.display()
+                ));
+                continue;
+            }
+        };
+        let why = match std::fs::symlink_metadata(&target) {
+            Err(err) => Some(format!("cannot inspect it: {err}")),
+            Ok(meta) if !meta.is_dir() => Some("it is not a directory".to_owned()),
+            Ok(meta) if meta.uid() != us && meta.uid() != 0 => Some(format!(
+                "it is owned by uid {}, neither us (uid {us}) nor root",
+                meta.uid()
+            )),
+            Ok(meta) if meta.mode() & 0o022 != 0 => Some(format!(
+                "others may write to it (mode {:o})",
+                meta.mode() & 0o7777
+            )),
+            Ok(_) => None,
+        };
+        match why {
+            None => dirs.push(ServerDir { named, dir: target }),
+            Some(why) => refused.push(format!(
+                "server directory {} links to {}, which is not followed: {why}",
+                named.display(),
+                target.display()
+            )),
+        }
+    }
+    dirs.sort_by(|a, b| a.named.cmp(&b.named));
+    Ok(Some((dirs, refused)))
+}
+
+/// The `.env` files abra keeps for `domain`: `<abra-home>/servers/<server>/<domain>.env`, found
+/// through a linked server directory as [`server_dirs`] allows, and named by where they are
+/// (the link's target), so that removing one removes that file.
+pub(crate) fn env_files(abra_home: &Path, domain: &AppDomain) -> Result<Vec<PathBuf>, RemoveError> {
+    let Some((dirs, refused)) = server_dirs(abra_home)? else {
+        return Ok(Vec::new());
+    };
+    for line in refused {
+        tracing::warn!("{line}");
+    }
     let file_name = format!("{domain}.env");
     let mut found = Vec::new();
-    for entry in entries.flatten() {
-        // Only real server directories: a symlinked server entry is not followed.
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            let candidate = entry.path().join(&file_name);
-            // A file or a link; a directory by that name is not an env file and is left alone.
-            if std::fs::symlink_metadata(&candidate).is_ok_and(|m| !m.is_dir()) {
-                found.push(candidate);
-            }
+    for server in dirs {
+        let candidate = server.dir.join(&file_name);
+        // A file or a link; a directory by that name is not an env file and is left alone.
+        if std::fs::symlink_metadata(&candidate).is_ok_and(|m| !m.is_dir()) {
+            found.push(candidate);
         }
     }
     found.sort();

@@ -244,6 +244,8 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
         tracing::debug!(key = s.key, value = %s.value, origin = %s.origin, "setting");
     }
     let global = Global::from_resolved(&resolved)?;
+    // The engine, once: the flag's, the environment's, or the file's.
+    docker::endpoint::choose(global.docker_host.as_ref());
     command(cli.command, &global, &resolved, &inputs, start_ppid)
         .map_err(|err| err.located(&global))
 }

@@ -94,6 +94,12 @@ pub(crate) struct GlobalArgs {
     /// other value is refused (exit 2), never replaced by the default socket.
     #[arg(long, value_name = "MODE", env = "CCCI_DOCKER", value_parser = choice::<DockerMode>())]
     pub docker: Option<DockerMode>,
+    /// The engine, in DOCKER_HOST's forms, over DOCKER_HOST and the file's docker_host (which
+    /// a Drone step needs: it never sees the runner's DOCKER_HOST); a run's command gets it as
+    /// its DOCKER_HOST [default: DOCKER_HOST, else the file's docker_host, else
+    /// unix:///var/run/docker.sock].
+    #[arg(long, value_name = "URL")]
+    pub docker_host: Option<String>,
     /// Whether runs and `lock` commands get a cgroup of their own (cgroup v2, where writable)
     /// [default: auto].
     #[arg(long, value_name = "MODE", env = "CCCI_CGROUP", value_parser = choice::<CgroupMode>())]
@@ -344,6 +350,7 @@ impl Globals<'_> {
             state_dir: self.pick(|g| &g.state_dir, "state_dir", "CCCI_STATE_DIR"),
             domain_suffix: self.pick(|g| &g.domain_suffix, "domain_suffix", "CCCI_DOMAIN_SUFFIX"),
             docker: self.pick(|g| &g.docker, "docker", "CCCI_DOCKER"),
+            docker_host: self.pick(|g| &g.docker_host, "docker_host", "DOCKER_HOST"),
             log_format: self.pick(|g| &g.log_format, "log_format", "CCCI_LOG_FORMAT"),
             cgroup: self.pick(|g| &g.cgroup, "cgroup", "CCCI_CGROUP"),
             etcd_endpoints: self.pick(

@@ -27,6 +27,13 @@ pub(crate) struct FileConfig {
     pub node_sweep_image: Option<String>,
     /// Where each node's own engine socket is, on that node.
     pub node_docker_socket: Option<PathBuf>,
+    /// The engine, as `DOCKER_HOST` names it (`unix:///PATH`, `tcp://HOST[:PORT]`), when the
+    /// environment does not: a Drone step never sees the runner's `DOCKER_HOST`.
+    pub docker_host: Option<String>,
+    /// TLS to a `tcp://` engine, verifying its certificate (as `DOCKER_TLS_VERIFY=1`).
+    pub docker_tls_verify: Option<bool>,
+    /// Where `ca.pem`, `cert.pem` and `key.pem` are (as `DOCKER_CERT_PATH`).
+    pub docker_cert_path: Option<PathBuf>,
     pub deadline: Option<FileDuration>,
     pub kill_grace: Option<FileDuration>,
     pub teardown_timeout: Option<FileDuration>,

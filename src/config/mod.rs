@@ -32,6 +32,17 @@ pub(crate) use file::*;
 pub(crate) use resolve::*;
 pub(crate) use values::*;
 
+/// The engine as `--docker-host` or the configuration file's `docker_host` names it, with the
+/// file's TLS settings. Whatever the environment says of TLS (`DOCKER_TLS_VERIFY`,
+/// `DOCKER_CERT_PATH`) goes first, as for every setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DockerHost {
+    pub host: String,
+    pub origin: Origin,
+    pub tls_verify: bool,
+    pub cert_path: Option<PathBuf>,
+}
+
 /// Settings every subcommand shares, validated.
 #[derive(Debug, Clone)]
 pub(crate) struct Global {
@@ -42,6 +53,9 @@ pub(crate) struct Global {
     pub suffix: DomainSuffix,
     pub pattern: RunAppPattern,
     pub docker: DockerMode,
+    /// The engine, when the command line or the configuration file names it (the environment's
+    /// `DOCKER_HOST` is read where the engine is chosen, [`crate::docker::endpoint`]).
+    pub docker_host: Option<DockerHost>,
     pub cgroup: CgroupMode,
     /// Locks beyond one host: `None` keeps them on this host's flock.
     pub etcd: Option<EtcdSettings>,
@@ -67,7 +81,11 @@ pub(crate) struct NodeSweepSettings {
 pub(crate) const DEFAULT_NODE_SWEEP_IMAGE: &str = "docker:27-cli";
 
 /// Where a node's engine listens when nothing else is said: the engine's default socket.
-pub(crate) const DEFAULT_NODE_DOCKER_SOCKET: &str = "/var/run/docker.sock";
+pub(crate) const DEFAULT_NODE_DOCKER_SOCKET: &str = DEFAULT_DOCKER_SOCKET;
+
+/// The engine's socket when nothing names another (`DOCKER_HOST` unset or empty, no
+/// `--docker-host`, no `docker_host`).
+pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
 
 impl Default for NodeSweepSettings {
     fn default() -> Self {
@@ -207,6 +225,7 @@ impl Global {
             pattern: RunAppPattern::new(&suffix),
             suffix,
             docker: resolved.docker,
+            docker_host: resolved.docker_host.clone(),
             cgroup: resolved.cgroup,
             etcd: resolved.etcd.clone(),
             timings: resolved.timings.clone(),

@@ -55,6 +55,7 @@ pub(crate) struct Resolved {
     pub state_dir: PathBuf,
     pub domain_suffix: String,
     pub docker: DockerMode,
+    pub docker_host: Option<DockerHost>,
     pub log_format: LogFormat,
     pub cgroup: CgroupMode,
     pub etcd: Option<EtcdSettings>,
@@ -79,6 +80,8 @@ pub(crate) struct Inputs {
     pub state_dir: Given<PathBuf>,
     pub domain_suffix: Given<String>,
     pub docker: Given<DockerMode>,
+    /// `--docker-host` (the environment's `DOCKER_HOST` is read where the engine is chosen).
+    pub docker_host: Given<String>,
     pub log_format: Given<LogFormat>,
     pub cgroup: Given<CgroupMode>,
     pub etcd_endpoints: Given<Vec<String>>,
@@ -185,6 +188,34 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         default_suffix,
     );
     let docker = pick(i.docker, file.docker, &from_file, DockerMode::Auto);
+    // The engine: the flag, else the environment's DOCKER_HOST (read where the engine is
+    // chosen), else the file's docker_host, else the default socket.
+    let env_host = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
+    let docker_host = match (i.docker_host, &env_host, file.docker_host.clone()) {
+        (Some((host, origin)), _, _) => Some((host, origin)),
+        (None, Some(_), _) => None,
+        (None, None, Some(host)) => Some((host, from_file.clone())),
+        (None, None, None) => None,
+    }
+    .map(|(host, origin)| DockerHost {
+        host,
+        origin,
+        tls_verify: file.docker_tls_verify.unwrap_or(false),
+        cert_path: file.docker_cert_path.clone(),
+    });
+    let docker_host_shown = match (&docker_host, &env_host) {
+        (Some(h), _) => setting("docker_host", h.host.clone(), &h.origin),
+        (None, Some(h)) => setting(
+            "docker_host",
+            h.clone(),
+            &Origin::Environment("DOCKER_HOST".to_owned()),
+        ),
+        (None, None) => setting(
+            "docker_host",
+            format!("unix://{}", super::DEFAULT_DOCKER_SOCKET),
+            &Origin::Default,
+        ),
+    };
     let log_format = pick(i.log_format, file.log_format, &from_file, LogFormat::Text);
     let cgroup = pick(i.cgroup, file.cgroup, &from_file, CgroupMode::Auto);
     let endpoints = pick(
@@ -219,6 +250,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         setting("state_dir", shown(&state_dir.0), &state_dir.1),
         setting("domain_suffix", domain_suffix.0.clone(), &domain_suffix.1),
         setting("docker", docker.0.name().to_owned(), &docker.1),
+        docker_host_shown,
         setting("log_format", log_format.0.name().to_owned(), &log_format.1),
         setting("cgroup", cgroup.0.name().to_owned(), &cgroup.1),
         setting("etcd_endpoints", endpoints.0.join(","), &endpoints.1),
@@ -257,6 +289,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         state_dir: state_dir.0,
         domain_suffix: domain_suffix.0,
         docker: docker.0,
+        docker_host,
         log_format: log_format.0,
         cgroup: cgroup.0,
         etcd,

@@ -1,8 +1,9 @@
 //! Discovery: every run-app stack's resources, one list call per kind however many stacks there
-//! are (counted, so tests can check). A resource belongs to stack S when it carries the label
-//! `com.docker.stack.namespace=S` or is named `S_…` (external secrets carry no label); S maps
-//! back to a domain only through the run-app pattern, so nothing outside the run-app namespace
-//! is ever touched.
+//! are (counted, so tests can check). Labels decide: a resource belongs to stack S when it
+//! carries the label `com.docker.stack.namespace=S`, whatever its name; only a resource with no
+//! stack label (abra's external secrets) belongs to S by its name, `S_…`. S maps back to a
+//! domain only through the run-app pattern, so nothing outside the run-app namespace, and
+//! nothing labelled for another stack, is ever touched.
 
 use super::*;
 
@@ -44,14 +45,18 @@ impl DockerSeam {
             let (Some(id), Some(name)) = (id, name) else {
                 return;
             };
-            let by_label = labels
-                .and_then(|l| l.get(STACK_LABEL))
-                .and_then(|stack| pattern.domain_of_stack(stack));
-            let Some(domain) = by_label.or_else(|| pattern.domain_of_resource(&name)) else {
+            // Labels decide: an object labelled for a stack is that stack's, whatever its
+            // name (an app whose domain extends a run app's has names that begin with the run
+            // app's stack). Only what carries no stack label goes by its name.
+            let (domain, by) = match labels.and_then(|l| l.get(STACK_LABEL)) {
+                Some(stack) => (pattern.domain_of_stack(stack), Match::Label),
+                None => (pattern.domain_of_resource(&name), Match::Name),
+            };
+            let Some(domain) = domain else {
                 return;
             };
             let name = name.trim_start_matches('/').to_owned();
-            pick(found.entry(domain).or_default()).push(Resource { id, name });
+            pick(found.entry(domain).or_default()).push(Resource { id, name, by });
         };
         for s in services.map_err(failed("services"))? {
             let spec = s.spec.unwrap_or_default();

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::names::NameError;
 
 /// The socket used when `DOCKER_HOST` is unset or empty.
-pub(crate) const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
+pub(crate) const DEFAULT_SOCKET: &str = crate::config::DEFAULT_DOCKER_SOCKET;
 
 /// What the refusals say every time: the forms that work.
 const FORMS: &str = "use unix:///PATH or tcp://HOST:PORT (TLS with DOCKER_TLS_VERIFY=1 and \
@@ -53,10 +53,15 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-/// The environment that chooses the engine, as read from the process.
+/// The environment that chooses the engine, as read from the process (or as `--docker-host`
+/// and the configuration file's `docker_host` make it: [`choose`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DockerEnv {
     pub host: Option<OsString>,
+    /// What named the host, for messages: `DOCKER_HOST` unless the flag or the file did.
+    pub named_by: Option<&'static str>,
+    /// The host came from the flag or the file: a run's command gets it as its `DOCKER_HOST`.
+    pub export: bool,
     pub tls_verify: Option<OsString>,
     pub tls: Option<OsString>,
     pub cert_path: Option<OsString>,
@@ -77,6 +82,8 @@ impl DockerEnv {
             });
         Self {
             host: std::env::var_os("DOCKER_HOST"),
+            named_by: None,
+            export: false,
             tls_verify: std::env::var_os("DOCKER_TLS_VERIFY"),
             tls: std::env::var_os("DOCKER_TLS"),
             cert_path: std::env::var_os("DOCKER_CERT_PATH"),
@@ -89,17 +96,81 @@ fn set(value: &Option<OsString>) -> bool {
     value.as_ref().is_some_and(|v| !v.is_empty())
 }
 
+/// The engine this process uses, once [`choose`] has chosen it.
+static CHOSEN: std::sync::OnceLock<DockerEnv> = std::sync::OnceLock::new();
+
+/// Choose the engine for this process, once, from the resolved configuration: the environment's
+/// (`DOCKER_HOST`, `DOCKER_TLS_VERIFY`, `DOCKER_CERT_PATH`), unless `--docker-host` names one,
+/// or the environment names none and the file's `docker_host` does. The file's TLS settings
+/// apply where the environment sets none. Nothing is validated here: a command that uses
+/// Docker refuses a bad value (exit 2, [`Endpoint::from_env`]), others never look.
+pub(crate) fn choose(host: Option<&crate::config::DockerHost>) {
+    let mut env = DockerEnv::from_process();
+    if let Some(h) = host {
+        env.host = Some(h.host.clone().into());
+        env.named_by = Some(match h.origin {
+            crate::config::Origin::Flag => "--docker-host",
+            _ => "docker_host (configuration file)",
+        });
+        env.export = true;
+        if !set(&env.tls_verify) && h.tls_verify {
+            env.tls_verify = Some("1".into());
+        }
+        if !set(&env.cert_path) {
+            env.cert_path = h.cert_path.clone().map(Into::into);
+        }
+    }
+    let _ = CHOSEN.set(env);
+}
+
+/// The chosen engine's environment (the process's, before [`choose`]).
+fn chosen() -> DockerEnv {
+    CHOSEN
+        .get()
+        .cloned()
+        .unwrap_or_else(DockerEnv::from_process)
+}
+
+/// The engine's address as it was given, for messages: "what named it: value".
+pub(crate) fn named() -> String {
+    let env = chosen();
+    format!(
+        "{} {:?}",
+        env.named_by.unwrap_or("DOCKER_HOST"),
+        env.host.unwrap_or_default().to_string_lossy()
+    )
+}
+
+/// What a run's command needs in its environment to reach the same engine as the run: when
+/// the flag or the file chose it, `DOCKER_HOST` (and the TLS variables it was chosen with);
+/// nothing when the environment chose, since the command inherits that.
+pub(crate) fn exported() -> Vec<(&'static str, OsString)> {
+    let env = chosen();
+    if !env.export {
+        return Vec::new();
+    }
+    let mut vars = vec![("DOCKER_HOST", env.host.unwrap_or_default())];
+    if set(&env.tls_verify) {
+        vars.push(("DOCKER_TLS_VERIFY", "1".into()));
+        if let Some(path) = env.cert_path.filter(|p| !p.is_empty()) {
+            vars.push(("DOCKER_CERT_PATH", path));
+        }
+    }
+    vars
+}
+
 impl Endpoint {
-    /// The engine the process environment names.
+    /// The engine this process uses: as [`choose`] chose it, else as the process environment
+    /// names it.
     pub(crate) fn from_env() -> Result<Self, NameError> {
-        Self::parse(&DockerEnv::from_process())
+        Self::parse(&chosen())
     }
 
     /// The engine `env` names, or why it names none this build can use.
     pub(crate) fn parse(env: &DockerEnv) -> Result<Self, NameError> {
         let raw = env.host.clone().unwrap_or_default();
         let bad = |rule: String| NameError {
-            what: "DOCKER_HOST",
+            what: env.named_by.unwrap_or("DOCKER_HOST"),
             value: raw.to_string_lossy().into_owned(),
             rule,
         };

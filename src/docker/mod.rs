@@ -64,11 +64,33 @@ const SETTLE: Duration = Duration::from_millis(750);
 /// How many stacks have their containers and the rest removed at once.
 const STACKS_AT_ONCE: usize = 4;
 
-/// A Docker resource: its id (what the API removes by) and its name (what people read).
+/// A Docker resource: its id (what the API removes by), its name (what people read), and what
+/// made it the stack's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Resource {
     pub id: String,
     pub name: String,
+    pub by: Match,
+}
+
+/// What made a resource a stack's: its stack label, or (for what carries none, such as abra's
+/// secrets) its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Match {
+    /// `com.docker.stack.namespace=<stack>`.
+    Label,
+    /// No stack label, and named `<stack>_…`.
+    Name,
+}
+
+impl Match {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Label => "label",
+            Self::Name => "name",
+        }
+    }
 }
 
 /// Every resource of one stack, by kind.

@@ -29,6 +29,16 @@ impl StackResources {
     }
 }
 
+impl StackResources {
+    /// Every resource with its kind's noun, in the order a removal takes them.
+    pub(crate) fn listed(&self) -> Vec<(&'static str, &Resource)> {
+        Kind::REMOVAL_ORDER
+            .iter()
+            .flat_map(|kind| kind.of(self).iter().map(move |r| (kind.noun(), r)))
+            .collect()
+    }
+}
+
 /// `<kind> <name>` of every resource.
 pub(super) fn describe(stack: &StackResources) -> Vec<String> {
     Kind::REMOVAL_ORDER

@@ -30,6 +30,7 @@ pub(super) fn docker(global: &Global) -> Vec<Check> {
             })
             .collect();
     }
+    crate::docker::endpoint::choose(global.docker_host.as_ref());
     let seam = crate::docker::DockerSeam::connect();
     let facts = seam
         .as_ref()
@@ -38,10 +39,10 @@ pub(super) fn docker(global: &Global) -> Vec<Check> {
     let facts = match facts {
         Ok(facts) => facts,
         Err(err) => {
-            let host = std::env::var("DOCKER_HOST").unwrap_or_default();
             let mut checks = vec![check(names[0], State::Fail, err.to_string()).fix(format!(
-                "start the engine, or point DOCKER_HOST (now {:?}) at it",
-                host
+                "start the engine, or point DOCKER_HOST, --docker-host or the file's docker_host \
+                 (now {}) at it",
+                crate::docker::endpoint::named()
             ))];
             checks.extend(names[1..].iter().map(|n| {
                 check(

@@ -50,7 +50,8 @@ pub(crate) struct Candidate {
 }
 
 /// Run-app domains from `<abra-home>/servers/*/<domain>.env`, filtered by `RUN_APP_RE`.
-/// Unreadable server directories are reported, odd names skipped, nothing ever followed.
+/// Unreadable server directories are reported, odd names skipped; a linked server directory is
+/// followed only as [`crate::app::server_dirs`] allows, and one that is not is named.
 pub(crate) fn discover_env(
     global: &Global,
     report: &mut SweepReport,
@@ -60,10 +61,12 @@ pub(crate) fn discover_env(
     report
         .scanned
         .push(format!(".env files {}/*/*.env", servers.display()));
-    let errors = &mut report.errors;
-    let entries = match std::fs::read_dir(&servers) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+    let dirs = match crate::app::server_dirs(&global.abra_home) {
+        Ok(Some((dirs, refused))) => {
+            report.warnings.extend(refused);
+            dirs
+        }
+        Ok(None) => {
             report.warnings.push(format!(
                 "{} does not exist (--abra-home, CCCI_ABRA_HOME): no .env file was scanned",
                 servers.display()
@@ -71,18 +74,16 @@ pub(crate) fn discover_env(
             return found;
         }
         Err(err) => {
-            errors.push(format!("failed to list {}: {err}", servers.display()));
+            report.errors.push(err.to_string());
             return found;
         }
     };
-    for server in entries.flatten() {
-        if !server.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let files = match std::fs::read_dir(server.path()) {
+    let errors = &mut report.errors;
+    for server in dirs {
+        let files = match std::fs::read_dir(&server.dir) {
             Ok(files) => files,
             Err(err) => {
-                errors.push(format!("failed to list {}: {err}", server.path().display()));
+                errors.push(format!("failed to list {}: {err}", server.named.display()));
                 continue;
             }
         };
@@ -448,6 +449,16 @@ impl Sweep<'_> {
             holder: None,
             removed: RemovedResources::default(),
             error: None,
+            objects: candidate
+                .docker
+                .iter()
+                .flat_map(StackResources::listed)
+                .map(|(kind, r)| report::FoundObject {
+                    kind,
+                    name: r.name.clone(),
+                    by: r.by,
+                })
+                .collect(),
         };
         let mut held = None;
         let mut elsewhere = None;

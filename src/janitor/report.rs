@@ -36,6 +36,18 @@ pub(crate) struct CandidateReport {
     pub holder: Option<crate::lock::Holder>,
     pub removed: RemovedResources,
     pub error: Option<String>,
+    /// What Docker showed of the app when it was found, each object with the rule that made it
+    /// the app's (its stack label, or its name for what carries no label).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<FoundObject>,
+}
+
+/// One Docker object of a candidate, and why it is the candidate's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct FoundObject {
+    pub kind: &'static str,
+    pub name: String,
+    pub by: crate::docker::Match,
 }
 
 /// A cgroup of this configuration whose supervisor is dead, or cannot be judged.
@@ -151,6 +163,21 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
         let detail = match &c.error {
             Some(err) => format!("error: {err}"),
             None if c.decision == Decision::Reap => format!("removed {}", c.removed.summary()),
+            // A dry run says what a reap would remove, and by which rule each object is the
+            // app's.
+            None if c.decision == Decision::WouldReap && !c.objects.is_empty() => format!(
+                "would remove {}",
+                c.objects
+                    .iter()
+                    .map(|o| format!(
+                        "{} {} (by {})",
+                        o.kind,
+                        crate::names::visible(&o.name),
+                        o.by.as_str()
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             None => String::new(),
         };
         let _ = writeln!(
@@ -472,12 +499,12 @@ fn count_runs(runs_dir: &Path, abra_home: &Path) -> (usize, usize) {
     let Ok(entries) = std::fs::read_dir(runs_dir) else {
         return (0, 0);
     };
-    let servers: Vec<PathBuf> = std::fs::read_dir(abra_home.join("servers"))
-        .into_iter()
+    // The server directories a sweep looks in, linked ones as it follows them.
+    let servers: Vec<PathBuf> = crate::app::server_dirs(abra_home)
+        .ok()
         .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+        .map(|(dirs, _)| dirs.into_iter().map(|s| s.dir).collect())
+        .unwrap_or_default();
     for entry in entries.flatten() {
         if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;

@@ -442,6 +442,13 @@ impl Run<'_> {
                 .fencing_token
                 .map(|token| ("CCCI_FENCING_TOKEN".to_owned(), token.to_string().into())),
         )
+        // The engine the run uses, when the flag or the file named it: the command's `abra`
+        // and `docker` reach the same one (a Drone step never sees the runner's DOCKER_HOST).
+        .chain(
+            crate::docker::endpoint::exported()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+        )
         .collect()
     }
 

@@ -226,6 +226,80 @@ fn live_run_s_stack_and_dry_run_are_untouched() {
     holder.finish().assert_code(0);
 }
 
+/// Labels decide: a config labelled for another stack, named as if it were the run app's
+/// (`<stack>_…`, as an app whose domain extends a run app's names its objects), is never the
+/// run app's; the unlabelled external secret abra makes is, by its name. `--dry-run` says which
+/// rule matched each object, and the reap takes exactly what it said.
+#[test]
+fn labels_decide_and_an_object_labelled_for_another_stack_is_never_reaped() {
+    let Some((sandbox, domain, stack, _cleanup)) = docker_case("lbls") else {
+        return;
+    };
+    deploy(&sandbox, &stack);
+    let foreign = format!("{stack}_foreign_conf");
+    let conf = sandbox.path().join("conf.txt");
+    docker(&[
+        "config",
+        "create",
+        "--label",
+        &format!("com.docker.stack.namespace={stack}_foreign"),
+        &foreign,
+        conf.to_str().unwrap(),
+    ]);
+    sandbox.plant_env("ci", &domain, "X=1\n");
+
+    let (report, done) = sandbox.janitor(&["--dry-run"]);
+    done.assert_code(0);
+    let c = candidate(&report, &domain);
+    assert_eq!(c["decision"], "would-reap", "{report:#}");
+    let objects = c["objects"].as_array().unwrap();
+    let by = |name: &str| {
+        objects
+            .iter()
+            .find(|o| o["name"] == name)
+            .map(|o| o["by"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        by(&format!("{stack}_external_key")).as_deref(),
+        Some("name")
+    );
+    assert_eq!(by(&format!("{stack}_app")).as_deref(), Some("label"));
+    assert_eq!(by(&foreign), None, "{objects:#?}");
+    // The table an operator reads says it too.
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--dry-run"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let text = done.out.join("\n");
+    assert!(
+        text.contains(&format!("secret {stack}_external_key (by name)"))
+            && text.contains(&format!("service {stack}_app (by label)"))
+            && !text.contains(&foreign),
+        "{text}"
+    );
+
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(
+        candidate(&report, &domain)["decision"],
+        "reap",
+        "{report:#}"
+    );
+    assert_eq!(
+        docker(&["config", "ls", "-q", "--filter", &format!("name={foreign}")])
+            .lines()
+            .count(),
+        1,
+        "another stack's config was removed"
+    );
+    assert_eq!(
+        leftovers(&stack).len(),
+        1,
+        "only the foreign config is left: {:?}",
+        leftovers(&stack)
+    );
+}
+
 #[test]
 fn stacks_outside_the_run_app_pattern_are_untouched() {
     let Some(sandbox) = Sandbox::with_docker() else {

@@ -332,3 +332,114 @@ fn bad_docker_hosts_are_refused_with_exit_2_by_run_and_janitor() {
         run(cmd).assert_code(0);
     }
 }
+
+/// A Drone step never sees the runner's `DOCKER_HOST`: the configuration file's `docker_host`
+/// names the engine instead (here a loopback TCP port in front of the suite's engine, with no
+/// `DOCKER_HOST` in the environment). The janitor reaps through it, a run's command gets it as
+/// its own `DOCKER_HOST` (so its `docker` reaches the same engine) and its teardown removes what
+/// the command made through it. The precedence is every setting's: `--docker-host` over
+/// `DOCKER_HOST` over the file; `config` says which; a value ccci-run cannot use is exit 2,
+/// naming the file's key.
+#[test]
+fn the_configuration_file_names_the_engine_when_the_environment_does_not() {
+    let Some(mut sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    sandbox.set_docker("required");
+    let front = TcpFront::start();
+    let file = sandbox.path().join("config.toml");
+    std::fs::write(&file, format!("docker_host = \"{}\"\n", front.host())).unwrap();
+    let with_file = |cmd: &mut std::process::Command| {
+        cmd.env_remove("DOCKER_HOST").env("CCCI_CONFIG", &file);
+    };
+
+    let stack = Sandbox::stack(&domain(&sandbox, "cfgh"));
+    let _cleanup = Cleanup(stack.clone());
+    let volume = stack_with_a_volume(&stack);
+    let mut cmd = sandbox.ccci();
+    with_file(&mut cmd);
+    cmd.args(["janitor", "--json"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let report: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    assert_eq!(
+        candidate(&report, &domain(&sandbox, "cfgh"))["decision"],
+        "reap",
+        "{report:#}"
+    );
+    assert!(!volume_exists(&volume));
+    let after_janitor = front.connections.load(Ordering::SeqCst);
+    assert!(
+        after_janitor > 0,
+        "the janitor never used the file's engine"
+    );
+
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let script = "echo \"host $DOCKER_HOST\"; \
+                  docker volume create --label \"com.docker.stack.namespace=$CCCI_STACK_NAME\" \
+                  \"${CCCI_STACK_NAME}_data\" >/dev/null \
+                  && echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" \
+                  && echo \"made ${CCCI_STACK_NAME}_data\"";
+    let mut cmd = sandbox.run_sh("cfgr", &["--pr", "32"], script);
+    with_file(&mut cmd);
+    let done = run(cmd);
+    done.assert_code(0);
+    assert!(
+        done.out.contains(&format!("host {}", front.host())),
+        "{}",
+        done.transcript()
+    );
+    let made = done
+        .out
+        .iter()
+        .find_map(|l| l.strip_prefix("made "))
+        .expect("the command made its volume through the file's engine")
+        .to_owned();
+    let _cleanup_run = Cleanup(made.trim_end_matches("_data").to_owned());
+    assert!(!volume_exists(&made), "the run's teardown left {made}");
+    assert!(front.connections.load(Ordering::SeqCst) > after_janitor);
+
+    // The precedence, as `config` shows it.
+    let shown = |env: Option<&str>, flag: Option<&str>| {
+        let mut cmd = sandbox.ccci();
+        with_file(&mut cmd);
+        if let Some(env) = env {
+            cmd.env("DOCKER_HOST", env);
+        }
+        if let Some(flag) = flag {
+            cmd.args(["--docker-host", flag]);
+        }
+        cmd.arg("config");
+        let done = run(cmd);
+        done.assert_code(0);
+        done.out
+            .iter()
+            .find(|l| l.starts_with("docker_host "))
+            .cloned()
+            .unwrap_or_else(|| panic!("no docker_host line\n{}", done.transcript()))
+    };
+    let line = shown(None, None);
+    assert!(
+        line.contains(&front.host()) && line.contains("config.toml"),
+        "{line}"
+    );
+    let line = shown(Some("unix:///run/env.sock"), None);
+    assert!(
+        line.contains("unix:///run/env.sock") && line.contains("DOCKER_HOST"),
+        "{line}"
+    );
+    let line = shown(Some("unix:///run/env.sock"), Some("unix:///run/flag.sock"));
+    assert!(
+        line.contains("unix:///run/flag.sock") && line.contains("flag"),
+        "{line}"
+    );
+
+    // A value ccci-run cannot speak to is refused before anything runs, naming the key.
+    std::fs::write(&file, "docker_host = \"ssh://ci@host\"\n").unwrap();
+    let mut cmd = sandbox.run_sh("cfgbad", &[], "echo ran");
+    with_file(&mut cmd);
+    let done = run(cmd);
+    done.assert_code(2);
+    done.assert_stderr_has("docker_host (configuration file)");
+    assert!(!done.out.contains(&"ran".to_owned()));
+}

@@ -847,3 +847,84 @@ fn metrics_file_is_readable_by_another_user_under_umask_077() {
         read.transcript()
     );
 }
+
+/// abra's recommended layout: each server's `.env` files in a repository of their own, linked
+/// into `servers/`. A SIGKILLed run's app whose `.env` is behind such a link is found and
+/// reaped by the janitor (its `.env` removed from the link's target, the link kept), and a
+/// finished run's own teardown removes its `.env` through the link. A link to a directory of
+/// another user, or one others may write to, is not followed and is named; what is behind it
+/// is left alone.
+#[test]
+fn linked_server_directories_are_followed_only_to_directories_we_trust() {
+    use std::os::unix::fs::symlink;
+    let sandbox = Sandbox::new();
+    let servers = sandbox.abra_home().join("servers");
+    std::fs::create_dir_all(&servers).unwrap();
+    let repo = sandbox.path().join("server-repo");
+    std::fs::create_dir(&repo).unwrap();
+    std::fs::set_permissions(&repo, std::fs::Permissions::from_mode(0o755)).unwrap();
+    symlink(&repo, servers.join("ci")).unwrap();
+
+    // A run's own teardown, through the link.
+    let script = "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"";
+    run(sandbox.run_sh("own", &["--pr", "1"], script)).assert_code(0);
+    let domain = sandbox.domain("custom-html", Some("1"));
+    assert!(
+        !repo.join(format!("{domain}.env")).exists(),
+        "the run's teardown left its .env behind the link"
+    );
+
+    // A SIGKILLed run's app, reaped by the janitor through the link.
+    let script =
+        "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; exec sleep 1000";
+    let mut live = Proc::spawn(sandbox.run_sh("77", &["--pr", "2"], script));
+    let command = live.wait_ready();
+    let domain = sandbox.domain("custom-html", Some("2"));
+    signal(live.pid(), Signal::SIGKILL);
+    live.finish();
+    assert!(wait_exited(command));
+
+    // Beside it, two links that are not followed, each with a dead run app's .env behind it.
+    let theirs = sandbox.path().join("theirs");
+    let open = sandbox.path().join("open");
+    for (dir, mode) in [(&theirs, 0o755), (&open, 0o777)] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::write(dir.join(format!("{}.env", orphan(21))), "X=1\n").unwrap();
+    }
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    symlink(&theirs, servers.join("theirs")).unwrap();
+    symlink(&open, servers.join("open")).unwrap();
+
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    let c = candidate(&report, &domain);
+    assert_eq!(c["decision"], "reap", "{report:#}");
+    assert_eq!(
+        c["removed"]["env_files"],
+        serde_json::json!([std::fs::canonicalize(&repo)
+            .unwrap()
+            .join(format!("{domain}.env"))])
+    );
+    assert!(!repo.join(format!("{domain}.env")).exists());
+    assert!(
+        servers.join("ci").symlink_metadata().unwrap().is_symlink(),
+        "the link itself was removed"
+    );
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("owned by uid 65534") && warnings.contains("others may write to it"),
+        "{report:#}"
+    );
+    assert!(
+        report["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["domain"] != orphan(21)),
+        "{report:#}"
+    );
+    for dir in [&theirs, &open] {
+        assert!(dir.join(format!("{}.env", orphan(21))).exists());
+    }
+}
