@@ -60,6 +60,7 @@ mod tests {
             pattern: crate::names::RunAppPattern::new(&suffix),
             suffix,
             docker: crate::config::DockerMode::Off,
+            docker_host: None,
             cgroup: crate::config::CgroupMode::Off,
             etcd: Some(crate::config::EtcdSettings {
                 endpoints: vec!["http://127.0.0.1:2379".into()],
