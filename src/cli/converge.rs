@@ -37,8 +37,9 @@ pub(crate) struct ConvergeArgs {
     #[arg(long = "ref", value_name = "REF", requires = "recipe")]
     pub git_ref: Option<String>,
     /// Give up after DURATION and name what has not converged (exit 75); it bounds every call
-    /// to the engine too; 0 polls once, within 1 s
-    /// [env: CCCI_CONVERGE_TIMEOUT; file: converge_timeout; default: 5m].
+    /// to the engine too; 0 polls once, within 1 s. Unset anywhere, the recipe's own
+    /// deploy label coop-cloud.<stack>.timeout (seconds, as abra reads it) bounds the wait
+    /// [env: CCCI_CONVERGE_TIMEOUT; file: converge_timeout; default: the label, else 5m].
     #[arg(long, value_name = "DURATION", value_parser = converge_timeout)]
     pub timeout: Option<Duration>,
     /// A running task counts once it has been up this long (at least 5 s after a failure of
@@ -118,6 +119,12 @@ impl ConvergeArgs {
         Ok(crate::converge::ConvergeConfig {
             stack,
             timeout: global.timings.value(Timing::ConvergeTimeout),
+            timeout_from: match global.timings.origin(Timing::ConvergeTimeout) {
+                Origin::Default => None,
+                Origin::Flag => Some("--timeout".to_owned()),
+                Origin::Environment(var) => Some(var.clone()),
+                Origin::File(path) => Some(format!("converge_timeout in {}", path.display())),
+            },
             stable: global.timings.value(Timing::ConvergeStable),
             allow_paused: self.allow_paused,
             json: self.json,

@@ -394,6 +394,7 @@ pub(super) fn resolve_timings(
             (None, None) => (info.default, Origin::Default),
         };
         timings.values[at] = value;
+        timings.origins[at] = origin.clone();
         let text = value.map_or_else(|| info.unset.to_owned(), crate::duration::show);
         shown.push(setting(info.key, text, &origin));
     }

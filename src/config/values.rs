@@ -155,6 +155,8 @@ pub(crate) const LEASE_TTL_SPEC: Spec = Spec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Timings {
     pub(super) values: [Option<Duration>; TIMINGS.len()],
+    /// Where each came from (a flag, a variable, the file, or the default).
+    pub(super) origins: [Origin; TIMINGS.len()],
 }
 
 impl Timings {
@@ -165,6 +167,15 @@ impl Timings {
             .position(|t| t.timing == timing)
             .expect("every run setting is in the table");
         self.values[at]
+    }
+
+    /// Where `timing`'s value came from.
+    pub(crate) fn origin(&self, timing: Timing) -> &Origin {
+        let at = TIMINGS
+            .iter()
+            .position(|t| t.timing == timing)
+            .expect("every run setting is in the table");
+        &self.origins[at]
     }
 
     /// The value of a setting that always has one.
@@ -179,6 +190,7 @@ impl Default for Timings {
     fn default() -> Self {
         Self {
             values: TIMINGS.map(|t| t.default),
+            origins: std::array::from_fn(|_| Origin::Default),
         }
     }
 }

@@ -351,6 +351,7 @@ mod tests {
             spec_since: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(100)),
             constraints: Vec::new(),
             job_iteration: 0,
+            labels: Default::default(),
         }
     }
 

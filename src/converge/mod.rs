@@ -33,6 +33,9 @@ use crate::supervise::signals::{SignalFunnel, shutdown_events};
 pub(crate) struct ConvergeConfig {
     pub stack: String,
     pub timeout: Duration,
+    /// Where the timeout was given (`--timeout`, `CCCI_CONVERGE_TIMEOUT`, `converge_timeout in
+    /// FILE`); `None` when it is the default, which the recipe's own label overrides.
+    pub timeout_from: Option<String>,
     /// How long a running task must have been up to count ([`judge`]).
     pub stable: Duration,
     pub allow_paused: bool,
@@ -68,6 +71,33 @@ struct Report<'a> {
     docker_calls: usize,
 }
 
+/// The deploy timeout a recipe declares on its services, as abra reads it: the label
+/// `coop-cloud.<stack>.timeout`, in seconds (or a duration with units); the longest, when
+/// several services carry it. A value that is no duration is said and ignored.
+fn recipe_timeout(
+    stack: &str,
+    services: &[crate::docker::swarm::Service],
+) -> Option<(Duration, String)> {
+    let label = format!("coop-cloud.{stack}.timeout");
+    let spec = crate::config::Timing::ConvergeTimeout.info().spec;
+    services
+        .iter()
+        .filter_map(|s| s.labels.get(&label).map(|v| (s, v)))
+        .filter_map(|(s, value)| match crate::duration::parse(value, &spec) {
+            Ok(timeout) => Some(timeout),
+            Err(why) => {
+                report::line(&format!(
+                    "ccci-run converge: warning: service {}'s label {label}={value:?} is not a \
+                     timeout ({why}); ignored",
+                    crate::names::visible(&s.name)
+                ));
+                None
+            }
+        })
+        .max()
+        .map(|timeout| (timeout, label))
+}
+
 /// How the wait ended.
 enum End {
     Judged(Outcome),
@@ -82,7 +112,7 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
     let started = Instant::now();
     // The timeout bounds the whole command, every engine call included: a hung engine is
     // given no more than the timeout (or one look's time), never a fixed allowance of its own.
-    let deadline = started + cfg.timeout.max(ONE_LOOK);
+    let mut deadline = started + cfg.timeout.max(ONE_LOOK);
     let left = || deadline.saturating_duration_since(Instant::now());
     let fail = |cause: String| ConvergeError::Docker {
         stack: cfg.stack.clone(),
@@ -100,6 +130,20 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
             Ok(Polled::Seen(state)) => {
                 watch.polls += 1;
                 last_error = None;
+                // The recipe's own bound, where nobody gave one: abra honours it too.
+                if watch.polls == 1 && cfg.timeout_from.is_none() {
+                    if let Some((timeout, label)) = recipe_timeout(&cfg.stack, &state.services) {
+                        deadline = started + timeout.max(ONE_LOOK);
+                        watch.timeout = timeout;
+                        watch.timeout_from = format!("the recipe's label {label}");
+                        report::line(&format!(
+                            "ccci-run converge: {}: waiting up to {} ({})",
+                            cfg.stack,
+                            crate::duration::show(timeout),
+                            watch.timeout_from
+                        ));
+                    }
+                }
                 let reports = judge::judge(&state, std::time::SystemTime::now(), cfg.stable);
                 let outcome = judge::outcome(&reports, cfg.allow_paused);
                 watch.saw(reports);
@@ -119,7 +163,7 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
             break End::Stopped(event);
         }
         let now = Instant::now();
-        if now >= deadline || cfg.timeout.is_zero() {
+        if now >= deadline || watch.timeout.is_zero() {
             break End::TimedOut;
         }
         let delay = backoff
@@ -160,6 +204,9 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
 /// What the wait has seen so far, and the lines it has said.
 struct Watch<'a> {
     cfg: &'a ConvergeConfig,
+    /// The bound in force, and where it came from.
+    timeout: Duration,
+    timeout_from: String,
     started: Instant,
     polls: u64,
     reports: Vec<ServiceReport>,
@@ -174,6 +221,11 @@ impl<'a> Watch<'a> {
     fn new(cfg: &'a ConvergeConfig, started: Instant) -> Self {
         Self {
             cfg,
+            timeout: cfg.timeout,
+            timeout_from: cfg
+                .timeout_from
+                .clone()
+                .unwrap_or_else(|| "the default".to_owned()),
             started,
             polls: 0,
             reports: Vec::new(),
@@ -270,8 +322,9 @@ impl<'a> Watch<'a> {
                     exit::CONVERGE_TIMEOUT,
                     "timed_out",
                     format!(
-                        "not converged within {}: {why}",
-                        crate::duration::show(self.cfg.timeout)
+                        "not converged within {} ({}): {why}",
+                        crate::duration::show(self.timeout),
+                        self.timeout_from
                     ),
                 )
             }

@@ -89,6 +89,8 @@ pub(crate) struct Service {
     pub constraints: Vec<String>,
     /// A job's current iteration (`JobStatus.JobIteration.Index`).
     pub job_iteration: u64,
+    /// The service's own labels (a recipe's deploy labels: `coop-cloud.<stack>.timeout`).
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The states of a task that matter here.
@@ -259,6 +261,12 @@ fn time(text: Option<&String>) -> Option<SystemTime> {
 
 fn service(s: bollard::models::Service) -> Option<Service> {
     let spec = s.spec?;
+    let labels = spec
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
     let mode = spec.mode.unwrap_or_default();
     let count = |n: Option<i64>, default: u64| n.map_or(default, |n| u64::try_from(n).unwrap_or(0));
     let mode = if let Some(r) = mode.replicated {
@@ -300,6 +308,7 @@ fn service(s: bollard::models::Service) -> Option<Service> {
             .and_then(|t| t.placement)
             .and_then(|p| p.constraints)
             .unwrap_or_default(),
+        labels,
         job_iteration: s
             .job_status
             .and_then(|j| j.job_iteration)

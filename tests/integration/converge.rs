@@ -255,7 +255,7 @@ fn a_crash_looping_service_times_out_naming_it_and_its_error() {
     let done = run(cmd);
     done.assert_code(75);
     assert!(started.elapsed() < Duration::from_secs(20));
-    done.assert_stderr_has("not converged within 8s: app 0/1 running");
+    done.assert_stderr_has("not converged within 8s (CCCI_CONVERGE_TIMEOUT): app 0/1 running");
     done.assert_stderr_has(&format!(
         "task {stack}_app.1 failed: task: non-zero exit (3)"
     ));
@@ -263,6 +263,45 @@ fn a_crash_looping_service_times_out_naming_it_and_its_error() {
     assert_eq!(r["outcome"], "timed_out");
     let errors = service(&r, &format!("{stack}_app"))["errors"].to_string();
     assert!(errors.contains("non-zero exit (3)"), "{errors}");
+}
+
+/// A recipe declares how long its deploy may take with the deploy label
+/// `coop-cloud.<stack>.timeout` (seconds, as abra reads it). With no timeout given, converge
+/// waits that long, not its 5-minute default, and says where its bound came from; a timeout
+/// that is given (here from the environment) goes first.
+#[test]
+fn the_recipe_s_timeout_label_bounds_the_wait_unless_a_timeout_is_given() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    let stack = stack_name("tmo");
+    let services = format!(
+        "  app:\n    image: ccci-test/busybox:latest\n    command: [\"sh\", \"-c\", \"exit 3\"]\n    deploy:\n      endpoint_mode: dnsrr\n      restart_policy: {{delay: 1s}}\n      labels: [\"coop-cloud.{stack}.timeout=3\"]\n"
+    );
+    let _cleanup = deploy(&sandbox, &stack, &services);
+    let started = Instant::now();
+    let done = run(converge(&sandbox, &stack, &[]));
+    done.assert_code(75);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the 5-minute default was used"
+    );
+    let label = format!("coop-cloud.{stack}.timeout");
+    done.assert_stderr_has(&format!("waiting up to 3s (the recipe's label {label})"));
+    done.assert_stderr_has(&format!(
+        "not converged within 3s (the recipe's label {label}): app 0/1 running"
+    ));
+
+    let mut cmd = converge(&sandbox, &stack, &[]);
+    cmd.env("CCCI_CONVERGE_TIMEOUT", "2");
+    let done = run(cmd);
+    done.assert_code(75);
+    done.assert_stderr_has("not converged within 2s (CCCI_CONVERGE_TIMEOUT)");
+    assert!(
+        !done.stderr().contains("waiting up to"),
+        "{}",
+        done.transcript()
+    );
 }
 
 /// A global service (one task per eligible node, the nodes listed) and a replicated job
