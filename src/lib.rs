@@ -22,6 +22,7 @@ pub(crate) mod janitor;
 pub(crate) mod lock;
 mod man;
 pub(crate) mod names;
+pub(crate) mod recipe;
 pub(crate) mod recipe_url;
 pub(crate) mod report;
 pub(crate) mod run;
@@ -95,7 +96,8 @@ impl Error {
     fn exit_code(&self) -> u8 {
         match self {
             Self::Invalid(_) => exit::USAGE,
-            Self::Run(_) | Self::NamedLock(_) | Self::Converge(_) => exit::INTERNAL,
+            Self::Run(e) => e.exit_code(),
+            Self::NamedLock(_) | Self::Converge(_) => exit::INTERNAL,
             Self::Metrics { .. }
             | Self::LockDir { .. }
             | Self::Locks(_)
@@ -265,8 +267,34 @@ fn command(
         Command::Man { command, dir } => man_pages(command.as_deref(), dir.as_deref()),
         Command::AppDomain(args) => {
             let identity = args.identity.validate(&global.suffix)?;
-            let text = format!("{}\n{}\n", identity.domain, identity.domain.stack_name());
-            emit(text.as_bytes()).map(|()| 0)
+            let mut text = format!("{}\n{}\n", identity.domain, identity.domain.stack_name());
+            let mut code = 0;
+            if let Some(dir) = &args.names_in {
+                let stack = identity.domain.stack_name();
+                let names =
+                    recipe::object_names(dir, &stack, identity.domain.as_str()).map_err(|e| {
+                        Error::Invalid(names::NameError {
+                            what: "--names-in",
+                            value: dir.display().to_string(),
+                            rule: e.to_string(),
+                        })
+                    })?;
+                let prefix_len = identity.domain.as_str().find('-').unwrap_or(0);
+                text.push_str(&format!(
+                    "longest domain suffix: {} (this one: {})\n",
+                    recipe::longest_suffix(&names, &stack, prefix_len, true),
+                    global.suffix.as_str().len()
+                ));
+                for n in names.iter().filter(|n| n.over()) {
+                    text.push_str(&format!(
+                        "over: {}{}\n",
+                        recipe::over_limit_line(n),
+                        if n.deployed { "" } else { " (optional file)" }
+                    ));
+                    code = code.max(if n.deployed { exit::FAILURE } else { 0 });
+                }
+            }
+            emit(text.as_bytes()).map(|()| code)
         }
         Command::Converge(args) => {
             let cfg = args.validate(global)?;

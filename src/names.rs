@@ -123,7 +123,7 @@ validated_string!(
     StackName
 );
 validated_string!(
-    /// A DNS suffix short enough that every stack name built on it fits Docker's limit.
+    /// A DNS suffix short enough that every stack name built on it fits abra's limit on a stack name.
     DomainSuffix
 );
 
@@ -196,8 +196,9 @@ impl DomainSuffix {
             return Err(SUFFIX.broken(
                 value,
                 format!(
-                    "must be at most {} characters, so that stack names stay within Docker's \
-                     {MAX_STACK_NAME_LEN} (this one gives {longest_stack})",
+                    "must be at most {} characters, so that stack names stay within abra's \
+                     {MAX_STACK_NAME_LEN} (this one gives {longest_stack}); Docker's own limits \
+                     on the names a recipe gives are checked at run start",
                     MAX_STACK_NAME_LEN - 12
                 ),
             ));

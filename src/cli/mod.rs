@@ -147,7 +147,8 @@ pub(crate) enum Command {
     Runs(RunsArgs),
     /// Stop one live run: tear it down as a SIGTERM would, recorded as `stopped`.
     Stop(StopArgs),
-    /// Print the app domain of a recipe run, and its stack name on a second line.
+    /// Print the app domain of a recipe run, and its stack name on a second line (with
+    /// --names-in, what the recipe's names allow).
     AppDomain(AppDomainArgs),
     /// Wait until a deployed stack has converged: every task running, no update in progress.
     Converge(ConvergeArgs),

@@ -6,6 +6,11 @@ use super::*;
 pub(crate) struct AppDomainArgs {
     #[command(flatten)]
     pub identity: IdentityArgs,
+    /// A checkout of the recipe: also print the longest domain suffix its names allow (each
+    /// within Docker's limits: 63 for a service or network, 64 for a secret or config), and
+    /// every name over a limit under the current suffix.
+    #[arg(long, value_name = "DIR")]
+    pub names_in: Option<PathBuf>,
     #[command(flatten)]
     pub global: GlobalArgs,
 }

@@ -62,7 +62,8 @@ use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
 use crate::supervise::watchdog::Watchdog;
 use crate::supervise::worker::Worker;
 
-/// Ways a run fails before or around its command; all of them are exit 125.
+/// Ways a run fails before or around its command: exit 125, but for a recipe that cannot be
+/// deployed as it is (2).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RunError {
     #[error(transparent)]
@@ -84,6 +85,15 @@ pub(crate) enum RunError {
     },
     #[error(transparent)]
     Fetch(#[from] FetchError),
+    /// The recipe cannot be deployed as it is (exit 2): a name over Docker's limit, a compose
+    /// file abra cannot read, a `.env.sample` naming no usable recipe.
+    #[error("recipe {recipe}: {why}; nothing was deployed")]
+    Recipe { recipe: String, why: String },
+    #[error("recipe {recipe}: {source}")]
+    RecipeRead {
+        recipe: String,
+        source: crate::recipe::RecipeError,
+    },
     #[error("failed to watch the app lock for its loss: {0}")]
     LossWatch(std::io::Error),
     #[error(transparent)]
@@ -110,6 +120,19 @@ pub(crate) enum RunError {
         waited: Duration,
         why: String,
     },
+}
+
+impl RunError {
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            Self::Recipe { .. }
+            | Self::RecipeRead {
+                source: crate::recipe::RecipeError::Compose { .. },
+                ..
+            } => exit::USAGE,
+            _ => exit::INTERNAL,
+        }
+    }
 }
 
 /// What a run asks of the janitor: its start-of-run sweep, and the reaping of dead runs'
@@ -164,7 +187,7 @@ pub(crate) fn run(
     let result = run.execute(&run_dir, holder.pid, sweeper);
     if let Err(err) = &result {
         run.record.error = Some(err.to_string());
-        run.record.exit_code = Some(exit::INTERNAL);
+        run.record.exit_code = Some(err.exit_code());
         run.record.enter(Phase::Failed);
         run.save();
     }
@@ -329,6 +352,7 @@ impl Run<'_> {
         if let Some(event) = self.get_recipe(&recipe_dir)? {
             return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
         }
+        self.check_recipe(&recipe_dir)?;
         report::line(&format!(
             "== run {}: {} (stack {}), ABRA_DIR={} ==",
             self.cfg.run_id,
@@ -389,6 +413,78 @@ impl Run<'_> {
             }
         }
         Ok(self.supervise_and_tear_down(early))
+    }
+
+    /// Before anything is deployed: the recipe as abra will read it. Every name its compose
+    /// files give Docker must be within Docker's limits (else exit 2, naming each, and the
+    /// longest domain suffix the recipe allows), and where its `.env.sample` names the recipe
+    /// by another name (`TYPE`/`RECIPE`, as older recipes do), the run's tree has it under that
+    /// name too, since abra looks there.
+    fn check_recipe(&mut self, recipe_dir: &Path) -> Result<(), RunError> {
+        let identity = &self.cfg.identity;
+        let recipe = identity.recipe.as_str().to_owned();
+        let read = |source| RunError::RecipeRead {
+            recipe: recipe.clone(),
+            source,
+        };
+        let stack = identity.domain.stack_name();
+        let names = crate::recipe::object_names(recipe_dir, &stack, identity.domain.as_str())
+            .map_err(read)?;
+        let prefix_len = identity.domain.as_str().find('-').unwrap_or(0);
+        let suffix = self.global.suffix.as_str();
+        let longest = crate::recipe::longest_suffix(&names, &stack, prefix_len, true);
+        for n in names.iter().filter(|n| n.over() && !n.deployed) {
+            report::line(&format!(
+                "ccci-run: warning: recipe {recipe}: {}, should an app's COMPOSE_FILE name {}",
+                crate::recipe::over_limit_line(n),
+                n.file
+            ));
+        }
+        let over: Vec<String> = names
+            .iter()
+            .filter(|n| n.over() && n.deployed)
+            .map(crate::recipe::over_limit_line)
+            .collect();
+        if !over.is_empty() {
+            return Err(RunError::Recipe {
+                recipe,
+                why: format!(
+                    "{}; under the domain suffix {suffix} ({} characters) its names are too \
+                     long: the longest suffix this recipe allows is {longest} characters \
+                     (abra's own limit, a stack name of at most {}, allows {})",
+                    over.join("; "),
+                    suffix.len(),
+                    crate::names::MAX_STACK_NAME_LEN,
+                    crate::names::MAX_STACK_NAME_LEN.saturating_sub(prefix_len + 8)
+                ),
+            });
+        }
+        let vars = crate::recipe::env_sample(recipe_dir).map_err(read)?;
+        if let Some(named) = crate::recipe::recipe_named(&vars).filter(|n| *n != recipe) {
+            let Ok(valid) = names::Recipe::parse(&named) else {
+                return Err(RunError::Recipe {
+                    recipe,
+                    why: format!(
+                        "its .env.sample names the recipe {:?} (RECIPE/TYPE), which is no \
+                         recipe name abra could look up",
+                        names::visible(&named)
+                    ),
+                });
+            };
+            let there = recipe_dir.with_file_name(valid.as_str());
+            if std::fs::symlink_metadata(&there).is_err() {
+                std::os::unix::fs::symlink(&recipe, &there).map_err(|e| RunError::Recipe {
+                    recipe: recipe.clone(),
+                    why: format!("failed to link {} to it: {e}", there.display()),
+                })?;
+            }
+            report::line(&format!(
+                "== recipe {recipe}: its .env.sample names it {named} (RECIPE/TYPE), where abra \
+                 looks: {} links to it ==",
+                there.display()
+            ));
+        }
+        Ok(())
     }
 
     /// Step 3: the recipe into the run's tree, as configured. `Some(event)`: a way out ended a

@@ -32,6 +32,7 @@ mod nixos;
 #[cfg(feature = "etcd")]
 mod partition;
 mod reaped;
+mod recipe_names;
 mod retention;
 mod run_dirs;
 mod run_exit;
