@@ -7,8 +7,8 @@
 //! secret or a config name at most 64, a volume name at most 255, the file system's). abra
 //! names a stack after its domain, `.` → `_`, and cuts it at 45 characters. So a run checks,
 //! before anything is deployed, every name the recipe's compose files give — in the files
-//! `COMPOSE_FILE` names (`compose.yml` when it names none), with `.env.sample`'s values and the
-//! run's `STACK_NAME` and `DOMAIN` filled in — and refuses the run (exit 2) naming the object,
+//! `COMPOSE_FILE` names (`compose.yml` when it names none), with `.env.sample`'s values, the
+//! versions `abra.sh` exports, and the run's `STACK_NAME` and `DOMAIN` filled in — and refuses the run (exit 2) naming the object,
 //! its length, the limit and whose limit it is, and the longest domain suffix the recipe allows.
 //! The other `compose.*.yml` files (optional, enabled by an app's `.env`) are checked too, and
 //! what is over a limit there is a warning.
@@ -196,6 +196,18 @@ pub(crate) fn object_names(
     domain: &str,
 ) -> Result<Vec<ObjectName>, RecipeError> {
     let mut vars = env_sample(recipe_dir)?;
+    // abra.sh, which abra sources before a deploy, sets the versions of the recipe's configs.
+    let abra_sh = recipe_dir.join("abra.sh");
+    match crate::files::read_text(&abra_sh, &FILE_RULES) {
+        Ok(text) => vars.extend(parse_env(&text)),
+        Err(err) if err.is_missing() => {}
+        Err(err) => {
+            return Err(RecipeError::Read {
+                path: abra_sh,
+                why: err.to_string(),
+            });
+        }
+    }
     vars.insert("STACK_NAME".to_owned(), stack.to_owned());
     vars.insert("DOMAIN".to_owned(), domain.to_owned());
     let named: Vec<String> = vars

@@ -403,17 +403,18 @@ fn step_commands(text: &str) -> Vec<String> {
 }
 
 /// A build's variables, as the runner sets them for a pull request (and uses them to
-/// substitute the file).
-fn build_vars(build: &str, workspace: &Path) -> BTreeMap<String, String> {
+/// substitute the file): build `build` of pull request `pr` of recipe repository `repo`.
+fn build_vars(build: &str, pr: &str, repo: &str, workspace: &Path) -> BTreeMap<String, String> {
     let workspace = workspace.display().to_string();
+    let full = format!("coop-cloud/{repo}");
     [
         ("CI", "true"),
         ("DRONE", "true"),
         ("DRONE_BUILD_EVENT", "pull_request"),
         ("DRONE_BUILD_NUMBER", build),
-        ("DRONE_PULL_REQUEST", build),
-        ("DRONE_REPO", "coop-cloud/custom-html"),
-        ("DRONE_REPO_NAME", "custom-html"),
+        ("DRONE_PULL_REQUEST", pr),
+        ("DRONE_REPO", full.as_str()),
+        ("DRONE_REPO_NAME", repo),
         ("DRONE_REPO_OWNER", "coop-cloud"),
         (
             "DRONE_COMMIT_SHA",
@@ -444,7 +445,7 @@ fn substituted_pipeline(vars: &BTreeMap<String, String>) -> String {
 /// shell runs is what the file says. (`$$` in a step, for one, would reach the shell as `$`.)
 #[test]
 fn the_pipeline_s_commands_survive_the_runner_s_substitution() {
-    let vars = build_vars("7", Path::new("/tmp/drone-x/drone/src"));
+    let vars = build_vars("7", "7", "custom-html", Path::new("/tmp/drone-x/drone/src"));
     let written = step_commands(&std::fs::read_to_string(repo().join(".drone.yml")).unwrap());
     let read = step_commands(&substituted_pipeline(&vars));
     assert_eq!(
@@ -622,8 +623,21 @@ fn start_build(
     docker: bool,
     wrap: impl FnOnce(&mut Command),
 ) -> Build {
+    start_build_of(sandbox, build, build, "custom-html", bin, docker, wrap)
+}
+
+/// [`start_build`] of pull request `pr` of recipe repository `repo`.
+fn start_build_of(
+    sandbox: &Sandbox,
+    build: &str,
+    pr: &str,
+    recipe_repo: &str,
+    bin: &Path,
+    docker: bool,
+    wrap: impl FnOnce(&mut Command),
+) -> Build {
     let workspace = workspace(sandbox, build);
-    let vars = build_vars(build, &workspace);
+    let vars = build_vars(build, pr, recipe_repo, &workspace);
     let script = workspace.parent().unwrap().join(format!("step-{build}.sh"));
     std::fs::write(
         &script,
@@ -966,4 +980,185 @@ fn a_successful_build_exits_0_and_leaves_nothing() {
         let _cleanup = Cleanup(record["stack"].as_str().unwrap().to_owned());
     }
     assert!(!process_alive(info.runner));
+}
+
+/// The recipe fixture's repository beside [`recipe_origin`]'s: `tests/fixtures/recipes/lemp`,
+/// with recipe tests that print the db volume's first-start mark, then wait while `hold`
+/// exists; pull requests 1 to 9.
+fn lemp_origin(sandbox: &Sandbox, hold: &Path) -> PathBuf {
+    let root = recipe_origin(sandbox);
+    let repo_dir = root.join("lemp.git");
+    let fixture = repo().join("tests/fixtures/recipes/lemp");
+    std::fs::create_dir_all(repo_dir.join("tests")).unwrap();
+    for file in ["compose.yml", ".env.sample", "abra.sh", "app.conf"] {
+        std::fs::copy(fixture.join(file), repo_dir.join(file)).unwrap();
+    }
+    write_executable(
+        &repo_dir.join("tests/run.sh"),
+        &format!(
+            "#!/bin/sh\n# The recipe's own tests: the db volume's first-start mark.\nset -eu\n\
+             stack=$(printf '%s' \"$1\" | tr . _)\n\
+             id=$(docker ps -q --filter \"label=com.docker.swarm.service.name=${{stack}}_db\" | head -n 1)\n\
+             echo \"mark $(docker exec \"$id\" cat /var/lib/db/created)\"\n\
+             while [ -e {} ]; do sleep 0.1; done\n",
+            sh_quote(hold)
+        ),
+    );
+    let git = |args: &[&str]| {
+        crate::fetch::git(&repo_dir, args);
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "-A"]);
+    git(&["commit", "-q", "-m", "recipe"]);
+    for pr in 1..10 {
+        git(&["update-ref", &format!("refs/pull/{pr}/head"), "HEAD"]);
+    }
+    root
+}
+
+/// The project's own recipe fixture (`tests/fixtures/recipes/lemp`: three services, an internal
+/// network and the host's external `proxy`, two volumes, two external versioned secrets, a
+/// versioned config, a timeout label) through the shipped pipeline under the runner stand-in,
+/// deployed by the abra stand-in that follows abra's documented layout (`tests/fixtures/abra`),
+/// with `servers/default` a link to a server repository of its own and, beside the app,
+/// another stack's config named like the app's objects.
+///
+/// The recipe tests run (after `converge`, bounded by the recipe's own timeout label); the
+/// supervisor is SIGKILLed, as the OOM killer does; the janitor reaps every object of the app,
+/// the unlabelled secrets by their names, its `.env` behind the link, and never the other
+/// stack's config or the `proxy` network; a build of the same pull request straight after
+/// deploys the same stack, and its db volume is a fresh one.
+#[test]
+fn the_recipe_fixture_is_reaped_whole_after_its_supervisor_dies_and_redeploys_at_once() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    // The host's network, which recipes attach to and no reap ever removes.
+    let _ = Command::new("docker")
+        .args([
+            "network",
+            "create",
+            "-d",
+            "overlay",
+            "--attachable",
+            "proxy",
+        ])
+        .output();
+    let hold = sandbox.path().join("hold");
+    std::fs::write(&hold, "").unwrap();
+    lemp_origin(&sandbox, &hold);
+    let server_repo = sandbox.path().join("server-repo");
+    std::fs::create_dir_all(&server_repo).unwrap();
+    std::fs::set_permissions(
+        &server_repo,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::create_dir_all(sandbox.abra_home().join("servers")).unwrap();
+    std::os::unix::fs::symlink(&server_repo, sandbox.abra_home().join("servers/default")).unwrap();
+    let bin = host(&sandbox, Deploy::Returns, true, "");
+    std::fs::copy(repo().join("tests/fixtures/abra"), bin.join("abra")).unwrap();
+
+    let domain = sandbox.domain("lemp", Some("4"));
+    let stack = Sandbox::stack(&domain);
+    let _cleanup = Cleanup(stack.clone());
+    let conf = sandbox.path().join("foreign.txt");
+    std::fs::write(&conf, "x\n").unwrap();
+    let foreign = format!("{stack}_foreign_conf");
+    crate::util::docker(&[
+        "config",
+        "create",
+        "--label",
+        &format!("com.docker.stack.namespace={stack}_other"),
+        &foreign,
+        conf.to_str().unwrap(),
+    ]);
+
+    let mut build = start_build_of(&sandbox, "41", "4", "lemp", &bin, true, |_| {});
+    let waiting = build.step.wait_for(Stream::Out, "waiting up to");
+    assert!(
+        waiting.contains(&format!(
+            "2m (the recipe's label coop-cloud.{stack}.timeout)"
+        )),
+        "{waiting}"
+    );
+    let first = build.step.wait_for(Stream::Out, "mark ");
+    let env = server_repo.join(format!("{domain}.env"));
+    assert!(env.exists(), "the app's .env is not behind the link");
+    let supervisor = sandbox.record("41")["pid"].as_i64().unwrap() as i32;
+    signal(supervisor, Signal::SIGKILL);
+    assert!(wait_exited(supervisor));
+
+    let started = Instant::now();
+    let (report, done) = sandbox.janitor(&[]);
+    let took = started.elapsed();
+    done.assert_code(0);
+    let c = crate::util::candidate(&report, &domain);
+    assert_eq!(c["decision"], "reap", "{report:#}");
+    let removed = &c["removed"];
+    for (kind, n) in [
+        ("services", 3),
+        ("networks", 1),
+        ("volumes", 2),
+        ("secrets", 2),
+        ("configs", 1),
+        ("env_files", 1),
+    ] {
+        assert_eq!(
+            removed[kind].as_array().map_or(0, Vec::len),
+            n,
+            "{kind}: {removed:#}"
+        );
+    }
+    let objects: usize = [
+        "services",
+        "containers",
+        "networks",
+        "volumes",
+        "secrets",
+        "configs",
+    ]
+    .iter()
+    .map(|k| removed[*k].as_array().map_or(0, Vec::len))
+    .sum();
+    eprintln!(
+        "recipe fixture: {objects} objects of {stack} reaped and confirmed gone by the janitor \
+         in {took:.2?}"
+    );
+    assert!(!env.exists(), "the .env behind the link was left");
+    assert_eq!(
+        crate::docker::leftovers(&stack).len(),
+        1,
+        "only the other stack's config may be left: {:?}",
+        crate::docker::leftovers(&stack)
+    );
+    assert!(
+        !crate::util::docker(&["config", "ls", "-q", "--filter", &format!("name={foreign}")])
+            .trim()
+            .is_empty(),
+        "another stack's config was removed"
+    );
+    assert!(
+        Command::new("docker")
+            .args(["network", "inspect", "proxy"])
+            .output()
+            .unwrap()
+            .status
+            .success(),
+        "the host's proxy network was removed"
+    );
+    drop(build.step.finish());
+
+    // The same pull request, straight after: the same stack deploys, on a fresh volume.
+    std::fs::remove_file(&hold).unwrap();
+    let mut again = start_build_of(&sandbox, "42", "4", "lemp", &bin, true, |_| {});
+    let second = again.step.wait_for(Stream::Out, "mark ");
+    assert_ne!(
+        first, second,
+        "the redeploy mounted the dead run's db volume"
+    );
+    let done = again.step.finish();
+    done.assert_code(0);
+    assert_eq!(crate::docker::leftovers(&stack).len(), 1);
+    assert!(!env.exists());
 }
