@@ -399,6 +399,29 @@ fn the_configuration_file_names_the_engine_when_the_environment_does_not() {
     assert!(!volume_exists(&made), "the run's teardown left {made}");
     assert!(front.connections.load(Ordering::SeqCst) > after_janitor);
 
+    // doctor asks the engine the file names.
+    let mut cmd = sandbox.ccci();
+    with_file(&mut cmd);
+    cmd.args(["doctor", "--json"]);
+    let done = run(cmd);
+    let report: serde_json::Value = serde_json::from_str(&done.out.join("\n"))
+        .unwrap_or_else(|e| panic!("no JSON ({e})\n{}", done.transcript()));
+    let docker_check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "docker")
+        .cloned()
+        .unwrap();
+    assert_eq!(docker_check["state"], "ok", "{docker_check:#}");
+    assert!(
+        docker_check["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("answers at {}", front.host())),
+        "{docker_check:#}"
+    );
+
     // The precedence, as `config` shows it.
     let shown = |env: Option<&str>, flag: Option<&str>| {
         let mut cmd = sandbox.ccci();
