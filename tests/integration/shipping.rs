@@ -288,6 +288,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
     let toml = nix_eval(
         "(import ./nix/lib.nix).configToml { lockDir = \"/l\"; runsDir = \"/r\"; \
          abraHome = \"/a\"; stateDir = \"/s\"; docker = \"auto\"; \
+         dockerHost = \"tcp://10.0.0.5:2376\"; \
          etcdEndpoints = [ \"http://10.0.0.1:2379\" \"http://10.0.0.2:2379\" ]; leaseTtl = \"15s\"; \
          settings = { deadline = \"90m\"; kill_grace = \"1.5\"; teardown_timeout = \"10m\"; \
          lock_wait = \"0\"; long_held = \"3h\"; keep_runs = \"30d\"; reap_budget = \"5m\"; \
@@ -298,6 +299,8 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
     std::fs::write(&file, toml.as_str().unwrap()).unwrap();
     let mut cmd = Command::new(BIN);
     crate::util::without_ccci_env(&mut cmd);
+    // The file's docker_host is in force only where the environment names no engine.
+    cmd.env_remove("DOCKER_HOST");
     let out = succeeds(cmd.arg("--config").arg(&file).args(["config", "--json"]));
     let settings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let setting = |key: &str| {
@@ -319,6 +322,8 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
     }
     assert_eq!(setting("lease_ttl")["value"], "15s");
     assert_eq!(setting("lease_ttl")["origin"]["kind"], "file");
+    assert_eq!(setting("docker_host")["value"], "tcp://10.0.0.5:2376");
+    assert_eq!(setting("docker_host")["origin"]["kind"], "file");
 }
 
 #[test]
