@@ -303,6 +303,7 @@ rec {
       nodeSweepImage ? null,
       nodeDockerSocket ? null,
       dockerHost ? null,
+      runnerUser ? null,
       settings ? { },
     }:
     let
@@ -316,6 +317,7 @@ rec {
     + line "state_dir" stateDir
     + line "docker" docker
     + (if dockerHost == null then "" else line "docker_host" dockerHost)
+    + (if runnerUser == null then "" else line "runner_user" runnerUser)
     + (if nodeSweepImage == null then "" else line "node_sweep_image" nodeSweepImage)
     + (if nodeDockerSocket == null then "" else line "node_docker_socket" nodeDockerSocket)
     + concatStringsSep "" (map (key: line key settings.${key}) set)

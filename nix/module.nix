@@ -389,6 +389,8 @@ in
             dockerHost
             ;
           inherit settings;
+          # The janitor runs as root: the runner's user's files are its own too.
+          runnerUser = if runnerUser == "root" then null else runnerUser;
         };
 
         # The runs dir and state dir are the runner's user's: every run writes there. A lock dir

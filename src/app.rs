@@ -63,7 +63,6 @@ pub(crate) fn server_dirs(
             });
         }
     };
-    let us = nix::unistd::Uid::effective().as_raw();
     let mut dirs = Vec::new();
     let mut refused = Vec::new();
     for entry in entries.flatten() {
@@ -94,9 +93,10 @@ pub(crate) fn server_dirs(
         let why = match std::fs::symlink_metadata(&target) {
             Err(err) => Some(format!("cannot inspect it: {err}")),
             Ok(meta) if !meta.is_dir() => Some("it is not a directory".to_owned()),
-            Ok(meta) if meta.uid() != us && meta.uid() != 0 => Some(format!(
-                "it is owned by uid {}, neither us (uid {us}) nor root",
-                meta.uid()
+            Ok(meta) if !crate::trust::ours(meta.uid()) && meta.uid() != 0 => Some(format!(
+                "it is owned by uid {}, neither {} nor root",
+                meta.uid(),
+                crate::trust::who()
             )),
             Ok(meta) if meta.mode() & 0o022 != 0 => Some(format!(
                 "others may write to it (mode {:o})",

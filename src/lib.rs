@@ -28,6 +28,7 @@ pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod rundir;
 pub(crate) mod supervise;
+pub(crate) mod trust;
 
 use std::process::ExitCode;
 
@@ -248,6 +249,8 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
     let global = Global::from_resolved(&resolved)?;
     // The engine, once: the flag's, the environment's, or the file's.
     docker::endpoint::choose(global.docker_host.as_ref());
+    // Whose files are ours: the runner's user's too, when we are root and the file says so.
+    trust::set_runner(global.runner);
     command(cli.command, &global, &resolved, &inputs, start_ppid)
         .map_err(|err| err.located(&global))
 }

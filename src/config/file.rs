@@ -27,6 +27,10 @@ pub(crate) struct FileConfig {
     pub node_sweep_image: Option<String>,
     /// Where each node's own engine socket is, on that node.
     pub node_docker_socket: Option<PathBuf>,
+    /// The user the CI runner runs as, when it is not root: ccci-run running as root (the
+    /// janitor's timer, an operator) takes that user's files as its own, and hands it what it
+    /// creates in the lock dir.
+    pub runner_user: Option<String>,
     /// The engine, as `DOCKER_HOST` names it (`unix:///PATH`, `tcp://HOST[:PORT]`), when the
     /// environment does not: a Drone step never sees the runner's `DOCKER_HOST`.
     pub docker_host: Option<String>,

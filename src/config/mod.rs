@@ -53,6 +53,8 @@ pub(crate) struct Global {
     pub suffix: DomainSuffix,
     pub pattern: RunAppPattern,
     pub docker: DockerMode,
+    /// The runner's user and group (`runner_user`), when it is not root.
+    pub runner: Option<(u32, u32)>,
     /// The engine, when the command line or the configuration file names it (the environment's
     /// `DOCKER_HOST` is read where the engine is chosen, [`crate::docker::endpoint`]).
     pub docker_host: Option<DockerHost>,
@@ -226,6 +228,7 @@ impl Global {
             suffix,
             docker: resolved.docker,
             docker_host: resolved.docker_host.clone(),
+            runner: resolved.runner,
             cgroup: resolved.cgroup,
             etcd: resolved.etcd.clone(),
             timings: resolved.timings.clone(),

@@ -56,6 +56,7 @@ pub(crate) struct Resolved {
     pub domain_suffix: String,
     pub docker: DockerMode,
     pub docker_host: Option<DockerHost>,
+    pub runner: Option<(u32, u32)>,
     pub log_format: LogFormat,
     pub cgroup: CgroupMode,
     pub etcd: Option<EtcdSettings>,
@@ -203,6 +204,35 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         tls_verify: file.docker_tls_verify.unwrap_or(false),
         cert_path: file.docker_cert_path.clone(),
     });
+    // The runner's user, by name or uid, as the host has it now.
+    let runner = match &file.runner_user {
+        None => None,
+        Some(user) => {
+            let found = match user.parse::<u32>() {
+                Ok(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)),
+                Err(_) => nix::unistd::User::from_name(user),
+            };
+            match found {
+                Ok(Some(u)) => Some((u.uid.as_raw(), u.gid.as_raw())),
+                Ok(None) | Err(_) => {
+                    return Err(invalid(
+                        "runner_user",
+                        &path,
+                        format!("{user:?} is no user of this host (a name or a uid)"),
+                    ));
+                }
+            }
+        }
+    };
+    let runner_shown = setting(
+        "runner_user",
+        file.runner_user.clone().unwrap_or_else(|| "-".to_owned()),
+        if file.runner_user.is_some() {
+            &from_file
+        } else {
+            &Origin::Default
+        },
+    );
     let docker_host_shown = match (&docker_host, &env_host) {
         (Some(h), _) => setting("docker_host", h.host.clone(), &h.origin),
         (None, Some(h)) => setting(
@@ -251,6 +281,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         setting("domain_suffix", domain_suffix.0.clone(), &domain_suffix.1),
         setting("docker", docker.0.name().to_owned(), &docker.1),
         docker_host_shown,
+        runner_shown,
         setting("log_format", log_format.0.name().to_owned(), &log_format.1),
         setting("cgroup", cgroup.0.name().to_owned(), &cgroup.1),
         setting("etcd_endpoints", endpoints.0.join(","), &endpoints.1),
@@ -290,6 +321,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         domain_suffix: domain_suffix.0,
         docker: docker.0,
         docker_host,
+        runner,
         log_format: log_format.0,
         cgroup: cgroup.0,
         etcd,

@@ -107,6 +107,7 @@ pub(crate) struct Options {
 pub(crate) fn run(inputs: &Inputs, opts: &Options) -> Report {
     let mut checks = Vec::new();
     let global = settings(inputs, &mut checks);
+    crate::trust::set_runner(global.runner);
     for (dir, key, missing) in [
         (&global.lock_dir, "lock_dir", State::Warn),
         (&global.runs_dir, "runs_dir", State::Warn),

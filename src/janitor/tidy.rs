@@ -56,7 +56,10 @@ pub(super) fn tidy_state_files(
         }
         // Only our own files: in a shared /tmp a name alone proves nothing.
         if std::fs::symlink_metadata(entry.path())
-            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) != us)
+            .map(|m| {
+                let owner = std::os::unix::fs::MetadataExt::uid(&m);
+                owner != us && !crate::trust::ours(owner)
+            })
             .unwrap_or(true)
         {
             continue;

@@ -110,11 +110,18 @@ impl LockError {
 /// Make sure `dir` exists and is safe to keep lock files in: a directory owned by us or root,
 /// and not writable by others unless sticky (as `/run/lock` is).
 pub(crate) fn prepare_dir(dir: &Path) -> Result<(), LockError> {
+    let existed = dir.exists();
     if let Err(err) = std::fs::create_dir_all(dir) {
         return Err(LockError::UnsafeDir {
             path: dir.to_owned(),
             why: format!("cannot create it: {err}"),
         });
+    }
+    if !existed {
+        crate::trust::adopt_dir(dir).map_err(|err| LockError::UnsafeDir {
+            path: dir.to_owned(),
+            why: format!("cannot hand it to the runner's user: {err}"),
+        })?;
     }
     check_dir(dir)
 }
@@ -127,7 +134,8 @@ pub(crate) fn prepare_private_dir(dir: &Path) -> Result<(), LockError> {
         why,
     };
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
+        Ok(()) => crate::trust::adopt_dir(dir)
+            .map_err(|e| unsafe_dir(format!("cannot hand it to the runner's user: {e}")))?,
         Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
         Err(err) => return Err(unsafe_dir(format!("cannot create it: {err}"))),
     }
@@ -138,11 +146,11 @@ pub(crate) fn prepare_private_dir(dir: &Path) -> Result<(), LockError> {
             "it is not a directory (or is a symbolic link)".to_owned(),
         ));
     }
-    let us = Uid::effective().as_raw();
-    if meta.uid() != us {
+    if !crate::trust::ours(meta.uid()) {
         return Err(unsafe_dir(format!(
-            "it is owned by uid {}, not by us (uid {us})",
-            meta.uid()
+            "it is owned by uid {}, not by {}",
+            meta.uid(),
+            crate::trust::who()
         )));
     }
     if meta.permissions().mode() & 0o022 != 0 {
@@ -164,11 +172,16 @@ pub(crate) fn check_dir(dir: &Path) -> Result<(), LockError> {
     if !meta.is_dir() {
         return Err(unsafe_dir("it is not a directory".to_owned()));
     }
-    let us = Uid::effective().as_raw();
-    if meta.uid() != us && meta.uid() != 0 {
+    if !crate::trust::ours(meta.uid()) && meta.uid() != 0 {
         return Err(unsafe_dir(format!(
-            "it is owned by uid {}, neither us (uid {us}) nor root",
-            meta.uid()
+            "it is owned by uid {}, neither {} nor root{}",
+            meta.uid(),
+            crate::trust::who(),
+            if Uid::effective().is_root() && crate::trust::runner().is_none() {
+                " (a runner of its own user: name it as runner_user in the configuration file)"
+            } else {
+                ""
+            }
         )));
     }
     let mode = meta.permissions().mode();
@@ -265,8 +278,16 @@ impl LockFile {
                 path: path.to_owned(),
             });
         }
+        // Made just now by root for the runner (a janitor's probe, an operator's `lock`): the
+        // runner's runs must open it too.
+        if create && meta.uid() == 0 {
+            crate::trust::adopt(&file).map_err(|err| LockError::io("hand over", path, err))?;
+        }
+        let meta = file
+            .metadata()
+            .map_err(|err| LockError::io("inspect", path, err))?;
         let us = Uid::effective().as_raw();
-        if meta.uid() != us {
+        if !crate::trust::ours(meta.uid()) {
             return Err(LockError::ForeignOwner {
                 path: path.to_owned(),
                 owner: meta.uid(),

@@ -61,6 +61,7 @@ mod tests {
             suffix,
             docker: crate::config::DockerMode::Off,
             docker_host: None,
+            runner: None,
             cgroup: crate::config::CgroupMode::Off,
             etcd: Some(crate::config::EtcdSettings {
                 endpoints: vec!["http://127.0.0.1:2379".into()],

@@ -106,11 +106,11 @@ fn check_own_dir(dir: &Path) -> Result<(), RunDirError> {
     if !meta.is_dir() {
         return Err(unsafe_dir("it is not a directory".to_owned()));
     }
-    let us = nix::unistd::Uid::effective().as_raw();
-    if meta.uid() != us {
+    if !crate::trust::ours(meta.uid()) {
         return Err(unsafe_dir(format!(
-            "it is owned by uid {}, not by us (uid {us})",
-            meta.uid()
+            "it is owned by uid {}, not by {}",
+            meta.uid(),
+            crate::trust::who()
         )));
     }
     Ok(())

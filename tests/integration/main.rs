@@ -38,6 +38,7 @@ mod run_dirs;
 mod run_exit;
 mod run_guards;
 mod run_signals;
+mod runner_user;
 mod runs_stop;
 mod shipping;
 mod util;

@@ -288,7 +288,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
     let toml = nix_eval(
         "(import ./nix/lib.nix).configToml { lockDir = \"/l\"; runsDir = \"/r\"; \
          abraHome = \"/a\"; stateDir = \"/s\"; docker = \"auto\"; \
-         dockerHost = \"tcp://10.0.0.5:2376\"; \
+         dockerHost = \"tcp://10.0.0.5:2376\"; runnerUser = \"nobody\"; \
          etcdEndpoints = [ \"http://10.0.0.1:2379\" \"http://10.0.0.2:2379\" ]; leaseTtl = \"15s\"; \
          settings = { deadline = \"90m\"; kill_grace = \"1.5\"; teardown_timeout = \"10m\"; \
          lock_wait = \"0\"; long_held = \"3h\"; keep_runs = \"30d\"; reap_budget = \"5m\"; \
@@ -324,6 +324,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
     assert_eq!(setting("lease_ttl")["origin"]["kind"], "file");
     assert_eq!(setting("docker_host")["value"], "tcp://10.0.0.5:2376");
     assert_eq!(setting("docker_host")["origin"]["kind"], "file");
+    assert_eq!(setting("runner_user")["value"], "nobody");
 }
 
 #[test]

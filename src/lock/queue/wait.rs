@@ -74,6 +74,7 @@ pub(crate) fn record_last_wait(
                     crate::files::kind_name(kind)
                 )));
             }
+            crate::trust::adopt(&file)?;
             file.write_all_at(line.as_bytes(), 0)
         })
 }
