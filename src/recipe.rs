@@ -157,13 +157,15 @@ fn interpolate(text: &str, vars: &BTreeMap<String, String>) -> String {
                 return out;
             };
             let expr = &body[..end];
-            let (name, default) = match expr.split_once(":-").or_else(|| expr.split_once('-')) {
-                Some((name, default)) => (name, Some(default)),
-                None => (expr, None),
+            // `${X:-d}`: d when X is unset or empty; `${X-d}`: d only when X is unset.
+            let (name, default, or_empty) = match expr.split_once(":-") {
+                Some((name, default)) => (name, Some(default), true),
+                None => match expr.split_once('-') {
+                    Some((name, default)) => (name, Some(default), false),
+                    None => (expr, None, false),
+                },
             };
-            let value = vars
-                .get(name)
-                .filter(|v| !v.is_empty() || default.is_none());
+            let value = vars.get(name).filter(|v| !(or_empty && v.is_empty()));
             match (value, default) {
                 (Some(v), _) => out.push_str(v),
                 (None, Some(d)) => out.push_str(&interpolate(d, vars)),
@@ -243,8 +245,8 @@ pub(crate) fn object_names(
         let path = recipe_dir.join(file);
         let text = match crate::files::read_text(&path, &FILE_RULES) {
             Ok(text) => text,
-            Err(err) if err.is_missing() && !deployed => continue,
-            Err(err) if err.is_missing() && file == "compose.yml" => return Ok(Vec::new()),
+            // A file that is not there has no names to check (the deploy says the rest).
+            Err(err) if err.is_missing() => continue,
             Err(err) => {
                 return Err(RecipeError::Read {
                     path,
@@ -415,7 +417,7 @@ mod tests {
              configs:\n  nginx_conf:\n    name: ${STACK_NAME}_nginx_conf_${NGINX_CONF_VERSION:-v1}\n    file: nginx.conf\n",
         )
         .unwrap()[0];
-        let v = vars(&[("SECRET_DB_PASSWORD_VERSION", "v3")]);
+        let v = vars(&[("STACK_NAME", "s"), ("SECRET_DB_PASSWORD_VERSION", "v3")]);
         let names = compose_names(doc, "s", &v);
         let listed: Vec<(Kind, &str)> = names.iter().map(|(k, _, n)| (*k, n.as_str())).collect();
         assert_eq!(

@@ -125,11 +125,7 @@ pub(crate) enum RunError {
 impl RunError {
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            Self::Recipe { .. }
-            | Self::RecipeRead {
-                source: crate::recipe::RecipeError::Compose { .. },
-                ..
-            } => exit::USAGE,
+            Self::Recipe { .. } => exit::USAGE,
             _ => exit::INTERNAL,
         }
     }
@@ -428,8 +424,20 @@ impl Run<'_> {
             source,
         };
         let stack = identity.domain.stack_name();
-        let names = crate::recipe::object_names(recipe_dir, &stack, identity.domain.as_str())
-            .map_err(read)?;
+        let names = match crate::recipe::object_names(recipe_dir, &stack, identity.domain.as_str())
+        {
+            Ok(names) => names,
+            // A file this reader cannot parse may still be one Docker reads: say so, and leave
+            // the verdict to the deploy.
+            Err(err @ crate::recipe::RecipeError::Compose { .. }) => {
+                report::line(&format!(
+                    "ccci-run: warning: recipe {recipe}: {err}; its names were not checked \
+                     against Docker's limits"
+                ));
+                Vec::new()
+            }
+            Err(err) => return Err(read(err)),
+        };
         let prefix_len = identity.domain.as_str().find('-').unwrap_or(0);
         let suffix = self.global.suffix.as_str();
         let longest = crate::recipe::longest_suffix(&names, &stack, prefix_len, true);
