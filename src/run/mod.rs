@@ -349,12 +349,19 @@ impl Run<'_> {
             return Ok(self.supervise_and_tear_down(VecDeque::from([event])));
         }
         self.check_recipe(&recipe_dir)?;
+        // The run's bounds, where an operator reading the log looks first.
+        let show = crate::duration::show;
         report::line(&format!(
-            "== run {}: {} (stack {}), ABRA_DIR={} ==",
+            "== run {}: {} (stack {}), ABRA_DIR={}; deadline {}, kill grace {}, lock wait {} ==",
             self.cfg.run_id,
             identity.domain,
             identity.domain.stack_name(),
-            abra_dir.display()
+            abra_dir.display(),
+            show(self.cfg.deadline),
+            show(self.cfg.kill_grace),
+            self.cfg
+                .lock_wait
+                .map_or_else(|| "until the deadline".to_owned(), show)
         ));
         if self.global.docker == DockerMode::Required {
             if let Some(Err(err)) = self.docker.get() {

@@ -76,12 +76,27 @@ fn failing_teardown_hook_is_recorded_but_keeps_the_exit_code() {
     assert_eq!(errors.as_array().unwrap().len(), 1, "{errors}");
 }
 
-/// A run ends with a line that says how it ended and where its record is.
+/// A run starts with a line that says its bounds (deadline, kill grace, lock wait), and ends
+/// with a line that says how it ended and where its record is.
 #[test]
 fn a_run_ends_saying_its_exit_code_and_where_its_record_is() {
     let sandbox = Sandbox::new();
     let done = run(sandbox.run_sh("closing", &[], "exit 3"));
     done.assert_code(3);
+    done.assert_stderr_has("; deadline 1h, kill grace 10s, lock wait until the deadline ==");
+    let done_bounded = run(sandbox.run_sh(
+        "bounded",
+        &[
+            "--deadline",
+            "90m",
+            "--kill-grace",
+            "2",
+            "--lock-wait",
+            "5m",
+        ],
+        "true",
+    ));
+    done_bounded.assert_stderr_has("; deadline 1h30m, kill grace 2s, lock wait 5m ==");
     done.assert_stderr_has(&format!(
         "== run closing: finished, exit 3; record {} ==",
         sandbox.runs().join("closing/run.json").display()
