@@ -526,6 +526,19 @@ impl Holder {
         }
     }
 
+    /// A holder line as written when the lock is taken: its `started_at` is now, so that
+    /// "since" in `locks` is when the lock was taken, not when its holder began to wait. A line
+    /// that does not parse is left as it is.
+    pub(crate) fn taken_now(line: &str) -> String {
+        Self::parse(line).map_or_else(
+            || line.to_owned(),
+            |mut holder| {
+                holder.started_at = crate::duration::timestamp(SystemTime::now());
+                holder.to_line()
+            },
+        )
+    }
+
     /// The same holder, naming the cgroup its command runs in.
     pub(crate) fn with_cgroup(mut self, cgroup: Option<&Path>) -> Self {
         self.trace.cgroup = cgroup.map(|c| c.display().to_string());

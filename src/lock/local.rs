@@ -114,7 +114,7 @@ impl Local {
             }
             // A line left in it names a holder that died holding it.
             let before = Holder::parse(&lock.read_holder());
-            lock.write_holder(&wait.holder.to_line())?;
+            lock.write_holder(&Holder::taken_now(&wait.holder.to_line()))?;
             tracing::debug!(path = %path.display(), waited = ?started.elapsed(), "lock taken");
             return Ok(Ok((lock, before)));
         }

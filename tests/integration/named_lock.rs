@@ -705,3 +705,44 @@ fn a_dead_waiter_s_ticket_with_nobody_behind_it_is_tidied_by_the_janitor() {
     assert_eq!(order(&log), ["alive"]);
     assert!(tickets(&sandbox).is_empty(), "{:?}", tickets(&sandbox));
 }
+
+/// `locks` says since when a holder holds the lock, not since when it began to wait: a waiter
+/// that took the lock after the first holder let go shows a time after that moment.
+#[test]
+fn a_holder_s_since_is_when_it_took_the_lock() {
+    let sandbox = Sandbox::new();
+    let first = holder(&sandbox);
+    let mut second = Proc::spawn(lock_cmd(
+        &sandbox,
+        &["--wait", "60"],
+        "echo ready $$; read line || :",
+    ));
+    second.wait_for(Stream::Err, WAITING);
+    let released = std::time::SystemTime::now();
+    let mut first = first;
+    first.close_stdin();
+    first.finish().assert_code(0);
+    second.wait_ready();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["locks", "--json"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let listing: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let lock = listing
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "shared")
+        .unwrap_or_else(|| panic!("{listing:#}"));
+    let since = lock["holder"]["started_at"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{lock:#}"));
+    let since = humantime::parse_rfc3339(since).unwrap();
+    // The timestamp has milliseconds: allow for the truncation.
+    assert!(
+        since + Duration::from_millis(1) >= released,
+        "since {since:?} is before the first holder let go at {released:?}: {lock:#}"
+    );
+    second.close_stdin();
+    second.finish().assert_code(0);
+}

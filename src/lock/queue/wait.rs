@@ -288,7 +288,7 @@ impl Waiter<'_> {
     /// in it names a holder that died holding it.
     fn held(&self, mut lock: HeldLock) -> Result<Taken, LockError> {
         let before = lock::Holder::parse(&lock.read_holder());
-        lock.write_holder(&self.wait.holder.to_line())?;
+        lock.write_holder(&crate::lock::Holder::taken_now(&self.wait.holder.to_line()))?;
         let token = self.queue.next_fencing_token()?;
         Ok(Taken::Held(Box::new(
             FileLease::taken_over(lock, before).with_fencing_token(token),

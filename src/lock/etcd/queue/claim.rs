@@ -33,6 +33,9 @@ pub(in crate::lock::etcd) async fn claim(
     stop_budget: Duration,
 ) -> Result<Option<Claimed>, etcd_client::Error> {
     let owner = keys::owner_key(dir);
+    // Its `started_at` is when the lock is taken: now, not when the wait began.
+    let holder_line = crate::lock::Holder::taken_now(holder_line);
+    let holder_line = holder_line.as_str();
     let bound = || Some(PutOptions::new().with_lease(lease));
     let tenure = TenureValue {
         holder: holder_line.to_owned(),
