@@ -208,8 +208,8 @@ pub(crate) fn render_table(locks: &[LockInfo]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<6} {:<40} {:<6} {:<12} {:>9}  HOLDER",
-        "KIND", "NAME", "HELD", "PIDS", "AGE"
+        "{:<6} {:<40} {:<6} {:<12} {:>9} {:>7}  HOLDER",
+        "KIND", "NAME", "HELD", "PIDS", "AGE", "WAITERS"
     );
     for l in locks {
         let pids: Vec<String> = l.holder_pids.iter().map(ToString::to_string).collect();
@@ -232,9 +232,6 @@ pub(crate) fn render_table(locks: &[LockInfo]) -> String {
             (None, None) => String::new(),
         };
         let mut notes = Vec::new();
-        if l.waiters > 0 {
-            notes.push(format!("{} waiting", l.waiters));
-        }
         if l.long_held {
             notes.push("LONG-HELD".to_owned());
         }
@@ -265,7 +262,7 @@ pub(crate) fn render_table(locks: &[LockInfo]) -> String {
         }
         let _ = writeln!(
             out,
-            "{:<6} {:<40} {:<6} {:<12} {:>9}  {holder}{}{}",
+            "{:<6} {:<40} {:<6} {:<12} {:>9} {:>7}  {holder}{}{}",
             match l.kind {
                 LockKind::App => "app",
                 LockKind::Named => "named",
@@ -278,6 +275,7 @@ pub(crate) fn render_table(locks: &[LockInfo]) -> String {
                 pids.join(",")
             },
             age,
+            l.waiters,
             if notes.is_empty() || holder.is_empty() {
                 ""
             } else {

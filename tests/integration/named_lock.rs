@@ -707,7 +707,8 @@ fn a_dead_waiter_s_ticket_with_nobody_behind_it_is_tidied_by_the_janitor() {
 }
 
 /// `locks` says since when a holder holds the lock, not since when it began to wait: a waiter
-/// that took the lock after the first holder let go shows a time after that moment.
+/// that took the lock after the first holder let go shows a time after that moment. While it
+/// waits, the table's WAITERS column counts it.
 #[test]
 fn a_holder_s_since_is_when_it_took_the_lock() {
     let sandbox = Sandbox::new();
@@ -718,6 +719,17 @@ fn a_holder_s_since_is_when_it_took_the_lock() {
         "echo ready $$; read line || :",
     ));
     second.wait_for(Stream::Err, WAITING);
+    // The table counts the waiter in a column of its own.
+    let mut cmd = sandbox.ccci();
+    cmd.arg("locks");
+    let table = run(cmd);
+    assert!(table.out[0].contains(" WAITERS "), "{}", table.transcript());
+    let row = table
+        .out
+        .iter()
+        .find(|l| l.starts_with("named  shared "))
+        .unwrap_or_else(|| panic!("{}", table.transcript()));
+    assert_eq!(row.split_whitespace().nth(5), Some("1"), "{row}");
     let released = std::time::SystemTime::now();
     let mut first = first;
     first.close_stdin();
