@@ -165,7 +165,7 @@ pub fn main() -> ExitCode {
         .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
     let (cli, matches) = match parsed {
         Ok(parsed) => parsed,
-        Err(err) => return command_line_error(&err),
+        Err(err) => return command_line_error(&with_dash_dash_tip(err)),
     };
     match dispatch(cli, &matches, start_ppid) {
         Ok(code) => ExitCode::from(code),
@@ -178,6 +178,34 @@ pub fn main() -> ExitCode {
             ExitCode::from(err.exit_code())
         }
     }
+}
+
+/// `run` and `lock` take their command after `--`: a command given without it is an unknown
+/// argument to clap, and the error says where it goes.
+fn with_dash_dash_tip(mut err: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() != ErrorKind::UnknownArgument {
+        return err;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--") {
+        return err;
+    }
+    let Some(sub) = args.iter().find(|a| *a == "run" || *a == "lock") else {
+        return err;
+    };
+    let usage = if sub == "run" {
+        "ccci-run run [OPTIONS] --recipe R -- COMMAND [ARGS]..."
+    } else {
+        "ccci-run lock [OPTIONS] NAME -- COMMAND [ARGS]..."
+    };
+    err.insert(
+        ContextKind::Suggested,
+        ContextValue::StyledStrs(vec![
+            format!("the command to run goes after `--`: {usage}").into(),
+        ]),
+    );
+    err
 }
 
 /// A command line clap refused. In the log format the command line would have chosen, though

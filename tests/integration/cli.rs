@@ -416,3 +416,27 @@ fn the_example_configuration_file_sets_every_run_setting() {
         "https://git.coopcloud.tech/coop-cloud/{recipe}.git"
     );
 }
+
+/// `run` and `lock` take their command after `--`; without it, clap's refusal (2) says where it
+/// goes.
+#[test]
+fn a_command_without_dash_dash_is_refused_with_where_it_goes() {
+    for (args, usage) in [
+        (
+            &["run", "--recipe", "custom-html", "sleep", "1"][..],
+            "ccci-run run [OPTIONS] --recipe R -- COMMAND [ARGS]...",
+        ),
+        (
+            &["lock", "x", "sleep", "1"][..],
+            "ccci-run lock [OPTIONS] NAME -- COMMAND [ARGS]...",
+        ),
+    ] {
+        let mut cmd = Command::new(crate::util::BIN);
+        crate::util::without_ccci_env(&mut cmd);
+        cmd.env("CCCI_CONFIG", "/dev/null").args(args);
+        let done = run(cmd);
+        done.assert_code(2);
+        done.assert_stderr_has("unexpected argument 'sleep'");
+        done.assert_stderr_has(&format!("tip: the command to run goes after `--`: {usage}"));
+    }
+}
