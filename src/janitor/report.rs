@@ -178,6 +178,14 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            // Who it saw holding the app's lock.
+            None if matches!(c.decision, Decision::Live | Decision::LongHeld) => {
+                crate::names::visible(&format!(
+                    "held by {}",
+                    crate::lock::Holder::describe(c.holder.as_ref())
+                ))
+                .into_owned()
+            }
             None => String::new(),
         };
         let _ = writeln!(

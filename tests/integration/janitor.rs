@@ -928,3 +928,36 @@ fn linked_server_directories_are_followed_only_to_directories_we_trust() {
         assert!(dir.join(format!("{}.env", orphan(21))).exists());
     }
 }
+
+/// `janitor --dry-run`'s table names the holder it saw for a live app (the run, its pid, host
+/// and since when it holds the lock), and the JSON has it as fields.
+#[test]
+fn a_dry_run_names_the_holder_of_a_live_app() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir_all(sandbox.abra_home().join("servers/ci")).unwrap();
+    let script =
+        "echo x > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"; echo ready $$; read line || :";
+    let mut live = Proc::spawn(sandbox.run_sh("held", &[], script));
+    live.wait_ready();
+    let domain = sandbox.domain("custom-html", None);
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--dry-run"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let row = done
+        .out
+        .iter()
+        .find(|l| l.starts_with(&domain))
+        .unwrap_or_else(|| panic!("{}", done.transcript()));
+    assert!(
+        row.contains(" live ")
+            && row.contains(&format!("held by run held (pid {} on ", live.pid())),
+        "{row}"
+    );
+    let (report, _) = sandbox.janitor(&["--dry-run"]);
+    let holder = &candidate(&report, &domain)["holder"];
+    assert_eq!(holder["run_id"], "held", "{report:#}");
+    assert_eq!(holder["pid"], live.pid(), "{report:#}");
+    live.close_stdin();
+    live.finish().assert_code(0);
+}
