@@ -119,14 +119,23 @@ fn parse_env(text: &str) -> BTreeMap<String, String> {
             continue;
         }
         let value = value.trim();
-        let value = match (value.chars().next(), value.chars().last()) {
-            (Some(q @ ('"' | '\'')), Some(e)) if q == e && value.len() >= 2 => {
-                &value[1..value.len() - 1]
-            }
+        let (value, literal) = match value.chars().next() {
+            // A quoted value ends at its closing quote (a comment may follow).
+            Some(q @ ('"' | '\'')) => match value[1..].find(q) {
+                Some(end) => (&value[1..=end], q == '\''),
+                None => (value, false),
+            },
             // An unquoted value ends at an inline comment.
-            _ => value.split(" #").next().unwrap_or(value).trim_end(),
+            _ => (value.split(" #").next().unwrap_or(value).trim_end(), false),
         };
-        vars.insert(key.to_owned(), value.to_owned());
+        // As abra reads it: variables are filled in (recipes build COMPOSE_FILE up line by
+        // line, `COMPOSE_FILE="$COMPOSE_FILE:compose.postgres.yml"`), but not in single quotes.
+        let value = if literal {
+            value.to_owned()
+        } else {
+            interpolate(value, &vars)
+        };
+        vars.insert(key.to_owned(), value);
     }
     vars
 }
@@ -399,12 +408,18 @@ mod tests {
     #[test]
     fn an_env_sample_reads_as_abra_reads_it() {
         let v = parse_env(
-            "# comment\nTYPE=custom-php:1.2.0+8.1\nDOMAIN=\"x.example.com\"\n\
-             #COMPOSE_FILE=\"compose.yml:compose.s3.yml\"\nSECRET_DB_VERSION=v1 # db\nbad line\n",
+            "# comment\nTYPE=custom-php:1.2.0+8.1\nDOMAIN=\"x.example.com\" # the app\n\
+             COMPOSE_FILE=\"compose.yml\"\nCOMPOSE_FILE=\"$COMPOSE_FILE:compose.postgres.yml\"\n\
+             #COMPOSE_FILE=\"$COMPOSE_FILE:compose.s3.yml\"\nSECRET_DB_VERSION=v1 # db\n\
+             LITERAL='$DOMAIN'\nbad line\n",
         );
+        assert_eq!(
+            v.get("COMPOSE_FILE").map(String::as_str),
+            Some("compose.yml:compose.postgres.yml")
+        );
+        assert_eq!(v.get("LITERAL").map(String::as_str), Some("$DOMAIN"));
         assert_eq!(v.get("DOMAIN").map(String::as_str), Some("x.example.com"));
         assert_eq!(v.get("SECRET_DB_VERSION").map(String::as_str), Some("v1"));
-        assert!(!v.contains_key("COMPOSE_FILE"));
         assert_eq!(recipe_named(&v).as_deref(), Some("custom-php"));
     }
 
