@@ -310,10 +310,9 @@ fn command(
                             rule: e.to_string(),
                         })
                     })?;
-                let prefix_len = identity.domain.as_str().find('-').unwrap_or(0);
                 text.push_str(&format!(
                     "longest domain suffix: {} (this one: {})\n",
-                    recipe::longest_suffix(&names, &stack, prefix_len, true),
+                    recipe::longest_suffix(&names, &identity.domain),
                     global.suffix.as_str().len()
                 ));
                 for n in names.iter().filter(|n| n.over()) {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use yaml_rust2::{Yaml, YamlLoader};
 
-use crate::names::MAX_STACK_NAME_LEN;
+use crate::names::{AppDomain, MAX_STACK_NAME_LEN};
 
 /// A compose file or `.env.sample` is a few KiB; anything past this is not one.
 const FILE_RULES: crate::files::Rules = crate::files::Rules::small(1 << 20);
@@ -338,24 +338,30 @@ fn compose_names(
     out
 }
 
-/// The longest domain suffix under which every name in `names` that carries the stack fits,
-/// for a recipe whose run-app prefix is `prefix_len` characters: the domain is
-/// `<prefix>-<hash6>.<suffix>`, so the stack is `prefix_len + 8 + suffix` characters.
-pub(crate) fn longest_suffix(
-    names: &[ObjectName],
-    stack: &str,
-    prefix_len: usize,
-    deployed_only: bool,
-) -> usize {
-    let fixed = prefix_len + 8;
+/// What of the run-app domain `<prefix>-<hash6>.<suffix>` is not its suffix: the stack is
+/// that many characters and the suffix.
+fn fixed_len(domain: &AppDomain) -> usize {
+    domain.as_str().find('-').unwrap_or(0) + 8
+}
+
+/// The longest domain suffix abra's own limit on a stack name allows, for `domain`'s recipe.
+pub(crate) fn abra_longest_suffix(domain: &AppDomain) -> usize {
+    MAX_STACK_NAME_LEN.saturating_sub(fixed_len(domain))
+}
+
+/// The longest domain suffix under which every deployed name in `names` that carries
+/// `domain`'s stack fits its limit, and abra's.
+pub(crate) fn longest_suffix(names: &[ObjectName], domain: &AppDomain) -> usize {
+    let stack = domain.stack_name();
+    let fixed = fixed_len(domain);
     names
         .iter()
-        .filter(|n| n.deployed || !deployed_only)
+        .filter(|n| n.deployed)
         .filter_map(|n| {
-            let rest = n.name.strip_prefix(stack)?.chars().count();
+            let rest = n.name.strip_prefix(&stack)?.chars().count();
             Some(n.kind.limit().saturating_sub(rest).saturating_sub(fixed))
         })
-        .chain(std::iter::once(MAX_STACK_NAME_LEN.saturating_sub(fixed)))
+        .chain(std::iter::once(abra_longest_suffix(domain)))
         .min()
         .unwrap_or(0)
 }
@@ -451,7 +457,9 @@ mod tests {
 
     #[test]
     fn the_longest_suffix_is_the_tightest_name_s() {
-        let stack = "bonf-123456_ci_commoninternet_net";
+        let suffix = crate::names::DomainSuffix::parse("ci.commoninternet.net").unwrap();
+        let domain = AppDomain::derive("bonfire", None, None, &suffix);
+        let stack = &domain.stack_name();
         let secret = ObjectName {
             kind: Kind::Secret,
             key: "uploads_s3_secret_access_key".to_owned(),
@@ -461,8 +469,8 @@ mod tests {
         };
         assert_eq!(secret.name.len(), 65);
         assert!(secret.over());
-        // 64 - "_uploads_s3_secret_access_key_v1".len() (32) - "bonf-123456_" (12) = 20.
-        assert_eq!(longest_suffix(&[secret], stack, 4, true), 20);
-        assert_eq!(longest_suffix(&[], stack, 4, true), 33);
+        // 64 - "_uploads_s3_secret_access_key_v1".len() (32) - "bonf-hhhhhh_" (12) = 20.
+        assert_eq!(longest_suffix(&[secret], &domain), 20);
+        assert_eq!(longest_suffix(&[], &domain), 33);
     }
 }

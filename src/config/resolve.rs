@@ -105,9 +105,8 @@ pub(super) fn pick<T>(
     }
 }
 
-/// `$HOME/.abra`; when HOME is unset or empty, the home directory of the user we run as, and
-/// `/root` only when even that is unknown.
-pub(super) fn home_default() -> PathBuf {
+/// Our home: `$HOME`, or, when it is unset or empty, the home directory of the user we run as.
+pub(crate) fn home_dir() -> Option<PathBuf> {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
@@ -117,6 +116,11 @@ pub(super) fn home_default() -> PathBuf {
                 .flatten()
                 .map(|user| user.dir)
         })
+}
+
+/// `<home>/.abra` ([`home_dir`]), and `/root/.abra` only when no home is known.
+pub(super) fn home_default() -> PathBuf {
+    home_dir()
         .unwrap_or_else(|| PathBuf::from("/root"))
         .join(".abra")
 }

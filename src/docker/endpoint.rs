@@ -71,15 +71,7 @@ pub(crate) struct DockerEnv {
 
 impl DockerEnv {
     pub(crate) fn from_process() -> Self {
-        let home = std::env::var_os("HOME")
-            .filter(|h| !h.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                nix::unistd::User::from_uid(nix::unistd::Uid::effective())
-                    .ok()
-                    .flatten()
-                    .map(|user| user.dir)
-            });
+        let home = crate::config::home_dir();
         Self {
             host: std::env::var_os("DOCKER_HOST"),
             named_by: None,

@@ -445,9 +445,8 @@ impl Run<'_> {
             }
             Err(err) => return Err(read(err)),
         };
-        let prefix_len = identity.domain.as_str().find('-').unwrap_or(0);
         let suffix = self.global.suffix.as_str();
-        let longest = crate::recipe::longest_suffix(&names, &stack, prefix_len, true);
+        let longest = crate::recipe::longest_suffix(&names, &identity.domain);
         for n in names.iter().filter(|n| n.over() && !n.deployed) {
             report::line(&format!(
                 "ccci-run: warning: recipe {recipe}: {}, should an app's COMPOSE_FILE name {}",
@@ -470,7 +469,7 @@ impl Run<'_> {
                     over.join("; "),
                     suffix.len(),
                     crate::names::MAX_STACK_NAME_LEN,
-                    crate::names::MAX_STACK_NAME_LEN.saturating_sub(prefix_len + 8)
+                    crate::recipe::abra_longest_suffix(&identity.domain)
                 ),
             });
         }

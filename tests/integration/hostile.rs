@@ -406,14 +406,9 @@ fn stop_by_another_user_says_not_yours_never_no_live_run(#[case] record_readable
         std::fs::set_permissions(dir.join("run.json"), std::fs::Permissions::from_mode(0o644))
             .unwrap();
     }
-    let ours = sandbox.ccci();
-    let mut cmd = std::process::Command::new("setpriv");
-    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(ours.get_program())
-        .args(ours.get_args())
-        .args(["stop", "9", "--kill"])
-        .env("CCCI_CONFIG", "/dev/null");
-    let done = bounded(cmd);
+    let mut ours = sandbox.ccci();
+    ours.args(["stop", "9", "--kill"]);
+    let done = bounded(crate::util::as_user(65534, &ours));
     done.assert_code(1);
     done.assert_stderr_has("run 9 is not yours to read");
     assert!(

@@ -16,23 +16,7 @@ const RUNNER: u32 = 65534;
 
 /// `cmd`, as the runner's user.
 fn as_runner(cmd: &Command) -> Command {
-    let mut wrapped = Command::new("setpriv");
-    wrapped
-        .args([
-            format!("--reuid={RUNNER}"),
-            format!("--regid={RUNNER}"),
-            "--clear-groups".to_owned(),
-            "--".to_owned(),
-        ])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (key, value) in cmd.get_envs() {
-        match value {
-            Some(v) => wrapped.env(key, v),
-            None => wrapped.env_remove(key),
-        };
-    }
-    wrapped
+    crate::util::as_user(RUNNER, cmd)
 }
 
 fn give_to_runner(path: &Path) {

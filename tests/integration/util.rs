@@ -692,6 +692,25 @@ pub fn pids_by_prefix(proc: &mut Proc, prefixes: &[&str]) -> Vec<i32> {
     found.into_iter().map(Option::unwrap).collect()
 }
 
+/// `cmd` (its program, arguments and environment) run as user and group `uid` by setpriv,
+/// with no supplementary groups.
+pub fn as_user(uid: u32, cmd: &Command) -> Command {
+    let mut wrapped = Command::new("setpriv");
+    wrapped
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => wrapped.env(key, v),
+            None => wrapped.env_remove(key),
+        };
+    }
+    wrapped
+}
+
 /// Run to completion and collect.
 pub fn run(cmd: Command) -> Finished {
     Proc::spawn(cmd).finish()
