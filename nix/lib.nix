@@ -195,9 +195,51 @@ rec {
     && match "(.*/)?[.][.]?(/.*)?" p == null;
   absolutePathRule = "an absolute path (not \"/\") of letters, digits and ._@+,=:~- without . or .. components, a trailing / or //";
 
-  # The metrics file: node_exporter's textfile collector reads only *.prom files.
-  isMetricsFile = p: isAbsolutePath p && match ".*/[^/]+[.]prom" p != null && dirOf p != "/";
-  metricsFileRule = "an absolute path ending in .prom, in a directory other than / (${absolutePathRule})";
+  # Directories of the system or of everyone, the same list as the binary's (its runs dir
+  # check, src/janitor/retention.rs): none is ever a directory of ccci-run's own. The module
+  # would create it for the runner's user (a tmpfiles `d` line), changing its owner and mode.
+  systemDirs = [
+    "/" "/bin" "/boot" "/dev" "/dev/shm" "/etc" "/home" "/lib" "/lib32" "/lib64" "/libx32"
+    "/lost+found" "/media" "/mnt" "/nix" "/nix/store" "/opt" "/root" "/run" "/run/lock"
+    "/run/user" "/sbin" "/snap" "/srv" "/tmp" "/usr" "/usr/bin" "/usr/lib" "/usr/lib64"
+    "/usr/libexec" "/usr/local" "/usr/local/bin" "/usr/local/lib" "/usr/local/sbin"
+    "/usr/local/share" "/usr/sbin" "/usr/share" "/usr/src" "/var" "/var/backups" "/var/cache"
+    "/var/lib" "/var/local" "/var/lock" "/var/log" "/var/mail" "/var/opt" "/var/run"
+    "/var/spool" "/var/tmp" "/var/www"
+  ];
+  # Kernel file systems, and the temporary directories the janitor's unit gets private copies
+  # of (PrivateTmp): nothing under them is shared with the runner or node_exporter.
+  isUnder = dirs: p: any (d: p == d || substring 0 (stringLength d + 1) p == "${d}/") dirs;
+  pseudoDirs = [ "/proc" "/sys" ];
+  privateTmpDirs = [ "/tmp" "/var/tmp" ];
+
+  # A directory ccci-run keeps for itself (runs, state): plain, absolute, not a system
+  # directory, not under /proc, /sys or a private /tmp.
+  isOwnDir =
+    p: isAbsolutePath p && !(builtins.elem p systemDirs) && !(isUnder (pseudoDirs ++ privateTmpDirs) p);
+  ownDirRule = "a directory of ccci-run's own: ${absolutePathRule}, not a system directory (/var/lib, /root, /tmp, /run, …) and not under /proc, /sys, /tmp or /var/tmp (the janitor's /tmp is private)";
+  # The lock dir: /run/lock (the system's, which the module leaves alone), or one of its own.
+  isLockDir = p: p == defaults.lockDir || isOwnDir p;
+  lockDirRule = "/run/lock, or ${ownDirRule}";
+
+  # The metrics file: node_exporter's textfile collector reads only *.prom files, from a
+  # directory the module creates (so not a system one) and the janitor shares with it.
+  isMetricsFile = p: isAbsolutePath p && match ".*/[^/]+[.]prom" p != null && isOwnDir (dirOf p);
+  metricsFileRule = "an absolute path ending in .prom, in ${ownDirRule}";
+
+  # A domain suffix as the binary takes it: DNS labels of a-z, 0-9 and -, at most 33
+  # characters (its longest app domain, 12 characters and the suffix, is a stack name within
+  # abra's 45).
+  isDomainSuffix =
+    v:
+    isString v
+    && stringLength v <= 33
+    && match "[a-z0-9]([a-z0-9-]*[a-z0-9])?([.][a-z0-9]([a-z0-9-]*[a-z0-9])?)*" v != null;
+  domainSuffixRule = "a domain suffix of lower-case DNS labels (a-z, 0-9, - inside a label) of at most 33 characters";
+
+  # The recipe URL template: {recipe} where the recipe's name goes, no white space.
+  isRecipeUrlTemplate = v: isString v && match "[^[:space:]]*[{]recipe[}][^[:space:]]*" v != null;
+  recipeUrlTemplateRule = "a URL or path with {recipe} where the recipe's name goes and no white space, such as \"https://git.example.org/coop-cloud/{recipe}.git\"";
 
   # An etcd endpoint as the binary takes it: HOST:PORT or http://HOST:PORT (no TLS in this
   # build), a port in 1-65535.
@@ -216,8 +258,14 @@ rec {
 
   # A systemd time span (systemd.time(7)) longer than zero: the janitor timer's interval.
   timespanNanos = text: (parseSpan systemdUnits true text).nanos or null;
-  isInterval = text: (timespanNanos text) != null && timespanNanos text > 0;
-  intervalRule = "a systemd time span longer than zero, such as \"10min\", \"1h 30min\" or \"600\"";
+  # From a minute (a sweep may take that long) to a year (systemd ignores what overflows).
+  isInterval =
+    text:
+    let
+      n = timespanNanos text;
+    in
+    n != null && n >= 60 * secondNs && n <= 365 * 86400 * secondNs;
+  intervalRule = "a systemd time span from 1min to 365d, such as \"10min\", \"1h 30min\" or \"600\"";
 
   # A ccci-run duration: a bare number of seconds ("90", "1.5") or numbers with humantime
   # units ("90s", "5m", "1h30m", "14d"), from `min` to `max` (themselves durations).
@@ -258,10 +306,36 @@ rec {
     { option = "teardownTimeout"; key = "teardown_timeout"; rule = durationRule { min = "1s"; max = "365d"; }; }
     { option = "lockWait"; key = "lock_wait"; rule = durationRule { min = "0s"; max = "365d"; }; }
     { option = "longHeld"; key = "long_held"; rule = durationRule { min = "0s"; max = "365d"; }; }
-    { option = "keepRuns"; key = "keep_runs"; rule = durationRule { min = "0s"; max = "36500d"; unitRequired = true; }; }
+    { option = "keepRuns"; key = "keep_runs"; rule = durationRule { min = "1h"; max = "36500d"; unitRequired = true; }; }
     { option = "reapBudget"; key = "reap_budget"; rule = durationRule { min = "1s"; max = "365d"; }; }
     { option = "promoteAfter"; key = "promote_after"; rule = durationRule { min = "0s"; max = "365d"; }; }
+    { option = "convergeTimeout"; key = "converge_timeout"; rule = durationRule { min = "0s"; max = "365d"; }; }
+    { option = "convergeStable"; key = "converge_stable"; rule = durationRule { min = "0s"; max = "365d"; }; }
   ];
+  # Every key of the configuration file and where the module takes it from: an option of
+  # services.ccci-run, or (runner_user) the runner's unit. docs/operations.md's table follows.
+  fileKeys =
+    [
+      { key = "lock_dir"; option = "lockDir"; }
+      { key = "runs_dir"; option = "runsDir"; }
+      { key = "abra_home"; option = "abraHome"; }
+      { key = "state_dir"; option = "stateDir"; }
+      { key = "domain_suffix"; option = "domainSuffix"; }
+      { key = "docker"; option = "docker"; }
+      { key = "docker_host"; option = "dockerHost"; }
+      { key = "docker_tls_verify"; option = "dockerTlsVerify"; }
+      { key = "docker_cert_path"; option = "dockerCertPath"; }
+      { key = "runner_user"; option = "droneRunnerService"; }
+      { key = "log_format"; option = "logFormat"; }
+      { key = "cgroup"; option = "cgroup"; }
+      { key = "etcd_endpoints"; option = "etcdEndpoints"; }
+      { key = "lease_ttl"; option = "leaseTtl"; }
+      { key = "node_sweep_image"; option = "nodeSweepImage"; }
+      { key = "node_docker_socket"; option = "nodeDockerSocket"; }
+      { key = "recipe_url_template"; option = "recipeUrlTemplate"; }
+    ]
+    ++ map (s: { inherit (s) key option; }) runSettings;
+
   leaseTtlRule = durationRule { min = "2s"; max = "3600s"; wholeSeconds = true; };
 
   # Seconds (rounded up) of a ccci-run duration the rules above accepted.
@@ -303,7 +377,13 @@ rec {
       nodeSweepImage ? null,
       nodeDockerSocket ? null,
       dockerHost ? null,
+      dockerTlsVerify ? null,
+      dockerCertPath ? null,
       runnerUser ? null,
+      domainSuffix ? null,
+      logFormat ? null,
+      cgroup ? null,
+      recipeUrlTemplate ? null,
       settings ? { },
     }:
     let
@@ -317,7 +397,13 @@ rec {
     + line "state_dir" stateDir
     + line "docker" docker
     + (if dockerHost == null then "" else line "docker_host" dockerHost)
+    + (if dockerTlsVerify == null then "" else line "docker_tls_verify" dockerTlsVerify)
+    + (if dockerCertPath == null then "" else line "docker_cert_path" dockerCertPath)
     + (if runnerUser == null then "" else line "runner_user" runnerUser)
+    + (if domainSuffix == null then "" else line "domain_suffix" domainSuffix)
+    + (if logFormat == null then "" else line "log_format" logFormat)
+    + (if cgroup == null then "" else line "cgroup" cgroup)
+    + (if recipeUrlTemplate == null then "" else line "recipe_url_template" recipeUrlTemplate)
     + (if nodeSweepImage == null then "" else line "node_sweep_image" nodeSweepImage)
     + (if nodeDockerSocket == null then "" else line "node_docker_socket" nodeDockerSocket)
     + concatStringsSep "" (map (key: line key settings.${key}) set)

@@ -40,6 +40,7 @@ let
       merge = lib.mergeEqualOption;
     };
   pathType = ruleType "ccci-run-path" helpers.isAbsolutePath helpers.absolutePathRule;
+  ownDirType = ruleType "ccci-run-own-dir" helpers.isOwnDir helpers.ownDirRule;
   durationType =
     name: rule: ruleType "ccci-run-${name}" rule.check rule.description;
   # A whole number of seconds is still taken where one was before.
@@ -58,6 +59,8 @@ let
     keepRuns = "How old a per-run directory whose run is not live must be before the janitor removes it; with a unit (\"14d\"). Unset: the janitor keeps every one unless told otherwise.";
     reapBudget = "How long the janitor's reap of one app may take on the Docker side before it is `reap-incomplete` (default 2m).";
     promoteAfter = "After how long a normal ticket of a named lock joins the fast class, keeping its place (default 20m).";
+    convergeTimeout = "How long `ccci-run converge` waits for a deployed app's services to run (default 5m; 0 polls once); a recipe's `coop-cloud.<stack>.timeout` label is honoured where this is unset.";
+    convergeStable = "How long a task must have been running for `ccci-run converge` to count it (default 1s).";
   };
   settingOption =
     name:
@@ -73,6 +76,8 @@ let
         keepRuns = "30d";
         reapBudget = "5m";
         promoteAfter = "10m";
+        convergeTimeout = "10m";
+        convergeStable = "5s";
       }.${name};
       description = ''
         ${settingDocs.${name}} Written to /etc/ccci-run/config.toml as `${(settingOf name).key}`,
@@ -152,27 +157,91 @@ let
   # Whether the host set services.ccci-run.runnerCapacity itself, and the capacity its runner
   # unit has from anywhere but this module.
   capacityGiven = options.services.ccci-run.runnerCapacity.highestPrio < (mkOptionDefault null).priority;
+  keepRunsGiven = options.services.ccci-run.janitor.keepRuns.highestPrio < (mkOptionDefault null).priority;
   capacityInUnit = if runner == null then null else runnerService.environment.DRONE_RUNNER_CAPACITY or null;
+  # Whether the host's capacity lives in a file (the runner's own, or an EnvironmentFile=):
+  # the module then gives the unit none.
+  capacityInAFile = fileCapacity != null || envFileCapacities != [ ];
   runnerUser = if runner == null then "root" else runnerService.serviceConfig.User or "root";
   runnerGroup =
     if runner == null then "root" else runnerService.serviceConfig.Group or (if runnerUser == "root" then "root" else runnerUser);
   hostStop = if runner == null then null else runnerService.serviceConfig.TimeoutStopSec or null;
   hostStopNanos = if builtins.isString hostStop then helpers.timespanNanos hostStop else null;
+
+  # The janitor reaches something over TCP: etcd, or a Docker engine at tcp://.
+  network = cfg.etcdEndpoints != [ ] || (cfg.dockerHost != null && lib.hasPrefix "tcp://" cfg.dockerHost);
+
+  # Where the runner's unit takes DRONE_RUNNER_CAPACITY from, and which place wins. systemd
+  # reads EnvironmentFile= after Environment= (a file's value wins, the last file's of several);
+  # the runner itself reads /etc/drone-runner-exec/config with godotenv, which never overrides
+  # a variable already set (the unit's value wins).
+  capacityIn =
+    text:
+    let
+      m = builtins.match "(.*\n)?[[:space:]]*(export[[:space:]]+)?DRONE_RUNNER_CAPACITY[[:space:]]*=[[:space:]]*['\"]?([^'\"\n]*).*" text;
+    in
+    if m == null then null else lib.elemAt m 2;
+  # An EnvironmentFile= the host declares in Nix (environment.etc with its text), or null.
+  etcText =
+    path:
+    let
+      entry = config.environment.etc.${lib.removePrefix "/etc/" path} or null;
+    in
+    if lib.hasPrefix "/etc/" path && entry != null then entry.text or null else null;
+  runnerEnvFiles =
+    if runner == null then
+      [ ]
+    else
+      map (f: lib.removePrefix "-" (toString f)) (lib.toList (runnerService.serviceConfig.EnvironmentFile or [ ]));
+  envFileCapacities = lib.concatMap (
+    path:
+    let
+      text = etcText path;
+      value = if text == null then null else capacityIn text;
+    in
+    lib.optional (value != null) { inherit path value; }
+  ) runnerEnvFiles;
+  unreadEnvFiles = lib.filter (path: etcText path == null) runnerEnvFiles;
+  # Whether the host defined DRONE_RUNNER_CAPACITY in the unit's environment itself.
+  unitCapacityFromHost =
+    runner != null
+    && lib.any (
+      d: d.file != toString ./module.nix && (d.value.${runner}.environment.DRONE_RUNNER_CAPACITY or null) != null
+    ) (options.systemd.services.definitionsWithLocations or [ ]);
+  # Every place that sets the capacity, in the order systemd and the runner read them: the last
+  # place is the one in force.
+  capacityPlaces =
+    lib.optional (fileCapacity != null) {
+      place = "DRONE_RUNNER_CAPACITY=${fileCapacity} in /etc/drone-runner-exec/config (the runner's own file, read with godotenv, which never overrides a variable already set)";
+      value = fileCapacity;
+    }
+    ++ lib.optional (capacityGiven && cfg.runnerCapacity != null) {
+      place = "services.ccci-run.runnerCapacity = ${toString cfg.runnerCapacity}";
+      value = toString cfg.runnerCapacity;
+    }
+    ++ lib.optional unitCapacityFromHost {
+      place = "DRONE_RUNNER_CAPACITY=${toString capacityInUnit} in systemd.services.${runner}.environment (the unit's Environment=)";
+      value = toString capacityInUnit;
+    }
+    ++ map (f: {
+      place = "DRONE_RUNNER_CAPACITY=${f.value} in ${f.path} (the unit's EnvironmentFile=, which systemd reads after Environment=)";
+      inherit (f) value;
+    }) envFileCapacities;
+  # The place in force: the last EnvironmentFile=, else the host's Environment=, else the
+  # option (given to the unit only while no file sets a capacity), else the runner's file.
+  capacityInForce =
+    if envFileCapacities != [ ] then
+      lib.last capacityPlaces
+    else if unitCapacityFromHost then
+      lib.findFirst (p: lib.hasInfix ".environment" p.place) null capacityPlaces
+    else if capacityGiven && cfg.runnerCapacity != null && !capacityInAFile then
+      lib.findFirst (p: lib.hasPrefix "services.ccci-run" p.place) null capacityPlaces
+    else
+      lib.head capacityPlaces;
   neededStopNanos = helpers.timespanNanos stopTimeout;
 in
 {
   imports = [
-    (lib.mkChangedOptionModule
-      [ "services" "ccci-run" "janitor" "keepRunsDays" ]
-      [ "services" "ccci-run" "janitor" "keepRuns" ]
-      (
-        config:
-        let
-          days = config.services.ccci-run.janitor.keepRunsDays;
-        in
-        if days == null then null else "${toString days}d"
-      )
-    )
     # The flag for node_exporter, in a module of its own: see hostTextfileDirs.
     {
       _file = textfileModule;
@@ -198,7 +267,7 @@ in
     };
 
     lockDir = mkOption {
-      type = pathType;
+      type = ruleType "ccci-run-lock-dir" helpers.isLockDir helpers.lockDirRule;
       default = defaults.lockDir;
       description = ''
         Where app-domain and named lock files live; a tmpfs, so a reboot empties it. It must be
@@ -207,13 +276,13 @@ in
     };
 
     runsDir = mkOption {
-      type = pathType;
+      type = ownDirType;
       default = defaults.runsDir;
       description = "Per-run directories and run records (created for the runner's user).";
     };
 
     stateDir = mkOption {
-      type = pathType;
+      type = ownDirType;
       default = defaults.stateDir;
       description = "Run-scoped state files (a directory of its own, so the janitor can have a private /tmp).";
     };
@@ -222,6 +291,45 @@ in
       type = pathType;
       default = defaults.abraHome;
       description = "The canonical abra directory (servers/, catalogue/, recipes/).";
+    };
+
+    domainSuffix = mkOption {
+      type = types.nullOr (ruleType "ccci-run-domain-suffix" helpers.isDomainSuffix helpers.domainSuffixRule);
+      default = null;
+      example = "ci.example.org";
+      description = ''
+        The domain every run app's domain ends in (`<recipe>-<hash>.<suffix>`); it must be
+        ${helpers.domainSuffixRule}. Null: the binary's default, ci.commoninternet.net.
+        Written as `domain_suffix`.
+      '';
+    };
+
+    logFormat = mkOption {
+      type = types.nullOr (types.enum [ "text" "json" ]);
+      default = null;
+      description = "How ccci-run writes its diagnostics on stderr. Null: text. Written as `log_format`.";
+    };
+
+    cgroup = mkOption {
+      type = types.nullOr (types.enum [ "auto" "off" ]);
+      default = null;
+      description = ''
+        Whether each run and `lock` command gets a cgroup of its own (auto: where cgroup v2 is
+        writable, as below the runner's delegated unit) or never (off: process groups only).
+        Null: auto. Written as `cgroup`.
+      '';
+    };
+
+    recipeUrlTemplate = mkOption {
+      type = types.nullOr (ruleType "ccci-run-recipe-url-template" helpers.isRecipeUrlTemplate helpers.recipeUrlTemplateRule);
+      default = null;
+      example = "https://git.example.org/coop-cloud/{recipe}.git";
+      description = ''
+        Where a run fetches its recipe from, {recipe} standing for its name. Null: the binary's
+        default, https://git.coopcloud.tech/coop-cloud/{recipe}.git. It ends up in
+        /etc/ccci-run/config.toml, which is world-readable (the Nix store too): put no
+        credentials in it. Written as `recipe_url_template`.
+      '';
     };
 
     docker = mkOption {
@@ -288,6 +396,26 @@ in
       '';
     };
 
+    dockerTlsVerify = mkOption {
+      type = types.nullOr types.bool;
+      default = null;
+      description = ''
+        With a tcp:// dockerHost: speak TLS and check the engine's certificate (the docker CLI's
+        DOCKER_TLS_VERIFY). Null: no TLS. Written as `docker_tls_verify`.
+      '';
+    };
+
+    dockerCertPath = mkOption {
+      type = types.nullOr pathType;
+      default = null;
+      example = "/etc/ccci-run/docker-tls";
+      description = ''
+        With dockerTlsVerify: the directory of ca.pem, cert.pem and key.pem (the docker CLI's
+        DOCKER_CERT_PATH). Null: ~/.docker of the user ccci-run runs as. Written as
+        `docker_cert_path`.
+      '';
+    };
+
     nodeDockerSocket = mkOption {
       type = types.nullOr (types.strMatching "/.*");
       default = null;
@@ -307,6 +435,8 @@ in
     keepRuns = settingOption "keepRuns";
     reapBudget = settingOption "reapBudget";
     promoteAfter = settingOption "promoteAfter";
+    convergeTimeout = settingOption "convergeTimeout";
+    convergeStable = settingOption "convergeStable";
 
     janitor = {
       interval = mkOption {
@@ -325,13 +455,25 @@ in
       };
       keepRuns = mkOption {
         type = types.nullOr (settingType "keepRuns");
-        default = if cfg.keepRuns == null then defaults.keepRuns else cfg.keepRuns;
+        default =
+          if cfg.janitor.keepRunsDays != null then
+            "${toString cfg.janitor.keepRunsDays}d"
+          else if cfg.keepRuns == null then
+            defaults.keepRuns
+          else
+            cfg.keepRuns;
         defaultText = literalExpression ''if keepRuns == null then "${defaults.keepRuns}" else keepRuns'';
         description = ''
           The timer's `--keep-runs`: remove per-run directories older than this whose run is not
           live. Must be ${(settingOf "keepRuns").rule.description}. null passes no flag (the
           file's keep_runs applies, if set). Replaces janitor.keepRunsDays (N days is "Nd").
         '';
+      };
+      keepRunsDays = mkOption {
+        type = types.nullOr (types.ints.between 1 36500);
+        default = null;
+        visible = false;
+        description = "Replaced by janitor.keepRuns: N days is \"Nd\".";
       };
       metricsFile = mkOption {
         type = types.nullOr (ruleType "ccci-run-metrics-file" helpers.isMetricsFile helpers.metricsFileRule);
@@ -387,6 +529,12 @@ in
             nodeSweepImage
             nodeDockerSocket
             dockerHost
+            dockerTlsVerify
+            dockerCertPath
+            domainSuffix
+            logFormat
+            cgroup
+            recipeUrlTemplate
             ;
           inherit settings;
           # The janitor runs as root: the runner's user's files are its own too.
@@ -403,7 +551,11 @@ in
         ++ lib.optional (metricsDir != null) "d ${metricsDir} 0755 root root -";
 
         warnings =
-          lib.optional (metricsDir != null && hostTextfileDirs != [ ] && !(lib.elem metricsDir hostTextfileDirs)) ''
+          lib.optional (cfg.janitor.keepRunsDays != null && !keepRunsGiven) ''
+            services.ccci-run.janitor.keepRunsDays is replaced by janitor.keepRuns: it is in force
+            as janitor.keepRuns = "${toString cfg.janitor.keepRunsDays}d". Write that instead.
+          ''
+          ++ lib.optional (metricsDir != null && hostTextfileDirs != [ ] && !(lib.elem metricsDir hostTextfileDirs)) ''
             services.ccci-run.janitor.metricsFile is in ${metricsDir}, but node_exporter's
             textfile collector reads ${lib.concatStringsSep ", " hostTextfileDirs} (the host's
             --collector.textfile.directory): put the metrics file in one of those, or its
@@ -424,7 +576,7 @@ in
           serviceConfig =
             helpers.janitorHardening {
               inherit (cfg) abraHome;
-              network = cfg.etcdEndpoints != [ ];
+              inherit network;
               writablePaths = helpers.janitorWritablePaths {
                 inherit (cfg) lockDir runsDir stateDir;
                 inherit (cfg.janitor) metricsFile;
@@ -443,6 +595,23 @@ in
         };
 
         assertions = [
+          {
+            assertion = cfg.janitor.keepRunsDays == null || !keepRunsGiven;
+            message = ''
+              services.ccci-run.janitor.keepRunsDays (${toString cfg.janitor.keepRunsDays}) and
+              janitor.keepRuns are both set: keepRunsDays is replaced by keepRuns. Remove it.
+            '';
+          }
+          {
+            assertion =
+              (cfg.dockerTlsVerify == null && cfg.dockerCertPath == null)
+              || (cfg.dockerHost != null && lib.hasPrefix "tcp://" cfg.dockerHost);
+            message = ''
+              services.ccci-run.dockerTlsVerify and dockerCertPath are for an engine reached over
+              TCP, but dockerHost is ${if cfg.dockerHost == null then "not set" else cfg.dockerHost}:
+              set dockerHost = "tcp://HOST:2376", or leave them null.
+            '';
+          }
           {
             # The binary refuses the same (exit 2): a holder must stop its command within its
             # lease, before etcd can expire it and another host takes the lock.
@@ -491,18 +660,15 @@ in
             '';
           }
           {
-            assertion = fileCapacity == null || (!capacityGiven && capacityInUnit == null);
+            # One place for the capacity, whichever way the host sets it.
+            assertion = lib.length capacityPlaces <= 1;
             message = ''
-              The capacity is set twice: DRONE_RUNNER_CAPACITY=${toString fileCapacity} in
-              /etc/drone-runner-exec/config, and ${
-                if capacityInUnit != null then
-                  "DRONE_RUNNER_CAPACITY=${toString capacityInUnit} in systemd.services.${runner}.environment"
-                else
-                  "services.ccci-run.runnerCapacity = ${toString cfg.runnerCapacity}"
-              }. The runner reads that file with godotenv, which never overrides a variable
-              already set, so the file's value would be silently ignored. Keep one: remove the
-              line from the file, or remove the other setting (the module then leaves the
-              capacity to the file).
+              The Drone runner's capacity is set in ${toString (lib.length capacityPlaces)} places:
+              ${lib.concatMapStringsSep "; " (p: p.place) capacityPlaces}.
+              The runner would run ${capacityInForce.value} builds at once, from
+              ${capacityInForce.place}, and the rest would be silently ignored. Keep
+              one: set services.ccci-run.runnerCapacity, or set it to null and keep the
+              capacity in one file or in the unit's environment.
             '';
           }
         ];
@@ -513,6 +679,13 @@ in
             the ${stopTimeout} a run's teardown may take (its kill grace and teardown timeout):
             a stop of the runner can SIGKILL runs mid-teardown, leaving their apps to the
             janitor's next sweep.
+          ''
+          ++ lib.optional (capacityGiven && !capacityInAFile && unreadEnvFiles != [ ]) ''
+            systemd.services.${runner} reads ${lib.concatStringsSep ", " unreadEnvFiles}
+            (EnvironmentFile=), which this evaluation cannot read: a DRONE_RUNNER_CAPACITY there
+            would win over services.ccci-run.runnerCapacity (${toString cfg.runnerCapacity}),
+            since systemd reads EnvironmentFile= after Environment=. Keep the capacity in one
+            place.
           ''
           ++ lib.optional (runnerUser != "root" && cfg.lockDir == defaults.lockDir) ''
             systemd.services.${runner} runs as ${runnerUser}, which cannot create lock files
@@ -541,7 +714,7 @@ in
             TimeoutStopSec = mkOptionDefault stopTimeout;
           };
           # Left out when the runner's own file sets the capacity: the file would lose.
-          environment = lib.optionalAttrs (cfg.runnerCapacity != null && fileCapacity == null) {
+          environment = lib.optionalAttrs (cfg.runnerCapacity != null && !capacityInAFile) {
             DRONE_RUNNER_CAPACITY = mkOptionDefault (toString cfg.runnerCapacity);
           };
           };

@@ -569,10 +569,15 @@ mod tests {
     #[case("deadline = 0\n", "too short")]
     #[case("kill_grace = -1\n", "kill_grace")]
     #[case("keep_runs = 14\n", "14d")]
+    #[case("keep_runs = \"0d\"\n", "at least 1h")]
     #[case("teardown_timeout = \"\"\n", "empty")]
     #[case("long_held = \"400d\"\n", "too long")]
     #[case("lease_ttl = 2.5\n", "whole number")]
     #[case("promote_after = true\n", "promote_after")]
+    #[case(
+        "recipe_url_template = \"https://u:SECRET@git.example.org/r.git\"\n",
+        "https://***@git.example.org/r.git\" from the file"
+    )]
     fn a_bad_run_setting_in_the_file_names_key_file_and_forms(
         #[case] text: &str,
         #[case] needle: &str,

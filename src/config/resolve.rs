@@ -250,6 +250,24 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
             &Origin::Default,
         ),
     };
+    // TLS to a TCP engine: the file's settings, else the environment's (as the docker CLI
+    // reads them), else none.
+    let env_set = |var: &str| {
+        std::env::var(var)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| (v, Origin::Environment(var.to_owned())))
+    };
+    let tls_verify_shown = match (file.docker_tls_verify, env_set("DOCKER_TLS_VERIFY")) {
+        (Some(on), _) => setting("docker_tls_verify", yes_no(on), &from_file),
+        (None, Some((_, origin))) => setting("docker_tls_verify", yes_no(true), &origin),
+        (None, None) => setting("docker_tls_verify", yes_no(false), &Origin::Default),
+    };
+    let cert_path_shown = match (&file.docker_cert_path, env_set("DOCKER_CERT_PATH")) {
+        (Some(path), _) => setting("docker_cert_path", path.display().to_string(), &from_file),
+        (None, Some((path, origin))) => setting("docker_cert_path", path, &origin),
+        (None, None) => setting("docker_cert_path", "~/.docker".to_owned(), &Origin::Default),
+    };
     let log_format = pick(i.log_format, file.log_format, &from_file, LogFormat::Text);
     let cgroup = pick(i.cgroup, file.cgroup, &from_file, CgroupMode::Auto);
     let endpoints = pick(
@@ -285,6 +303,8 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         setting("domain_suffix", domain_suffix.0.clone(), &domain_suffix.1),
         setting("docker", docker.0.name().to_owned(), &docker.1),
         docker_host_shown,
+        tls_verify_shown,
+        cert_path_shown,
         runner_shown,
         setting("log_format", log_format.0.name().to_owned(), &log_format.1),
         setting("cgroup", cgroup.0.name().to_owned(), &cgroup.1),
@@ -305,6 +325,21 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
             .clone()
             .map(|t| (t, from_file.clone())),
     };
+    // Without `{recipe}` every recipe would be fetched from the one repository it names.
+    if let Some((template, origin)) = &recipe_url_template {
+        if !template.contains("{recipe}") {
+            return Err(NameError {
+                what: "recipe_url_template",
+                value: crate::recipe_url::redact(template),
+                rule: format!(
+                    "from the {origin}, has no {{recipe}}: every recipe would be fetched from the one \
+                     repository it names; write where the recipe's name goes, for example \
+                     {}",
+                    crate::recipe_url::DEFAULT_URL_TEMPLATE
+                ),
+            });
+        }
+    }
     let mut settings = settings;
     settings.extend(node_sweep_shown);
     settings.push(match &recipe_url_template {
@@ -443,6 +478,10 @@ pub(super) fn setting(key: &'static str, value: String, origin: &Origin) -> Sett
         value,
         origin: origin.clone(),
     }
+}
+
+fn yes_no(on: bool) -> String {
+    if on { "yes" } else { "no" }.to_owned()
 }
 
 pub(super) fn invalid(what: &'static str, path: &Option<PathBuf>, rule: String) -> NameError {

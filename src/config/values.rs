@@ -83,9 +83,10 @@ pub(crate) const TIMINGS: [TimingInfo; 10] = [
         timing: Timing::KeepRuns,
         key: "keep_runs",
         env: "CCCI_KEEP_RUNS",
-        // A bare number used to mean days: it is refused rather than read as seconds.
+        // A bare number used to mean days: it is refused rather than read as seconds. Under an
+        // hour would remove the directory of a run that has just finished, before anyone read it.
         spec: Spec {
-            min: Duration::ZERO,
+            min: Duration::from_secs(3600),
             max: Duration::from_secs(36_500 * 86_400),
             bare: false,
             whole_seconds: false,

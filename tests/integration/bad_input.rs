@@ -205,10 +205,13 @@ fn durations_with_units_and_fractions_are_accepted_everywhere() {
 
 /// `--keep-runs` is bounded too, and a bare number (which used to mean days) is refused rather
 /// than read as seconds: `--keep-runs 14` never deletes every run directory older than 14 s.
+/// Under an hour is refused: `--keep-runs 0d` would remove a run's directory as it finishes.
 #[rstest::rstest]
 #[case::overflow("18446744073709551615", "has no unit")]
 #[case::bare("14", "14d")]
 #[case::past_a_century("36501d", "too long")]
+#[case::nothing("0d", "too short: at least 1h")]
+#[case::minutes("59m", "too short: at least 1h")]
 fn absurd_retention_is_refused_at_parse_time(#[case] value: &str, #[case] message: &str) {
     let sandbox = Sandbox::new();
     let mut cmd = sandbox.ccci();

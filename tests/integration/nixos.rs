@@ -44,6 +44,13 @@ fn module_system() -> Option<ModuleSystem> {
         "CCCI_NIXPKGS={} has no nixos/lib/eval-config.nix",
         nixpkgs.display()
     );
+    let nix = nix_bin(no_module_system)?;
+    Some(ModuleSystem { nix, nixpkgs })
+}
+
+/// `CCCI_NIX_BIN`, else the `nix-instantiate` on PATH, when it is Nix 2.18 or later; else None,
+/// `skip` told why. A `CCCI_NIX_BIN` that does not run, or is older, is a failure.
+fn nix_bin(skip: fn(&str)) -> Option<PathBuf> {
     let given = std::env::var_os("CCCI_NIX_BIN").map(PathBuf::from);
     let nix = given.clone().unwrap_or_else(|| "nix-instantiate".into());
     let version = Command::new(&nix)
@@ -58,7 +65,7 @@ fn module_system() -> Option<ModuleSystem> {
             "CCCI_NIX_BIN={} does not run",
             nix.display()
         );
-        no_module_system("no nix-instantiate is on PATH");
+        skip("no nix-instantiate is on PATH");
         return None;
     };
     let numbers: Vec<u32> = version
@@ -74,13 +81,87 @@ fn module_system() -> Option<ModuleSystem> {
             "CCCI_NIX_BIN={} is {version}; nixpkgs needs Nix 2.18 or later",
             nix.display()
         );
-        no_module_system(&format!(
+        skip(&format!(
             "the nix-instantiate on PATH is {version}, and nixpkgs needs Nix 2.18 or later"
         ));
         return None;
     }
-    Some(ModuleSystem { nix, nixpkgs })
+    Some(nix)
 }
+
+/// The module system's core, nixpkgs' `lib` (its `evalModules`), with NixOS's own declarations
+/// of the options the module touches stood in for (tests/nix/eval-options.nix): the option
+/// types, priorities, locations, assertions and warnings are the real ones, the unit files are
+/// not rendered. Where a whole nixpkgs is at hand its `lib` is used.
+struct ModuleCore {
+    nix: PathBuf,
+    lib: PathBuf,
+}
+
+fn no_module_core(why: &str) {
+    crate::util::skip_even_in_ci(
+        why,
+        "set CCCI_NIXPKGS_LIB to a nixpkgs lib directory (or CCCI_NIXPKGS to a nixpkgs \
+         checkout), and CCCI_NIX_BIN to a nix-instantiate of Nix 2.18 or later unless the one \
+         on PATH is, to evaluate the module's options on the module system",
+    );
+}
+
+fn module_core() -> Option<ModuleCore> {
+    let lib = std::env::var_os("CCCI_NIXPKGS_LIB")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("CCCI_NIXPKGS").map(|p| PathBuf::from(p).join("lib")));
+    let Some(lib) = lib else {
+        no_module_core("neither CCCI_NIXPKGS_LIB nor CCCI_NIXPKGS names a nixpkgs lib");
+        return None;
+    };
+    assert!(
+        lib.join("modules.nix").is_file() && lib.join("types.nix").is_file(),
+        "{} is not a nixpkgs lib directory (no modules.nix and types.nix)",
+        lib.display()
+    );
+    let nix = nix_bin(no_module_core)?;
+    Some(ModuleCore { nix, lib })
+}
+
+impl ModuleCore {
+    /// Each host (a module written to a file of its own, so errors name it) evaluated: Ok with
+    /// what eval-options.nix gives, or Err with Nix's error.
+    fn evaluate(&self, hosts: &[(&str, &str)]) -> BTreeMap<String, Result<Value, String>> {
+        let dir = tempfile::tempdir().unwrap();
+        let mut results = BTreeMap::new();
+        for (name, body) in hosts {
+            let file = dir.path().join(format!("{name}.nix"));
+            std::fs::write(
+                &file,
+                format!("{{ pkgs, lib, ... }}: {{\n  {RUNNER_BODY}\n  {body}\n}}\n"),
+            )
+            .unwrap();
+            let out = Command::new(&self.nix)
+                .current_dir(repo())
+                .args(["--eval", "--strict", "--json", "tests/nix/eval-options.nix"])
+                .arg("--argstr")
+                .arg("lib")
+                .arg(&self.lib)
+                .arg("--arg")
+                .arg("hosts")
+                .arg(format!("{{ {name} = {}; }}", file.display()))
+                .output()
+                .unwrap();
+            let result = if out.status.success() {
+                let mut all: BTreeMap<String, Value> = serde_json::from_slice(&out.stdout).unwrap();
+                Ok(all.remove(*name).unwrap())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            };
+            results.insert((*name).to_owned(), result);
+        }
+        results
+    }
+}
+
+/// The runner's unit on a host of the module core (no packages there to name but stand-ins).
+const RUNNER_BODY: &str = r#"systemd.services.drone-runner-exec.serviceConfig.ExecStart = "${pkgs.drone-runner-exec}/bin/drone-runner-exec";"#;
 
 /// The host's Drone exec runner: nixpkgs' package (unfree: its licence is the Polyform one) in a
 /// unit of the host's own, as nixpkgs has no module for it.
@@ -634,7 +715,7 @@ fn nixos_module_merges_with_the_hosts_runner() {
         let failed = messages(&results[name], "failedAssertions");
         assert!(
             failed.len() == 1
-                && failed[0].contains("The capacity is set twice")
+                && failed[0].contains("capacity is set in 2 places")
                 && failed[0].contains("godotenv"),
             "{name}: {failed:?}"
         );
@@ -781,7 +862,7 @@ fn nixos_module_refuses_bad_values_at_evaluation() {
         return;
     };
     let path_rule = "an absolute path (not \"/\")";
-    let span_rule = "a systemd time span longer than zero";
+    let span_rule = "a systemd time span from 1min to 365d";
     let cases: &[(&str, &str, &str)] = &[
         (r#"lockDir = "run/lock";"#, "lockDir", path_rule),
         (r#"lockDir = "/";"#, "lockDir", path_rule),
@@ -841,7 +922,7 @@ fn nixos_module_refuses_bad_values_at_evaluation() {
             "janitor.keepRuns",
             "a bare number is refused",
         ),
-        (r#"keepRuns = "36501d";"#, "keepRuns", "from 0s to 36500d"),
+        (r#"keepRuns = "36501d";"#, "keepRuns", "from 1h to 36500d"),
         (r#"deadline = "0";"#, "deadline", "from 1s to 365d"),
         (r#"deadline = "1y";"#, "deadline", "from 1s to 365d"),
         (r#"killGrace = "-1";"#, "killGrace", "from 0s to 365d"),
@@ -908,6 +989,316 @@ fn nixos_module_refuses_bad_values_at_evaluation() {
                 && flat.contains("is not of type")
                 && flat.contains(rule),
             "`{set}` is not refused with the option's name and {rule:?}:\n{stderr}"
+        );
+    }
+}
+
+/// Every key of the configuration file has its option, and every bad value the binary or
+/// systemd would trip on is refused at evaluation, naming the option and the host's own file;
+/// the capacity has one place whichever way the host sets it. On the module system's core
+/// (nixpkgs' lib.evalModules), so that what the module's types and assertions do is the real
+/// module system's, whole NixOS or not.
+#[test]
+fn nixos_module_core_offers_every_key_and_refuses_bad_values() {
+    let Some(core) = module_core() else {
+        return;
+    };
+    const EVERY_KEY: &str = r#"services.ccci-run = {
+      lockDir = "/run/ccci-run"; runsDir = "/srv/ci/runs"; stateDir = "/var/lib/ccci-run/state";
+      abraHome = "/srv/ci/abra"; domainSuffix = "ci.example.org"; docker = "required";
+      dockerHost = "tcp://10.0.0.5:2376"; dockerTlsVerify = true;
+      dockerCertPath = "/etc/ccci-run/docker-tls"; logFormat = "json"; cgroup = "off";
+      etcdEndpoints = [ "http://10.0.0.1:2379" ]; leaseTtl = "15s";
+      nodeSweepImage = "docker:27-cli"; nodeDockerSocket = "/var/run/docker.sock";
+      recipeUrlTemplate = "https://git.example.org/coop-cloud/{recipe}.git";
+      deadline = "90m"; killGrace = "5s"; teardownTimeout = "10m"; lockWait = "30m";
+      longHeld = "3h"; keepRuns = "30d"; reapBudget = "5m"; promoteAfter = "10m";
+      convergeTimeout = "10m"; convergeStable = "5s";
+    };
+    systemd.services.drone-runner-exec.serviceConfig.User = "nobody";"#;
+    const ENV_FILE: &str = r#"environment.etc."drone-runner-exec/env".text = ''
+        DRONE_RPC_SECRET=s3cret
+        DRONE_RUNNER_CAPACITY=4
+      '';
+      systemd.services.drone-runner-exec.serviceConfig.EnvironmentFile = "-/etc/drone-runner-exec/env";"#;
+    const RUNNER_FILE: &str = r#"environment.etc."drone-runner-exec/config".text = ''
+        DRONE_RUNNER_CAPACITY=4
+      '';"#;
+    const UNIT: &str =
+        r#"systemd.services.drone-runner-exec.environment.DRONE_RUNNER_CAPACITY = "4";"#;
+    let good: Vec<(&str, String)> = vec![
+        ("every_key", EVERY_KEY.to_owned()),
+        (
+            "tcp_engine",
+            r#"services.ccci-run.dockerHost = "tcp://10.0.0.5:2375";"#.to_owned(),
+        ),
+        (
+            "unix_engine",
+            r#"services.ccci-run.dockerHost = "unix:///run/docker.sock";"#.to_owned(),
+        ),
+        ("keep_runs_days", "services.ccci-run.janitor.keepRunsDays = 30;".to_owned()),
+        ("capacity_env_file", ENV_FILE.to_owned()),
+        ("capacity_unit", UNIT.to_owned()),
+        ("capacity_runner_file", RUNNER_FILE.to_owned()),
+        (
+            "capacity_env_file_and_option",
+            format!("{ENV_FILE} services.ccci-run.runnerCapacity = 3;"),
+        ),
+        (
+            "capacity_unit_and_option",
+            format!("{UNIT} services.ccci-run.runnerCapacity = 3;"),
+        ),
+        (
+            "capacity_runner_file_and_option",
+            format!("{RUNNER_FILE} services.ccci-run.runnerCapacity = 3;"),
+        ),
+        ("capacity_env_file_and_unit", format!("{ENV_FILE} {UNIT}")),
+        (
+            "capacity_unread_env_file_and_option",
+            r#"systemd.services.drone-runner-exec.serviceConfig.EnvironmentFile = "/run/secrets/drone";
+            services.ccci-run.runnerCapacity = 3;"#
+                .to_owned(),
+        ),
+        (
+            "tls_without_tcp",
+            "services.ccci-run.dockerTlsVerify = true;".to_owned(),
+        ),
+        (
+            "keep_runs_twice",
+            r#"services.ccci-run.janitor = { keepRunsDays = 7; keepRuns = "7d"; };"#.to_owned(),
+        ),
+    ];
+    let hosts: Vec<(&str, &str)> = good.iter().map(|(n, b)| (*n, b.as_str())).collect();
+    let results = core.evaluate(&hosts);
+    let ok = |name: &str| -> &Value {
+        results[name]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{name} does not evaluate: {e}"))
+    };
+    let toml_of = |s: &str| s.parse::<toml::Table>().unwrap();
+
+    // Every key the binary reads is written from its option, and read back as written.
+    let every = ok("every_key");
+    assert_eq!(every["failedAssertions"], serde_json::json!([]));
+    let file = toml_of(text(every, "configToml"));
+    let keys = crate::shipping::file_keys();
+    for key in &keys {
+        assert!(file.contains_key(key), "{key} is not written: {file:?}");
+    }
+    assert_eq!(file["runner_user"].as_str(), Some("nobody"));
+    assert_eq!(file["docker_tls_verify"].as_bool(), Some(true));
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    binary_reads(text(every, "configToml"), &keys);
+    let tmpfiles = &every["tmpfiles"];
+    for line in [
+        "d /srv/ci/runs 0755 nobody nobody -",
+        "d /var/lib/ccci-run/state 0700 nobody nobody -",
+        "d /run/ccci-run 0755 nobody nobody -",
+    ] {
+        assert!(
+            tmpfiles.as_array().unwrap().contains(&line.into()),
+            "{tmpfiles}"
+        );
+    }
+
+    // The janitor reaches the network only when a setting needs it: a TCP engine does.
+    let families = |name: &str| ok(name)["janitorServiceConfig"]["RestrictAddressFamilies"].clone();
+    let denied = |name: &str| {
+        ok(name)["janitorServiceConfig"]
+            .get("IPAddressDeny")
+            .cloned()
+    };
+    assert_eq!(
+        families("tcp_engine"),
+        serde_json::json!(["AF_UNIX", "AF_INET", "AF_INET6"])
+    );
+    assert_eq!(denied("tcp_engine"), None);
+    assert_eq!(families("unix_engine"), serde_json::json!(["AF_UNIX"]));
+    assert_eq!(denied("unix_engine"), Some("any".into()));
+
+    // The former keepRunsDays: what it meant, with a warning.
+    let days = ok("keep_runs_days");
+    assert!(
+        text(&days["janitorServiceConfig"], "ExecStart").contains("\"--keep-runs\" \"30d\""),
+        "{days}"
+    );
+    assert!(
+        messages(days, "warnings")
+            .iter()
+            .any(|w| w.contains("janitor.keepRuns = \"30d\"")),
+        "{days}"
+    );
+
+    // The capacity: one place, whichever; a file's value is left to the file.
+    let capacity = |name: &str| ok(name)["runnerEnvironment"]["DRONE_RUNNER_CAPACITY"].clone();
+    for name in ["capacity_env_file", "capacity_runner_file"] {
+        assert_eq!(
+            ok(name)["failedAssertions"],
+            serde_json::json!([]),
+            "{name}"
+        );
+        assert_eq!(capacity(name), Value::Null, "{name}");
+    }
+    assert_eq!(capacity("capacity_unit"), "4");
+    for (name, in_force) in [
+        (
+            "capacity_env_file_and_option",
+            "from DRONE_RUNNER_CAPACITY=4 in /etc/drone-runner-exec/env (the unit's EnvironmentFile=",
+        ),
+        (
+            "capacity_unit_and_option",
+            "from DRONE_RUNNER_CAPACITY=4 in systemd.services.drone-runner-exec.environment",
+        ),
+        (
+            "capacity_runner_file_and_option",
+            "from DRONE_RUNNER_CAPACITY=4 in /etc/drone-runner-exec/config",
+        ),
+        (
+            "capacity_env_file_and_unit",
+            "from DRONE_RUNNER_CAPACITY=4 in /etc/drone-runner-exec/env (the unit's EnvironmentFile=",
+        ),
+    ] {
+        let failed = messages(ok(name), "failedAssertions");
+        assert!(
+            failed.len() == 1
+                && failed[0].contains("capacity is set in 2 places")
+                && failed[0].contains(&format!(
+                    "The runner would run 4 builds at once, {in_force}"
+                )),
+            "{name}: {failed:?}"
+        );
+    }
+    assert!(
+        messages(ok("capacity_unread_env_file_and_option"), "warnings")
+            .iter()
+            .any(|w| w.contains("/run/secrets/drone") && w.contains("would win")),
+        "{:?}",
+        ok("capacity_unread_env_file_and_option")
+    );
+    for (name, needle) in [
+        (
+            "tls_without_tcp",
+            "dockerTlsVerify and dockerCertPath are for an engine reached over TCP",
+        ),
+        ("keep_runs_twice", "keepRunsDays is replaced by keepRuns"),
+    ] {
+        let failed = messages(ok(name), "failedAssertions");
+        assert!(
+            failed.iter().any(|f| f.contains(needle)),
+            "{name}: {failed:?}"
+        );
+    }
+
+    // Values that would break a real host: refused, naming the option and the host's file.
+    let bad = [
+        (
+            "runs_var_lib",
+            "services.ccci-run.runsDir = \"/var/lib\";",
+            "runsDir",
+        ),
+        (
+            "runs_root",
+            "services.ccci-run.runsDir = \"/root\";",
+            "runsDir",
+        ),
+        (
+            "runs_tmp",
+            "services.ccci-run.runsDir = \"/tmp/runs\";",
+            "runsDir",
+        ),
+        (
+            "state_tmp",
+            "services.ccci-run.stateDir = \"/tmp\";",
+            "stateDir",
+        ),
+        (
+            "lock_var_lib",
+            "services.ccci-run.lockDir = \"/var/lib\";",
+            "lockDir",
+        ),
+        (
+            "metrics_tmp",
+            "services.ccci-run.janitor.metricsFile = \"/tmp/ccci-run.prom\";",
+            "janitor.metricsFile",
+        ),
+        (
+            "metrics_var_lib",
+            "services.ccci-run.janitor.metricsFile = \"/var/lib/ccci-run.prom\";",
+            "janitor.metricsFile",
+        ),
+        (
+            "interval_huge",
+            "services.ccci-run.janitor.interval = \"99999999999999999999y\";",
+            "janitor.interval",
+        ),
+        (
+            "interval_tiny",
+            "services.ccci-run.janitor.interval = \"1us\";",
+            "janitor.interval",
+        ),
+        (
+            "days_negative",
+            "services.ccci-run.janitor.keepRunsDays = -1;",
+            "janitor.keepRunsDays",
+        ),
+        (
+            "days_zero",
+            "services.ccci-run.janitor.keepRunsDays = 0;",
+            "janitor.keepRunsDays",
+        ),
+        (
+            "keep_nothing",
+            "services.ccci-run.keepRuns = \"0d\";",
+            "keepRuns",
+        ),
+        (
+            "keep_minutes",
+            "services.ccci-run.janitor.keepRuns = \"30m\";",
+            "janitor.keepRuns",
+        ),
+        (
+            "suffix_case",
+            "services.ccci-run.domainSuffix = \"CI.Example.org\";",
+            "domainSuffix",
+        ),
+        (
+            "suffix_long",
+            "services.ccci-run.domainSuffix = \"a-much-longer-suffix.ci.example.org\";",
+            "domainSuffix",
+        ),
+        (
+            "template_fixed",
+            "services.ccci-run.recipeUrlTemplate = \"https://git.example.org/r.git\";",
+            "recipeUrlTemplate",
+        ),
+        (
+            "cert_relative",
+            "services.ccci-run.dockerCertPath = \"certs\";",
+            "dockerCertPath",
+        ),
+        (
+            "log_format",
+            "services.ccci-run.logFormat = \"yaml\";",
+            "logFormat",
+        ),
+        ("cgroup", "services.ccci-run.cgroup = \"on\";", "cgroup"),
+        (
+            "converge",
+            "services.ccci-run.convergeTimeout = \"forever\";",
+            "convergeTimeout",
+        ),
+    ];
+    let results = core.evaluate(&bad.iter().map(|(n, b, _)| (*n, *b)).collect::<Vec<_>>());
+    for (name, body, option) in bad {
+        let Err(error) = &results[name] else {
+            panic!("{name}: `{body}` evaluated");
+        };
+        let error = error.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            error.contains(&format!(
+                "option `services.ccci-run.{option}' is not of type"
+            )) && error.contains(&format!("{name}.nix")),
+            "{name}: {error}"
         );
     }
 }

@@ -5,21 +5,13 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{BIN, Sandbox, run};
+use crate::util::{BIN, Sandbox, age, run};
 
 const OLD: Duration = Duration::from_secs(20 * 86_400);
-
-/// Set the modification time of `path` (a file or a directory) `by` into the past.
-fn age(path: &Path, by: Duration) {
-    std::fs::File::open(path)
-        .unwrap()
-        .set_modified(SystemTime::now() - by)
-        .unwrap();
-}
 
 /// Every path under `dir` (itself included) with its contents, owner and mode: a fingerprint
 /// that any write, removal or new file changes.
@@ -265,7 +257,7 @@ fn system_directories_are_refused_as_runs_dirs() {
         let mut cmd = sandbox.ccci();
         cmd.arg("--runs-dir")
             .arg(dir)
-            .args(["janitor", "--keep-runs", "0s", "--dry-run"]);
+            .args(["janitor", "--keep-runs", "1h", "--dry-run"]);
         let done = run(cmd);
         done.assert_code(2);
         done.assert_stderr_has("invalid runs dir (--runs-dir, CCCI_RUNS_DIR, runs_dir)");
@@ -298,6 +290,6 @@ fn system_directories_are_refused_as_runs_dirs() {
 
     // A directory of its own below them is fine.
     let mut cmd = sandbox.ccci();
-    cmd.args(["janitor", "--keep-runs", "0s", "--dry-run"]);
+    cmd.args(["janitor", "--keep-runs", "1h", "--dry-run"]);
     run(cmd).assert_code(0);
 }

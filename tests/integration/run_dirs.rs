@@ -201,17 +201,40 @@ fn teardown_removes_the_app_env_files_but_no_other_app_s() {
     assert!(server.join(format!("{domain}.env")).exists());
 }
 
-/// `janitor --keep-runs 0` racing runs that are starting: retention never deletes a directory a
-/// run is creating or about to take, and a run is never refused because a janitor's probe held
-/// its guard for a moment.
+/// `janitor --keep-runs` racing runs that are starting in directories that look old: retention
+/// never deletes a directory a run is creating or about to take, and a run is never refused
+/// because a janitor's probe held its guard for a moment. Ids repeat, so a new run takes the
+/// directory of a finished one; every record is aged past the period kept as fast as it can be,
+/// so the janitors judge each directory old, whether its run has finished or is just starting.
 #[test]
 fn retention_racing_starting_runs_never_refuses_or_wipes_them() {
     let sandbox = crate::util::Sandbox::new();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ager = {
+        let runs = sandbox.runs();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut aged = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for entry in std::fs::read_dir(&runs).into_iter().flatten().flatten() {
+                    for path in [entry.path().join("run.json"), entry.path()] {
+                        let file = std::fs::File::options().read(true).open(&path);
+                        let old =
+                            std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+                        if file.and_then(|f| f.set_modified(old)).is_ok() {
+                            aged += 1;
+                        }
+                    }
+                }
+                std::thread::yield_now();
+            }
+            aged
+        })
+    };
     let janitors: Vec<_> = (0..2)
         .map(|_| {
             let mut cmd = sandbox.ccci();
-            cmd.args(["janitor", "--keep-runs", "0d"])
+            cmd.args(["janitor", "--keep-runs", "1h"])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null());
             let stop = stop.clone();
@@ -242,4 +265,5 @@ fn retention_racing_starting_runs_never_refuses_or_wipes_them() {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sweeps: usize = janitors.into_iter().map(|j| j.join().unwrap()).sum();
     assert!(sweeps > 0);
+    assert!(ager.join().unwrap() > 0);
 }

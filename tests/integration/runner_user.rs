@@ -131,10 +131,14 @@ fn a_root_janitor_sweeps_retains_and_reaps_a_runner_of_its_own_user() {
 
     // Root, with it: the dead run's processes and app are reaped, the finished run retained
     // no longer than asked.
+    crate::util::age(
+        &sandbox.runs().join("f1").join("run.json"),
+        std::time::Duration::from_secs(7200),
+    );
     let swept = run(with_config(
         &sandbox,
         &with_user,
-        &["janitor", "--json", "--keep-runs", "0s"],
+        &["janitor", "--json", "--keep-runs", "1h"],
     ));
     swept.assert_code(0);
     let report: serde_json::Value = serde_json::from_str(&swept.out.join("\n"))

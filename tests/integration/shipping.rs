@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
@@ -188,12 +188,70 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
             ],
         ),
         (
+            "(lib.findFirst (s: s.key == \"keep_runs\") null runSettings).rule.check",
+            &[
+                ("14d", true),
+                ("1h", true),
+                ("59m", false),
+                ("0d", false),
+                ("14", false),
+            ],
+        ),
+        (
             "isMetricsFile",
             &[
                 ("/var/lib/prometheus/node-exporter/ccci-run.prom", true),
                 ("ccci-run.prom", false),
                 ("/ccci-run.prom", false),
                 ("/var/lib/ccci-run.txt", false),
+                ("/var/lib/ccci-run.prom", false),
+                ("/tmp/ccci-run.prom", false),
+                ("/tmp/metrics/ccci-run.prom", false),
+                ("/var/tmp/ccci-run.prom", false),
+            ],
+        ),
+        (
+            "isOwnDir",
+            &[
+                ("/var/lib/cc-ci-runs", true),
+                ("/srv/ci/runs", true),
+                ("/var/lib", false),
+                ("/root", false),
+                ("/run/lock", false),
+                ("/tmp", false),
+                ("/tmp/runs", false),
+                ("/var/tmp/runs", false),
+                ("/proc/1", false),
+                ("/sys/fs/x", false),
+                ("/tmpfoo", true),
+            ],
+        ),
+        (
+            "isLockDir",
+            &[
+                ("/run/lock", true),
+                ("/run/ccci-run", true),
+                ("/var/lib", false),
+            ],
+        ),
+        (
+            "isDomainSuffix",
+            &[
+                ("ci.commoninternet.net", true),
+                ("example", true),
+                ("CI.example.org", false),
+                ("-ci.example.org", false),
+                ("ci..example.org", false),
+                ("a-much-longer-suffix.ci.example.org", false),
+            ],
+        ),
+        (
+            "isRecipeUrlTemplate",
+            &[
+                ("https://git.coopcloud.tech/coop-cloud/{recipe}.git", true),
+                ("/srv/git/{recipe}", true),
+                ("https://git.example.org/r.git", false),
+                ("https://git.example.org/{recipe} .git", false),
             ],
         ),
         (
@@ -216,8 +274,14 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
                 ("1h 30min", true),
                 ("600", true),
                 ("1.5h", true),
+                ("1min", true),
+                ("365d", true),
                 ("0", false),
                 ("0s", false),
+                ("1us", false),
+                ("59s", false),
+                ("366d", false),
+                ("99999999999999999999y", false),
                 ("bogus", false),
             ],
         ),
@@ -234,7 +298,9 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
     for (rule, cases) in rules {
         let values: Vec<&str> = cases.iter().map(|(v, _)| *v).collect();
         let got = nix_eval(&format!(
-            "with import ./nix/lib.nix; map ({rule}) (builtins.fromJSON {})",
+            "with import ./nix/lib.nix; let lib = {{ findFirst = p: d: l: \
+             let m = builtins.filter p l; in if m == [] then d else builtins.head m; }}; in \
+             map ({rule}) (builtins.fromJSON {})",
             serde_json::to_string(&serde_json::to_string(&values).unwrap()).unwrap()
         ));
         for ((value, want), got) in cases.iter().zip(got.as_array().unwrap()) {
@@ -247,6 +313,22 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
             }
         }
     }
+    // The system directories no directory of the module's may be are the binary's own list.
+    let retention = std::fs::read_to_string(repo().join("src/janitor/retention.rs")).unwrap();
+    let list = retention
+        .split("const SYSTEM_DIRS: &[&str] = &[")
+        .nth(1)
+        .and_then(|rest| rest.split("];").next())
+        .expect("src/janitor/retention.rs has SYSTEM_DIRS");
+    let binary: Vec<&str> = list
+        .split(',')
+        .map(|d| d.trim().trim_matches('"'))
+        .filter(|d| !d.is_empty())
+        .collect();
+    assert_eq!(
+        nix_eval("(import ./nix/lib.nix).systemDirs"),
+        serde_json::json!(binary)
+    );
     // The janitor's command line with the host's defaults is the one systemd/ ships.
     let args = nix_eval(
         "with import ./nix/lib.nix; janitorArgs { inherit (defaults) longHeld keepRuns metricsFile; }",
@@ -292,7 +374,7 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
          etcdEndpoints = [ \"http://10.0.0.1:2379\" \"http://10.0.0.2:2379\" ]; leaseTtl = \"15s\"; \
          settings = { deadline = \"90m\"; kill_grace = \"1.5\"; teardown_timeout = \"10m\"; \
          lock_wait = \"0\"; long_held = \"3h\"; keep_runs = \"30d\"; reap_budget = \"5m\"; \
-         promote_after = \"20m\"; }; }",
+         promote_after = \"20m\"; converge_timeout = \"10m\"; converge_stable = \"5s\"; }; }",
     );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("config.toml");
@@ -657,29 +739,20 @@ fn cli_reference_matches_help() {
     );
 }
 
-fn age(path: &Path, by: Duration) {
-    std::fs::File::options()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_modified(SystemTime::now() - by)
-        .unwrap();
-}
-
 #[test]
 fn retention_removes_old_finished_runs_and_keeps_live_and_recent_ones() {
     let sandbox = Sandbox::new();
     for id in ["old", "recent"] {
         run(sandbox.run_sh(id, &[], "true")).assert_code(0);
     }
-    age(
+    crate::util::age(
         &sandbox.runs().join("old/run.json"),
         Duration::from_secs(20 * 86_400),
     );
     // A live run whose record is old all the same (a long run, or a clock step).
     let mut live = Proc::spawn(sandbox.run_sh("live", &[], "echo ready $$; read line || :"));
     live.wait_ready();
-    age(
+    crate::util::age(
         &sandbox.runs().join("live/run.json"),
         Duration::from_secs(20 * 86_400),
     );
@@ -1045,6 +1118,85 @@ fn the_binary_needs_of_a_host_what_the_readme_says() {
             newest, SHIPPED_GLIBC,
             "{shipped:?} needs GLIBC_{}.{}",
             newest.0, newest.1
+        );
+    }
+}
+
+/// The settings `ccci-run config --json` shows: every key of the configuration file, in its
+/// order (a list, or the list inside its envelope).
+pub(crate) fn file_keys() -> Vec<String> {
+    let mut cmd = Command::new(BIN);
+    crate::util::without_ccci_env(&mut cmd);
+    let out = succeeds(cmd.args(["--config", "/dev/null", "config", "--json"]));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = shown
+        .as_array()
+        .or_else(|| shown["settings"].as_array())
+        .or_else(|| shown["items"].as_array())
+        .unwrap_or_else(|| panic!("no settings in {shown}"));
+    list.iter()
+        .map(|s| s["key"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The NixOS module offers every key the binary reads, under the option docs/operations.md's
+/// table names: the binary's keys, nix/lib.nix's list the module writes the file from, and the
+/// table are one list. (nixos::nixos_module_core_offers_every_key_and_refuses_bad_values
+/// evaluates each option on the module system and reads the file back with the binary.)
+#[test]
+fn the_module_offers_every_key_the_binary_reads() {
+    let binary = file_keys();
+    let docs = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
+    let table: Vec<(String, String)> = docs
+        .split("| key | option of `services.ccci-run` |")
+        .nth(1)
+        .expect("docs/operations.md has the module's settings table")
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let word = |c: &str| c.split('`').nth(1).unwrap_or_default().to_owned();
+            (word(cells[1]), word(cells[2]))
+        })
+        .collect();
+    let table_keys: Vec<&str> = table.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        table_keys,
+        binary.iter().map(String::as_str).collect::<Vec<_>>(),
+        "docs/operations.md's table and `ccci-run config`"
+    );
+    if !need("nix-instantiate") {
+        return;
+    }
+    let module = nix_eval("map (k: [ k.key k.option ]) (import ./nix/lib.nix).fileKeys");
+    let mut module: Vec<(String, String)> = module
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p[0].as_str().unwrap().to_owned(),
+                p[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut table = table;
+    // runner_user comes from the runner's unit, which the table names in words.
+    table.retain(|(k, _)| k != "runner_user");
+    module.retain(|(k, _)| k != "runner_user");
+    module.sort();
+    table.sort();
+    assert_eq!(
+        module, table,
+        "nix/lib.nix's fileKeys and docs/operations.md's table"
+    );
+    let source = std::fs::read_to_string(repo().join("nix/module.nix")).unwrap();
+    for (_, option) in &module {
+        assert!(
+            source.contains(&format!("    {option} = mkOption"))
+                || source.contains(&format!("    {option} = settingOption \"{option}\"")),
+            "nix/module.nix declares no option {option}"
         );
     }
 }

@@ -334,6 +334,16 @@ const PACKAGES: &[(&str, &str)] = &[
 /// True when the program `tool` is on PATH; otherwise the calling test is skipped with the
 /// package that installs it (a failure under `CI=true`, where .ci/run installs it).
 #[track_caller]
+/// Make `path` (a file or a directory) look `by` old: its modification time set back.
+pub fn age(path: &Path, by: Duration) {
+    std::fs::File::options()
+        .read(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .set_modified(std::time::SystemTime::now() - by)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
 pub fn need(tool: &str) -> bool {
     let package = PACKAGES
         .iter()
