@@ -576,7 +576,7 @@ mod tests {
     #[case("promote_after = true\n", "promote_after")]
     #[case(
         "recipe_url_template = \"https://u:SECRET@git.example.org/r.git\"\n",
-        "https://***@git.example.org/r.git\" from the file"
+        "https://***@git.example.org/r.git\": from the file"
     )]
     fn a_bad_run_setting_in_the_file_names_key_file_and_forms(
         #[case] text: &str,
