@@ -36,6 +36,11 @@ pub(crate) fn runner() -> Option<(u32, u32)> {
     RUNNER.get().copied().flatten()
 }
 
+/// The runner's user and group as the configuration names them, whoever we run as.
+pub(crate) fn configured_runner() -> Option<(u32, u32)> {
+    RUNNER.get().copied().flatten()
+}
+
 /// Whether a file owned by `uid` is ours.
 pub(crate) fn ours(uid: u32) -> bool {
     uid == Uid::effective().as_raw() || runner().is_some_and(|(r, _)| r == uid)

@@ -44,7 +44,12 @@ pub(super) fn runner_unit(opts: &Options) -> UnitSource {
 }
 
 pub(super) fn unit_checks(source: &UnitSource, global: &Global) -> Vec<Check> {
-    let names = ["unit Delegate", "unit KillMode", "unit TimeoutStopSec"];
+    let names = [
+        "unit Delegate",
+        "unit KillMode",
+        "unit TimeoutStopSec",
+        "unit User",
+    ];
     let (settings, from) = match source {
         UnitSource::Settings { settings, from } => (settings, from),
         UnitSource::Broken(why) => {
@@ -134,7 +139,81 @@ pub(super) fn unit_checks(source: &UnitSource, global: &Global) -> Vec<Check> {
         Err(err) => check(names[2], State::Fail, format!("{err} in {from}"))
             .fix("write TimeoutStopSec as systemd does: 6min, 400, infinity"),
     });
+    checks.push(runner_user(names[3], settings.user.as_deref(), from));
     checks
+}
+
+/// The runner's user as the unit has it, against `runner_user`: a runner that is not root
+/// makes the lock files, run directories and state files that a root janitor must accept as
+/// its own, and only `runner_user` tells it to (never guessed).
+fn runner_user(name: &'static str, user: Option<&str>, from: &str) -> Check {
+    let configured = crate::trust::configured_runner();
+    let Some(user) = user.filter(|u| !matches!(*u, "root" | "0")) else {
+        return match configured {
+            None => check(name, State::Ok, format!("the runner runs as root ({from})")),
+            Some((uid, _)) => check(
+                name,
+                State::Warn,
+                format!(
+                    "the runner runs as root ({from}), but runner_user names uid {uid}: files of \
+                     that user are trusted as the runner's"
+                ),
+            )
+            .fix("remove runner_user from the configuration file"),
+        };
+    };
+    let found = match user.parse::<u32>() {
+        Ok(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)),
+        Err(_) => nix::unistd::User::from_name(user),
+    };
+    let uid = match found {
+        Ok(Some(u)) => u.uid.as_raw(),
+        Ok(None) => {
+            return check(
+                name,
+                State::Fail,
+                format!("User={user} in {from}: no such user on this host"),
+            )
+            .fix("create the runner's user, or correct User= in the unit");
+        }
+        Err(err) => {
+            return check(
+                name,
+                State::Fail,
+                format!("User={user} in {from}: failed to look it up: {err}"),
+            );
+        }
+    };
+    match configured {
+        Some((r, _)) if r == uid => check(
+            name,
+            State::Ok,
+            format!("User={user} (uid {uid}) in {from}, named by runner_user"),
+        ),
+        Some((r, _)) => check(
+            name,
+            State::Fail,
+            format!(
+                "User={user} (uid {uid}) in {from}, but runner_user names uid {r}: a root \
+                 janitor refuses the runner's lock dir and keeps its run directories"
+            ),
+        )
+        .fix(format!(
+            "runner_user = \"{user}\" in the configuration file"
+        )),
+        None => check(
+            name,
+            State::Fail,
+            format!(
+                "User={user} (uid {uid}) in {from}, and runner_user is not set: a root janitor \
+                 refuses the runner's lock dir (\"owned by uid {uid}, neither us nor root\") and \
+                 keeps every run directory"
+            ),
+        )
+        .fix(format!(
+            "runner_user = \"{user}\" in the configuration file"
+        )),
+    }
 }
 
 /// The programs a Drone step runs, on the `PATH` it sees: the runner unit's (its

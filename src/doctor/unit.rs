@@ -24,6 +24,8 @@ pub(crate) struct UnitSettings {
     pub timeout_stop: Option<String>,
     /// `PATH` from `Environment=`.
     pub path: Option<String>,
+    /// `User=`: the runner's user (none: root).
+    pub user: Option<String>,
 }
 
 impl UnitSettings {
@@ -61,6 +63,7 @@ impl UnitSettings {
                 "Delegate" => settings.delegate = Some(value.to_owned()),
                 "KillMode" => settings.kill_mode = Some(value.to_owned()),
                 "TimeoutStopUSec" => settings.timeout_stop = Some(value.to_owned()),
+                "User" => settings.user = (!value.is_empty()).then(|| value.to_owned()),
                 "Environment" => settings.path = environment_path(value).or(settings.path),
                 _ => {}
             }
@@ -77,6 +80,7 @@ impl UnitSettings {
             "KillMode" => set(&mut self.kill_mode),
             // TimeoutSec= sets the start and the stop timeout alike.
             "TimeoutStopSec" | "TimeoutSec" => set(&mut self.timeout_stop),
+            "User" => set(&mut self.user),
             "Environment" if value.is_empty() => self.path = None,
             "Environment" => self.path = environment_path(value).or(self.path.take()),
             _ => {}
@@ -216,7 +220,7 @@ pub(crate) fn show(unit: &str) -> Result<UnitSettings, String> {
         .args([
             "show",
             unit,
-            "--property=LoadState,Delegate,KillMode,TimeoutStopUSec,Environment",
+            "--property=LoadState,Delegate,KillMode,TimeoutStopUSec,Environment,User",
         ])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

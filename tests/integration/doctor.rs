@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::util::{BIN, Finished, Proc, Sandbox, Stream, run, signal, skip, wait_exited};
 
 /// Every check doctor makes, whatever the host: none is ever left out.
-const EVERY_CHECK: [&str; 21] = [
+const EVERY_CHECK: [&str; 22] = [
     "config-file",
     "settings",
     "dir lock_dir",
@@ -26,6 +26,7 @@ const EVERY_CHECK: [&str; 21] = [
     "unit Delegate",
     "unit KillMode",
     "unit TimeoutStopSec",
+    "unit User",
     "docker",
     "docker swarm",
     "docker api",
@@ -656,4 +657,39 @@ fn a_metrics_file_that_cannot_be_written_warns_and_the_command_runs() {
         "warning: failed to write metrics file {}",
         path.display()
     ));
+}
+
+/// The runner's `User=` against `runner_user`: a runner of its own user whose user the
+/// configuration does not name fails the check with what the root janitor would then do and the
+/// line to add; named, it passes; root needs nothing.
+#[test]
+fn doctor_checks_the_runner_s_user_against_runner_user() {
+    let sandbox = Sandbox::new();
+    let dir = tempfile::tempdir().unwrap();
+    let unit = dir.path().join("drone-runner-exec.service");
+    let unit_arg = unit.to_str().unwrap();
+    std::fs::write(
+        &unit,
+        "[Service]\nExecStart=/usr/bin/drone-runner-exec\nUser=nobody\n",
+    )
+    .unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    assert_state(&report, "unit User", "fail", "runner_user is not set");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "runner_user = \"nobody\"\n").unwrap();
+    let mut cmd = sandbox.ccci();
+    cmd.env("CCCI_CONFIG", &config)
+        .args(["doctor", "--json", "--unit-file", unit_arg]);
+    let (report, _) = doctor_of(cmd);
+    assert_state(&report, "unit User", "ok", "named by runner_user");
+    std::fs::write(&unit, "[Service]\nExecStart=/usr/bin/drone-runner-exec\n").unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    assert_state(&report, "unit User", "ok", "runs as root");
+    std::fs::write(
+        &unit,
+        "[Service]\nExecStart=/usr/bin/drone-runner-exec\nUser=no-such-runner-user\n",
+    )
+    .unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    assert_state(&report, "unit User", "fail", "no such user");
 }
