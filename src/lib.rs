@@ -67,6 +67,11 @@ enum Error {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    #[error("no run {run_id} in {runs_dir}: no record names it")]
+    NoSuchRun {
+        run_id: String,
+        runs_dir: std::path::PathBuf,
+    },
     #[error(transparent)]
     Stop(#[from] run::stop::StopError),
     #[error(transparent)]
@@ -103,6 +108,7 @@ impl Error {
             | Self::LockDir { .. }
             | Self::Locks(_)
             | Self::RunsDir { .. }
+            | Self::NoSuchRun { .. }
             | Self::Stop(_)
             | Self::Output(_)
             | Self::ManDir { .. } => exit::FAILURE,
@@ -569,30 +575,62 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
 
 /// `ccci-run runs`: every run in the runs dir, with what it holds.
 fn runs(args: &RunsArgs, global: &Global) -> Result<u8, Error> {
-    let mut listing = run::list::list(&global.runs_dir, args.all, std::time::SystemTime::now())
-        .map_err(|source| Error::RunsDir {
-            path: global.runs_dir.clone(),
-            source,
-        })?;
-    for warning in &listing.warnings {
-        report::line(&format!("ccci-run: warning: {warning}"));
-    }
-    // The locks are listed only when a run holds or waits for one: a look at the store, never
-    // a take.
+    let one = args
+        .run_id
+        .as_deref()
+        .map(names::RunId::parse)
+        .transpose()?;
+    let mut listing = run::list::list(
+        &global.runs_dir,
+        args.all || one.is_some(),
+        std::time::SystemTime::now(),
+    )
+    .map_err(|source| Error::RunsDir {
+        path: global.runs_dir.clone(),
+        source,
+    })?;
+    let mut errors = std::mem::take(&mut listing.warnings);
+    // The locks are listed only when a run holds or waits for one, or is dead: a look at the
+    // store, never a take.
     if run::list::uses_locks(&listing) {
         let long_held = global.timings.value(config::Timing::LongHeld);
         match lock::backend(global).map(|b| b.list(long_held)) {
             Ok(Ok(locks)) => run::list::add_holders(&mut listing, &locks),
-            Ok(Err(err)) => report::line(&format!(
-                "ccci-run: warning: failed to list the locks: {err}; holders not shown"
-            )),
-            Err(err) => report::line(&format!("ccci-run: warning: {err}; lock holders not shown")),
+            Ok(Err(err)) => {
+                errors.push(format!(
+                    "failed to list the locks: {err}; holders not shown"
+                ));
+            }
+            Err(err) => errors.push(format!("{err}; lock holders not shown")),
         }
     }
-    let text = if args.json {
-        format!("{}\n", json(&listing))
+    if !args.json() {
+        for error in &errors {
+            report::line(&format!("ccci-run: warning: {error}"));
+        }
+    }
+    if let Some(id) = one {
+        let Some(found) = run::list::one(listing, id.as_str()) else {
+            return Err(Error::NoSuchRun {
+                run_id: id.as_str().to_owned(),
+                runs_dir: global.runs_dir.clone(),
+            });
+        };
+        let text = if args.json() {
+            let one = serde_json::json!({ "run": found });
+            format!("{}\n", json(&report::Envelope::new(&one, errors)))
+        } else {
+            run::list::render_one(&found)
+        };
+        return emit(text.as_bytes()).map(|()| 0);
+    }
+    if args.live {
+        run::list::only_live(&mut listing);
+    }
+    let text = if args.json() {
+        format!("{}\n", json(&report::Envelope::new(&listing, errors)))
     } else {
-        run::list::render_table(&listing.runs)
+        run::list::render_table(&listing.runs, args.wide())
     };
     emit(text.as_bytes()).map(|()| 0)
 }

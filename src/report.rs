@@ -125,3 +125,28 @@ pub(crate) fn journal(text: &str) {
 
 /// The `tracing` target of journal lines.
 const JOURNAL_TARGET: &str = "ccci_run::journal";
+
+/// The version of every `--json` document; raised when a field changes meaning or goes away
+/// (new fields may come without it).
+pub(crate) const JSON_VERSION: u32 = 1;
+
+/// Every `--json` document: `{"version": 1, <what the command reports>, "errors": [...]}`,
+/// the report's own fields beside the version, and the errors met on the way (each one a
+/// sentence; an empty list when there were none).
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Envelope<'a, T: serde::Serialize> {
+    pub version: u32,
+    #[serde(flatten)]
+    pub report: &'a T,
+    pub errors: Vec<String>,
+}
+
+impl<'a, T: serde::Serialize> Envelope<'a, T> {
+    pub(crate) fn new(report: &'a T, errors: Vec<String>) -> Self {
+        Self {
+            version: JSON_VERSION,
+            report,
+            errors,
+        }
+    }
+}

@@ -4,10 +4,23 @@ use super::*;
 
 #[derive(Debug, Args)]
 pub(crate) struct RunsArgs {
+    /// One run: its phases with their times, its lock, cgroup and record, and how it ended or
+    /// what a janitor did with it (exit 1 when no record names it).
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: Option<String>,
     /// Every run, however long ago it ended.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "live")]
     pub all: bool,
-    /// Print the list as one JSON object.
+    /// Only the live runs (those waiting for their lock included).
+    #[arg(long)]
+    pub live: bool,
+    /// Every column and no cut: the domain, the cgroup and the record too (also `-o wide`).
+    #[arg(long)]
+    pub wide: bool,
+    /// The output: `table` (fits 100 columns), `wide` or `json`.
+    #[arg(short = 'o', long = "output", value_name = "FORMAT", value_parser = ["table", "wide", "json"])]
+    pub output: Option<String>,
+    /// Print the list as one JSON object (also `-o json`).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -37,5 +50,15 @@ impl StopArgs {
             wait: self.wait,
             kill: self.kill,
         })
+    }
+}
+
+impl RunsArgs {
+    pub(crate) fn json(&self) -> bool {
+        self.json || self.output.as_deref() == Some("json")
+    }
+
+    pub(crate) fn wide(&self) -> bool {
+        self.wide || self.output.as_deref() == Some("wide")
     }
 }

@@ -50,6 +50,36 @@ impl RunState {
     }
 }
 
+/// Who holds a lock, as its holder line says (each field escaped: the line is the holder's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct HolderFields {
+    /// The holder's run, when it is a run (a `lock` command has none).
+    pub run_id: Option<String>,
+    pub pid: u32,
+    pub host: String,
+    /// When it took the lock.
+    pub since: String,
+}
+
+impl HolderFields {
+    fn of(holder: &crate::lock::Holder) -> Self {
+        Self {
+            run_id: (!holder.run_id.is_empty()).then(|| escape_outside(holder.run_id.as_bytes())),
+            pid: holder.pid,
+            host: escape_outside(holder.host.as_bytes()),
+            since: escape_outside(holder.started_at.as_bytes()),
+        }
+    }
+
+    /// `run 130` or `pid 4242 on host-a`.
+    fn short(&self) -> String {
+        match &self.run_id {
+            Some(run) => format!("run {run}"),
+            None => format!("pid {} on {}", self.pid, self.host),
+        }
+    }
+}
+
 /// The app lock a live run holds or waits for.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct LockUse {
@@ -57,8 +87,11 @@ pub(crate) struct LockUse {
     pub domain: String,
     /// `held` or `waiting`.
     pub state: &'static str,
-    /// Who holds it, as its holder line says (escaped).
-    pub holder: Option<String>,
+    /// Who holds it now (for a waiting run: the one it waits for).
+    pub holder: Option<HolderFields>,
+    /// The processes that hold it, when no holder line names them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holder_pids: Vec<i32>,
 }
 
 /// One run, as `runs` lists it.
@@ -77,6 +110,7 @@ pub(crate) struct RunInfo {
     pub started: Option<String>,
     pub age_s: Option<u64>,
     pub lock: Option<LockUse>,
+    /// Its cgroup, while it exists.
     pub cgroup: Option<String>,
     /// How many processes its cgroup has now.
     pub processes: Option<usize>,
@@ -84,15 +118,28 @@ pub(crate) struct RunInfo {
     pub exit_code: Option<u8>,
     #[serde(serialize_with = "crate::names::serialize_path_escaped")]
     pub record: PathBuf,
-    /// What to make of it: why it cannot be judged, that the janitor clears a dead run.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// When a janitor reaped the app a dead run left.
+    pub reaped: Option<String>,
+    /// What to make of it in a few words: what it holds or waits for, what is left of a dead
+    /// run and what a janitor did with it, why it cannot be judged, how it ended.
     pub note: Option<String>,
+    /// Its phases with their times (`runs RUN_ID` only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<crate::rundir::record::Phase>,
+    /// Why the run failed before its command could run (`runs RUN_ID` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// When it ended (its last phase), for the 24 h window.
     #[serde(skip)]
     ended: Option<SystemTime>,
+    /// The record's own phases, kept for `runs RUN_ID`.
+    #[serde(skip)]
+    record_phases: Vec<crate::rundir::record::Phase>,
+    #[serde(skip)]
+    record_error: Option<String>,
 }
 
-/// `{"runs": [...]}`
+/// `{"runs": [...]}` (in the envelope every `--json` has)
 #[derive(Debug, Serialize)]
 pub(crate) struct Listing {
     pub runs: Vec<RunInfo>,
@@ -189,25 +236,16 @@ fn describe(
             },
         }
     };
-    let note = match (state, &record.reaped) {
-        (RunState::Dead, Some(reaped)) => Some(format!(
-            "its supervisor is gone and its record unfinished; a janitor reaped what it left \
-             ({reaped})"
-        )),
-        (RunState::Dead, None) => Some(
-            "its supervisor is gone and its record unfinished: the next janitor sweep clears it"
-                .to_owned(),
-        ),
-        _ => note,
-    };
     let lock = (state == RunState::Live)
         .then(|| lock_use(&record))
         .flatten();
-    let processes = match (&record.cgroup, state) {
-        (Some(cgroup), RunState::Live | RunState::Dead | RunState::Unresolvable) => {
-            Some(cgroup::population(Path::new(cgroup)))
-        }
-        _ => None,
+    // A cgroup is shown while it exists: a finished run's, or a swept dead run's, is gone.
+    let cgroup = record.cgroup.as_deref().filter(|c| Path::new(c).is_dir());
+    let processes = cgroup.map(|c| cgroup::population(Path::new(c)));
+    let note = match state {
+        RunState::Dead => Some(dead_note(&record, processes)),
+        RunState::Finished => finished_note(&record),
+        _ => note,
     };
     RunInfo {
         run_id: escape_outside(record.run_id.as_bytes()),
@@ -226,10 +264,7 @@ fn describe(
             .map(|at| now.duration_since(at).unwrap_or_default().as_secs()),
         started,
         lock,
-        cgroup: record
-            .cgroup
-            .as_deref()
-            .map(|c| escape_outside(c.as_bytes())),
+        cgroup: cgroup.map(|c| escape_outside(c.as_bytes())),
         processes,
         shutdown_reason: record
             .shutdown_reason
@@ -237,11 +272,44 @@ fn describe(
             .map(|r| escape_outside(r.as_bytes())),
         exit_code: record.exit_code,
         record: record_path,
-        note,
+        reaped: record
+            .reaped
+            .as_deref()
+            .map(|r| escape_outside(r.as_bytes())),
+        note: note.map(|n| escape_outside(n.as_bytes())),
+        phases: Vec::new(),
+        error: None,
         ended: match state {
             RunState::Finished | RunState::Dead => last.and_then(|p| parse_time(&p.at)),
             _ => None,
         },
+        record_phases: record.phases.clone(),
+        record_error: record.error.clone(),
+    }
+}
+
+/// What is left of a dead run (its supervisor gone, its record unfinished), and what a janitor
+/// did with it. Whether its app is left is told by the locks ([`add_holders`]).
+fn dead_note(record: &RunRecord, processes: Option<usize>) -> String {
+    match (&record.reaped, processes) {
+        (Some(at), _) => format!("supervisor gone; a janitor reaped its app at {at}"),
+        (None, Some(n)) if n > 0 => format!(
+            "supervisor gone; {n} process{} left for the janitor",
+            if n == 1 { "" } else { "es" }
+        ),
+        (None, _) => "supervisor gone; no process of it is left".to_owned(),
+    }
+}
+
+/// How a finished run ended, when that is not simply its command ending.
+fn finished_note(record: &RunRecord) -> Option<String> {
+    match record.shutdown_reason.as_deref() {
+        None | Some("command-ended") => record.error.clone(),
+        Some("stopped") => Some(match &record.stopped_by {
+            Some(by) => format!("stopped by uid {} (pid {})", by.uid, by.pid),
+            None => "stopped".to_owned(),
+        }),
+        Some(reason) => Some(format!("ended by {reason}")),
     }
 }
 
@@ -263,98 +331,292 @@ fn lock_use(record: &RunRecord) -> Option<LockUse> {
         domain: escape_outside(record.domain.as_bytes()),
         state,
         holder: None,
+        holder_pids: Vec::new(),
     })
 }
 
-/// True when some run in the listing holds or waits for a lock (then the locks are worth
-/// listing).
+/// True when some run in the listing holds or waits for a lock, or is dead (its app may be
+/// left): then the locks are worth listing.
 pub(crate) fn uses_locks(listing: &Listing) -> bool {
-    listing.runs.iter().any(|r| r.lock.is_some())
+    listing
+        .runs
+        .iter()
+        .any(|r| r.lock.is_some() || r.state == RunState::Dead)
 }
 
-/// Fill in the holders of the locks the runs use, from a listing of the locks.
+/// Fill in the holders of the locks the runs use, from a listing of the locks: a run waiting
+/// for a lock someone holds is in phase `waiting`, and a dead run whose lock is still there has
+/// its app left for the janitor.
 pub(crate) fn add_holders(listing: &mut Listing, locks: &[LockInfo]) {
-    for lock in listing.runs.iter_mut().filter_map(|r| r.lock.as_mut()) {
+    for run in &mut listing.runs {
         let found = locks
             .iter()
-            .find(|l| l.kind == LockKind::App && l.name == lock.domain);
-        lock.holder = found.and_then(|l| match (&l.holder, l.held) {
-            (Some(h), true) if h.run_id.is_empty() => Some(escape_outside(
-                format!("pid {} on {} since {}", h.pid, h.host, h.started_at).as_bytes(),
-            )),
-            (Some(h), true) => Some(escape_outside(
-                format!(
-                    "run {} pid {} on {} since {}",
-                    h.run_id, h.pid, h.host, h.started_at
-                )
-                .as_bytes(),
-            )),
-            (None, true) => Some(format!("pids {:?}", l.holder_pids)),
-            (_, false) => None,
+            .find(|l| l.kind == LockKind::App && l.name == run.domain);
+        if run.state == RunState::Dead {
+            let left = found.is_some_and(|l| {
+                l.holder
+                    .as_ref()
+                    .is_some_and(|h| escape_outside(h.run_id.as_bytes()) == run.run_id)
+            });
+            if left && run.reaped.is_none() {
+                run.note = Some(format!(
+                    "supervisor gone; its app {} is left for the janitor",
+                    short_domain(&run.domain)
+                ));
+            }
+            continue;
+        }
+        let Some(lock) = run.lock.as_mut() else {
+            continue;
+        };
+        let Some(found) = found.filter(|l| l.held) else {
+            continue;
+        };
+        lock.holder = found.holder.as_ref().map(HolderFields::of);
+        if lock.holder.is_none() {
+            lock.holder_pids = found.holder_pids.clone();
+        }
+        let by_other = lock
+            .holder
+            .as_ref()
+            .is_none_or(|h| h.run_id.as_deref() != Some(run.run_id.as_str()));
+        if lock.state == "waiting" && by_other {
+            run.phase = Some("waiting".to_owned());
+        }
+    }
+    for run in &mut listing.runs {
+        if run.state != RunState::Live {
+            continue;
+        }
+        run.note = run.lock.as_ref().map(|lock| {
+            let domain = short_domain(&lock.domain);
+            match (lock.state, &lock.holder) {
+                ("held", _) => format!("holds {domain}"),
+                (_, Some(h)) => format!("waiting for {domain} (held by {})", h.short()),
+                (_, None) if !lock.holder_pids.is_empty() => {
+                    format!("waiting for {domain} (held by pids {:?})", lock.holder_pids)
+                }
+                (_, None) => format!("waiting for {domain}"),
+            }
         });
     }
 }
 
-/// The human-readable table: one line a run, what it holds and where its record is after.
-pub(crate) fn render_table(runs: &[RunInfo]) -> String {
+/// An app domain by its first label (`cust-1ef5c9`): unique under one suffix, and short.
+fn short_domain(domain: &str) -> &str {
+    domain.split('.').next().unwrap_or(domain)
+}
+
+/// Keep only live runs (`runs --live`).
+pub(crate) fn only_live(listing: &mut Listing) {
+    listing.runs.retain(|r| r.state == RunState::Live);
+}
+
+/// The run `run_id`, with its phases and error, for `runs RUN_ID`; None when no record names it.
+pub(crate) fn one(listing: Listing, run_id: &str) -> Option<RunInfo> {
+    let mut run = listing.runs.into_iter().find(|r| r.run_id == run_id)?;
+    run.phases = std::mem::take(&mut run.record_phases)
+        .into_iter()
+        .map(|p| crate::rundir::record::Phase {
+            name: escape_outside(p.name.as_bytes()),
+            at: escape_outside(p.at.as_bytes()),
+        })
+        .collect();
+    run.error = run
+        .record_error
+        .take()
+        .map(|e| escape_outside(e.as_bytes()));
+    Some(run)
+}
+
+/// The width the default table fits.
+pub(crate) const TABLE_WIDTH: usize = 100;
+
+/// `text` cut to `width` characters, its last one `…` when cut.
+fn fit(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+fn pr_ref(r: &RunInfo) -> String {
+    match (&r.pr, &r.git_ref) {
+        (Some(pr), _) => format!("#{pr}"),
+        (None, Some(git_ref)) => git_ref.clone(),
+        (None, None) => "-".to_owned(),
+    }
+}
+
+/// An age as its two largest units: `5m 3s` -> `5m3s`, `2days 3h` -> `2d3h`.
+fn short_age(secs: Option<u64>) -> String {
+    let Some(secs) = secs else {
+        return "-".to_owned();
+    };
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s}s"),
+        (0, _, _) => format!("{h}h{m}m"),
+        _ => format!("{d}d{h}h"),
+    }
+}
+
+/// The human-readable table, one line a run. By default it fits [`TABLE_WIDTH`] columns: RUN,
+/// RECIPE, PR/REF, STATE, PHASE, AGE, EXIT and a short NOTE, long values cut with `…`. `wide`
+/// adds the domain, the cgroup and the record, and cuts nothing.
+pub(crate) fn render_table(runs: &[RunInfo], wide: bool) -> String {
+    let headers = ["RUN", "RECIPE", "PR/REF", "STATE", "PHASE", "AGE", "EXIT"];
+    let caps = [16, 16, 10, 12, 10, 6, 4];
+    let rows: Vec<[String; 7]> = runs
+        .iter()
+        .map(|r| {
+            [
+                r.run_id.clone(),
+                r.recipe.clone(),
+                pr_ref(r),
+                r.state.as_str().to_owned(),
+                r.phase.clone().unwrap_or_else(|| "-".to_owned()),
+                short_age(r.age_s),
+                r.exit_code
+                    .map_or_else(|| "-".to_owned(), |c| c.to_string()),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..headers.len())
+        .map(|i| {
+            let widest = rows
+                .iter()
+                .map(|row| row[i].chars().count())
+                .chain([headers[i].len()])
+                .max()
+                .unwrap_or(0);
+            if wide { widest } else { widest.min(caps[i]) }
+        })
+        .collect();
+    let cell = |i: usize, text: &str| {
+        let text = if wide {
+            text.to_owned()
+        } else {
+            fit(text, widths[i])
+        };
+        if i == 6 {
+            format!("{text:>w$}", w = widths[i])
+        } else {
+            format!("{text:<w$}", w = widths[i])
+        }
+    };
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| cell(i, c))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let mut out = String::new();
+    let head = line(&headers.map(str::to_owned));
     let _ = writeln!(
         out,
-        "{:<20} {:<16} {:<12} {:<34} {:<10} {:<12} {:>9} {:>4}  DETAIL",
-        "RUN", "RECIPE", "PR/REF", "DOMAIN", "PHASE", "STATE", "AGE", "EXIT"
+        "{head}  {}",
+        if wide {
+            "NOTE; DOMAIN; CGROUP; RECORD"
+        } else {
+            "NOTE"
+        }
     );
-    for r in runs {
-        let pr_ref = match (&r.pr, &r.git_ref) {
-            (Some(pr), _) => format!("#{pr}"),
-            (None, Some(git_ref)) => git_ref.clone(),
-            (None, None) => "-".to_owned(),
-        };
-        let age = r
-            .age_s
-            .map(|s| humantime::format_duration(Duration::from_secs(s)).to_string())
-            .map(|s| s.split(' ').take(2).collect::<Vec<_>>().join(""))
-            .unwrap_or_else(|| "-".to_owned());
-        let mut detail = Vec::new();
-        if let Some(lock) = &r.lock {
-            let holder = lock
-                .holder
-                .as_deref()
-                .map(|h| format!(" (holder: {h})"))
-                .unwrap_or_default();
-            detail.push(format!("lock {} {}{holder}", lock.state, lock.domain));
-        }
-        if let Some(reason) = &r.shutdown_reason {
-            detail.push(format!("reason {reason}"));
-        }
-        if let Some(cgroup) = &r.cgroup {
-            match r.processes {
-                Some(n) => detail.push(format!("cgroup {cgroup} ({n} processes)")),
-                None => detail.push(format!("cgroup {cgroup}")),
+    for (r, row) in runs.iter().zip(&rows) {
+        let front = line(row);
+        let note = r.note.clone().unwrap_or_default();
+        let line = if wide {
+            let mut more: Vec<String> = [note, r.domain.clone()]
+                .into_iter()
+                .filter(|m| !m.is_empty())
+                .collect();
+            if let Some(cgroup) = &r.cgroup {
+                more.push(match r.processes {
+                    Some(n) => format!("{cgroup} ({n} processes)"),
+                    None => cgroup.clone(),
+                });
             }
-        }
-        detail.push(format!(
-            "record {}",
-            escape_outside(r.record.as_os_str().as_encoded_bytes())
-        ));
-        if let Some(note) = &r.note {
-            detail.push(format!("note: {note}"));
-        }
+            more.push(escape_outside(r.record.as_os_str().as_encoded_bytes()));
+            format!("{front}  {}", more.join("; "))
+        } else {
+            let room = TABLE_WIDTH.saturating_sub(front.chars().count() + 2);
+            format!("{front}  {}", fit(&note, room))
+        };
         // Every field may come from a record the run's own command could write: escaped.
-        let line = format!(
-            "{:<20} {:<16} {:<12} {:<34} {:<10} {:<12} {:>9} {:>4}  {}",
-            r.run_id,
-            r.recipe,
-            pr_ref,
-            r.domain,
-            r.phase.as_deref().unwrap_or("-"),
-            r.state.as_str(),
-            age,
-            r.exit_code
-                .map_or_else(|| "-".to_owned(), |c| c.to_string()),
-            detail.join("; ")
-        );
-        let _ = writeln!(out, "{}", crate::names::visible(&line));
+        let _ = writeln!(out, "{}", crate::names::visible(line.trim_end()));
     }
+    out
+}
+
+/// One run, `runs RUN_ID`: what it is, its phases with their times, its lock, cgroup and
+/// record, and how it ended or what a janitor did with it.
+pub(crate) fn render_one(r: &RunInfo) -> String {
+    let mut out = String::new();
+    let mut put = |key: &str, value: String| {
+        let _ = writeln!(out, "{key:<10} {}", crate::names::visible(&value));
+    };
+    put("run", r.run_id.clone());
+    put(
+        "state",
+        match &r.note {
+            Some(note) => format!("{} ({note})", r.state.as_str()),
+            None => r.state.as_str().to_owned(),
+        },
+    );
+    put(
+        "recipe",
+        format!("{} {} (domain {})", r.recipe, pr_ref(r), r.domain),
+    );
+    put("age", short_age(r.age_s));
+    for (i, phase) in r.phases.iter().enumerate() {
+        put(
+            if i == 0 { "phases" } else { "" },
+            format!("{} {}", phase.at, phase.name),
+        );
+    }
+    if let Some(lock) = &r.lock {
+        let holder = match (&lock.holder, lock.holder_pids.is_empty()) {
+            (Some(h), _) => format!(
+                " (held by {}, pid {} on {}, since {})",
+                h.run_id
+                    .as_deref()
+                    .map_or("a lock command".to_owned(), |id| format!("run {id}")),
+                h.pid,
+                h.host,
+                h.since
+            ),
+            (None, false) => format!(" (held by pids {:?})", lock.holder_pids),
+            (None, true) => String::new(),
+        };
+        put("lock", format!("{} {}{holder}", lock.state, lock.domain));
+    }
+    if let Some(cgroup) = &r.cgroup {
+        put(
+            "cgroup",
+            format!("{cgroup} ({} processes)", r.processes.unwrap_or(0)),
+        );
+    }
+    if let Some(reason) = &r.shutdown_reason {
+        let code = r
+            .exit_code
+            .map_or_else(String::new, |c| format!(", exit {c}"));
+        put("ended", format!("{reason}{code}"));
+    }
+    if let Some(error) = &r.error {
+        put("error", error.clone());
+    }
+    if let Some(at) = &r.reaped {
+        put("janitor", format!("reaped its app at {at}"));
+    }
+    put(
+        "record",
+        escape_outside(r.record.as_os_str().as_encoded_bytes()),
+    );
     out
 }
 

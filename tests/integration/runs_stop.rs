@@ -91,15 +91,22 @@ fn runs_lists_live_finished_and_dead_runs_and_stop_stops_only_the_live_one() {
         dead_run["note"]
             .as_str()
             .unwrap()
-            .contains("next janitor sweep"),
+            .starts_with("supervisor gone; "),
         "{dead_run:#}"
     );
     let live_run = the_run(&listing, "live");
     assert_eq!(live_run["state"], "live", "{live_run:#}");
     assert_eq!(live_run["phase"], "command");
     assert_eq!(live_run["lock"]["state"], "held", "{live_run:#}");
-    let holder = live_run["lock"]["holder"].as_str().unwrap();
-    assert!(holder.starts_with("run live pid "), "{holder}");
+    let holder = &live_run["lock"]["holder"];
+    assert_eq!(holder["run_id"], "live", "{live_run:#}");
+    assert!(holder["pid"].as_u64().unwrap() > 0, "{live_run:#}");
+    assert!(
+        holder["since"].as_str().unwrap().ends_with('Z'),
+        "{live_run:#}"
+    );
+    assert_eq!(listing["version"], 1);
+    assert_eq!(listing["errors"], json!([]));
     assert!(live_run["age_s"].as_u64().is_some());
     if live_run["cgroup"].is_string() {
         // The command (sleep) is in it.
@@ -136,8 +143,50 @@ fn runs_lists_live_finished_and_dead_runs_and_stop_stops_only_the_live_one() {
     assert!(text.starts_with("RUN "), "{text}");
     let dead_line = table.out.iter().find(|l| l.starts_with("dead ")).unwrap();
     assert!(
-        dead_line.contains(" dead ") && dead_line.contains("the next janitor sweep clears it"),
+        dead_line.contains(" dead ") && dead_line.contains("supervisor gone; "),
         "{text}"
+    );
+    for line in &table.out {
+        assert!(
+            line.chars().count() <= 100,
+            "wider than 100 columns: {line}"
+        );
+    }
+    // No path that no longer exists: a finished run's cgroup is gone, so it is not shown.
+    assert_eq!(fin["cgroup"], Value::Null, "{fin:#}");
+    // Only the live run with --live; one run by its id; an unknown id is 1.
+    let live_only = runs_json(&sandbox, &["--live"]);
+    let ids: Vec<&str> = live_only["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["live"]);
+    let one = runs_json(&sandbox, &["fin"]);
+    assert_eq!(one["run"]["run_id"], "fin", "{one:#}");
+    let phases: Vec<&str> = one["run"]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(phases.first(), Some(&"guards"), "{one:#}");
+    assert_eq!(phases.last(), Some(&"finished"), "{one:#}");
+    let mut missing = sandbox.ccci();
+    missing.args(["runs", "nobody"]);
+    let missing = run(missing);
+    missing.assert_code(1);
+    missing.assert_stderr_has("no run nobody in ");
+    let mut wide = sandbox.ccci();
+    wide.args(["runs", "-o", "wide"]);
+    let wide = run(wide);
+    assert!(
+        wide.out
+            .iter()
+            .any(|l| l.contains(&record.display().to_string())),
+        "{}",
+        wide.transcript()
     );
 
     // Only the live run is stopped; the others are refused, each saying why.
@@ -285,10 +334,39 @@ fn a_run_waiting_for_its_lock_is_stopped_and_takes_no_lock() {
     let listing = runs_json(&sandbox, &[]);
     let waiting = the_run(&listing, "second");
     assert_eq!(waiting["state"], "live");
-    assert_eq!(waiting["phase"], "janitor");
+    assert_eq!(waiting["phase"], "waiting");
     assert_eq!(waiting["lock"]["state"], "waiting", "{waiting:#}");
-    let holder = waiting["lock"]["holder"].as_str().unwrap();
-    assert!(holder.starts_with("run first pid "), "{holder}");
+    assert_eq!(waiting["lock"]["holder"]["run_id"], "first", "{waiting:#}");
+    let domain = waiting["domain"].as_str().unwrap();
+    let short = domain.split('.').next().unwrap();
+    assert_eq!(
+        waiting["note"],
+        format!("waiting for {short} (held by run first)"),
+        "{waiting:#}"
+    );
+    // The table says the same in its NOTE, within 100 columns; the run's own view names the
+    // holder in full.
+    let mut table = sandbox.ccci();
+    table.arg("runs");
+    let table = run(table);
+    let line = table.out.iter().find(|l| l.starts_with("second ")).unwrap();
+    assert!(
+        line.contains(" waiting ")
+            && line.ends_with(&format!("waiting for {short} (held by run first)")),
+        "{}",
+        table.transcript()
+    );
+    let mut one = sandbox.ccci();
+    one.args(["runs", "second"]);
+    let one = run(one);
+    one.assert_code(0);
+    let text = one.out.join("\n");
+    assert!(
+        text.contains(&format!(
+            "lock       waiting {domain} (held by run first, pid "
+        )),
+        "{text}"
+    );
 
     stop(&sandbox, &["second"]).assert_code(0);
     second.finish().assert_code(143);
