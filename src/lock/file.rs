@@ -474,6 +474,12 @@ impl Awaitable for PendingLock {
     }
 }
 
+/// How long a waiter gives a lock changing hands, or a janitor's look at it, to show the line
+/// of the holder that follows: a new holder writes it within microseconds of its flock, and a
+/// janitor judges a lock within milliseconds.
+pub(crate) const HANDOFF_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const HANDOFF_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Who holds a lock: written into the lock file by its holder, read by `locks`, the janitor and
 /// the next holder, which finds in it what a holder that died holding the lock left behind.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -561,6 +567,22 @@ impl Holder {
         Self::parse(&file.read_holder())
     }
 
+    /// The holder the lock file at `path` names, for a waiter's periodic line: a line found
+    /// empty is read again for up to [`HANDOFF_GRACE`] (a lock changing hands, or a janitor
+    /// judging it, has no line for a moment).
+    pub(crate) fn of_file_settled(path: &Path) -> Option<Self> {
+        let until = std::time::Instant::now() + HANDOFF_GRACE;
+        loop {
+            if let Some(holder) = Self::of_file(path) {
+                return Some(holder);
+            }
+            if std::time::Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(HANDOFF_POLL);
+        }
+    }
+
     /// What its line says a dead holder may have left: for the next holder to clear.
     pub(crate) fn predecessor(&self) -> Predecessor {
         Predecessor {
@@ -571,7 +593,7 @@ impl Holder {
     }
 
     /// "run 42 (pid 7 on host since …)", "pid 7 on host since …" for a holder that is no run,
-    /// or what is known when the holder left no metadata.
+    /// or what is known of a holder that wrote no line.
     pub(crate) fn describe(holder: Option<&Self>) -> String {
         match holder {
             Some(h) if h.run_id.is_empty() => {
@@ -581,7 +603,9 @@ impl Holder {
                 "run {} (pid {} on {} since {})",
                 h.run_id, h.pid, h.host, h.started_at
             ),
-            None => "a holder that left no metadata".to_owned(),
+            None => "a holder that wrote no holder line (flock(1) or another program that is \
+                     not ccci-run)"
+                .to_owned(),
         }
     }
 }

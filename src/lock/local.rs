@@ -76,16 +76,32 @@ impl Local {
         lock::prepare_dir(dir)?;
         let started = Instant::now();
         let mut announced = false;
+        let mut unsigned_since: Option<Instant> = None;
         loop {
             let mut lock = match LockFile::open(path)?.try_lock()? {
                 TryLock::Acquired(lock) => lock,
                 TryLock::Busy(mut file) => {
                     if !announced {
+                        let holder = Holder::parse(&file.read_holder());
+                        // No line: the lock is changing hands (one holder has cleared its line,
+                        // the next not yet written its own), or a janitor holds it for a moment
+                        // to judge it, and may unlink it. Look again, at the path, until a line
+                        // shows or the grace is over: neither is a holder without a line.
+                        let unsigned = *unsigned_since.get_or_insert_with(Instant::now);
+                        let polled = Instant::now() + lock::file::HANDOFF_POLL;
+                        if holder.is_none()
+                            && unsigned.elapsed() < lock::file::HANDOFF_GRACE
+                            && wait.until.is_none_or(|until| polled < until)
+                        {
+                            drop(file);
+                            std::thread::sleep(lock::file::HANDOFF_POLL);
+                            continue;
+                        }
                         announced = true;
-                        on_wait(Holder::parse(&file.read_holder()).as_ref(), Duration::ZERO);
+                        on_wait(holder.as_ref(), Duration::ZERO);
                     }
                     let mut progress =
-                        || on_wait(Holder::of_file(path).as_ref(), started.elapsed());
+                        || on_wait(Holder::of_file_settled(path).as_ref(), started.elapsed());
                     let keepalive: Option<(Duration, &mut dyn FnMut())> =
                         Some((PROGRESS_EVERY, &mut progress));
                     match wait
@@ -100,7 +116,7 @@ impl Local {
                                 lock: path.display().to_string(),
                                 detail: format!(
                                     "held by {}",
-                                    Holder::describe(Holder::of_file(path).as_ref())
+                                    Holder::describe(Holder::of_file_settled(path).as_ref())
                                 ),
                             }));
                         }

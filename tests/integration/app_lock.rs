@@ -289,3 +289,36 @@ fn the_waiting_line_names_the_holder() {
     waiter.wait_for(Stream::Out, "b-ran");
     waiter.finish().assert_code(0);
 }
+
+/// Runs of one domain handing the lock on to each other, over and over, with more arriving
+/// while it changes hands: a waiter that looks while one holder has cleared its line and the
+/// next has not yet written its own says who holds it once the new line is there, never that
+/// a holder wrote no line (the lock has a holder that simply has not signed yet).
+#[test]
+fn a_lock_changing_hands_is_never_shown_as_a_holder_without_a_line() {
+    let sandbox = Sandbox::new();
+    let mut lines = Vec::new();
+    for round in 0..6 {
+        let runs: Vec<Proc> = (0..6)
+            .map(|i| {
+                Proc::spawn(sandbox.run_sh(
+                    &format!("h{round}-{i}"),
+                    &["--pr", "77"],
+                    "sleep 0.0$(( $$ % 7 ))",
+                ))
+            })
+            .collect();
+        for run in runs {
+            let done = run.finish();
+            done.assert_code(0);
+            lines.extend(done.err.clone());
+        }
+    }
+    let waits = lines.iter().filter(|l| l.contains("held by")).count();
+    assert!(waits > 0, "no run ever waited: {lines:#?}");
+    let wrong: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("wrote no holder line") || l.contains("no metadata"))
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

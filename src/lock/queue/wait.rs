@@ -312,7 +312,9 @@ impl Waiter<'_> {
                 "as queue ticket {} ({}); {head}; held by {}",
                 self.ticket.seq,
                 self.ticket.class.as_str(),
-                crate::lock::Holder::describe(crate::lock::Holder::of_file(self.path).as_ref())
+                crate::lock::Holder::describe(
+                    crate::lock::Holder::of_file_settled(self.path).as_ref()
+                )
             ),
         }
     }
