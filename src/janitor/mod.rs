@@ -36,6 +36,7 @@ use crate::janitor::reap::{finish_reap, reap_dead_runs_cgroups, reap_leftovers};
 use crate::janitor::report::{CandidateReport, Source, SweepReport};
 use crate::janitor::tidy::tidy_state_files;
 use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, is_lost};
+use crate::lock::list::LockKind;
 use crate::names::AppDomain;
 use crate::report as status;
 use crate::supervise::identity::Scope;
@@ -279,6 +280,36 @@ impl Sweep<'_> {
     /// that fails makes Docker unavailable for this sweep.
     fn discover(&mut self, docker: &mut DockerState<'_>) -> BTreeMap<AppDomain, Candidate> {
         let mut candidates = discover_env(self.global, &mut self.report);
+        // A held app lock is a live run even before its app has a `.env` or a Docker object:
+        // listed, never reaped (a free lock without an app is nothing to say). The janitor's
+        // own sweeps list them; the one at every run start stays as cheap as it was.
+        if self.opts.hunt == Hunt::Everywhere {
+            match self.locks.list(self.opts.long_held) {
+                Ok(locks) => {
+                    for lock in locks.iter().filter(|l| l.kind == LockKind::App && l.held) {
+                        let Some(domain) = AppDomain::recognise(&lock.name, &self.global.pattern)
+                        else {
+                            continue;
+                        };
+                        candidates
+                            .entry(domain.clone())
+                            .or_insert_with(|| Candidate {
+                                domain,
+                                sources: BTreeSet::new(),
+                                docker: None,
+                            })
+                            .sources
+                            .insert(Source::Lock);
+                    }
+                }
+                // A lock dir that does not exist holds no lock: said once, where it is probed.
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => self
+                    .report
+                    .errors
+                    .push(format!("failed to list the app locks: {err}")),
+            }
+        }
         let DockerState::On(seam) = docker else {
             return candidates;
         };
@@ -447,7 +478,9 @@ impl Sweep<'_> {
             decision: Decision::Unreadable,
             lock_age_s: None,
             holder: None,
+            why: None,
             removed: RemovedResources::default(),
+            would_remove: None,
             error: None,
             objects: candidate
                 .docker
@@ -475,6 +508,8 @@ impl Sweep<'_> {
                 Probe::Held { age }
             }
             Ok(Attempt::Taken { lease, current }) => {
+                // A line left in a free lock names the holder that died holding it.
+                line.holder = lease.holder();
                 held = Some(lease);
                 Probe::Acquired {
                     identity_ok: current,
@@ -487,6 +522,39 @@ impl Sweep<'_> {
             line.lock_age_s = Some(age.as_secs());
         }
         line.decision = decide(&probe, self.opts.dry_run, self.opts.long_held);
+        line.why = Some(match (&probe, &line.holder) {
+            (Probe::Held { .. }, _) => format!(
+                "its lock is held by {}",
+                crate::lock::Holder::describe(line.holder.as_ref())
+            ),
+            (Probe::NoLockFile, _) => "it has no lock: no run holds it".to_owned(),
+            (Probe::Acquired { .. }, Some(h)) => format!(
+                "its lock was free: {} died holding it",
+                crate::lock::Holder::describe(Some(h))
+            ),
+            (Probe::Acquired { .. }, None) => {
+                "its lock was free, and names no holder: its last run let go of it".to_owned()
+            }
+            (Probe::Foreign(why) | Probe::Unreadable(why), _) => why.clone(),
+        });
+        if line.decision == Decision::WouldReap {
+            let mut would = RemovedResources::default();
+            for (kind, r) in candidate.docker.iter().flat_map(StackResources::listed) {
+                let names = match kind {
+                    "service" => &mut would.docker.services,
+                    "container" => &mut would.docker.containers,
+                    "network" => &mut would.docker.networks,
+                    "volume" => &mut would.docker.volumes,
+                    "secret" => &mut would.docker.secrets,
+                    _ => &mut would.docker.configs,
+                };
+                names.push(r.name.clone());
+            }
+            would.env_files =
+                crate::app::env_files(&self.global.abra_home, domain).unwrap_or_default();
+            would.lock_file = matches!(probe, Probe::Acquired { .. });
+            line.would_remove = Some(would);
+        }
         tracing::debug!(%domain, ?probe, decision = line.decision.as_str(), "probed");
         match (&probe, line.decision, elsewhere) {
             // Defense in depth: a free app lock is not the last word while another account

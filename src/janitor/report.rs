@@ -20,6 +20,8 @@ use crate::janitor::decide::Decision;
 pub(crate) enum Source {
     Env,
     Docker,
+    /// A held app lock (a live run whose app has no `.env` or Docker object yet).
+    Lock,
 }
 
 /// One candidate's line in the report.
@@ -34,7 +36,12 @@ pub(crate) struct CandidateReport {
     /// beyond one host).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holder: Option<crate::lock::Holder>,
+    /// Why it was judged as it was: who holds it, or how its owner was found dead.
+    pub why: Option<String>,
     pub removed: RemovedResources,
+    /// In a dry run (or with Docker unreachable), what a reap would remove.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_remove: Option<RemovedResources>,
     pub error: Option<String>,
     /// What Docker showed of the app when it was found, each object with the rule that made it
     /// the app's (its stack label, or its name for what carries no label).
@@ -154,6 +161,7 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
             .map(|s| match s {
                 Source::Env => "env",
                 Source::Docker => "docker",
+                Source::Lock => "lock",
             })
             .collect();
         let age = c
@@ -165,19 +173,35 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
             None if c.decision == Decision::Reap => format!("removed {}", c.removed.summary()),
             // A dry run says what a reap would remove, and by which rule each object is the
             // app's.
-            None if c.decision == Decision::WouldReap && !c.objects.is_empty() => format!(
-                "would remove {}",
-                c.objects
+            None if c.decision == Decision::WouldReap => {
+                let mut what: Vec<String> = c
+                    .objects
                     .iter()
-                    .map(|o| format!(
-                        "{} {} (by {})",
-                        o.kind,
-                        crate::names::visible(&o.name),
-                        o.by.as_str()
-                    ))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+                    .map(|o| format!("{} {} (by {})", o.kind, o.name, o.by.as_str()))
+                    .collect();
+                if let Some(would) = &c.would_remove {
+                    what.extend(
+                        would
+                            .env_files
+                            .iter()
+                            .map(|p| format!(".env {}", p.display())),
+                    );
+                    if would.lock_file {
+                        what.push("its lock file".to_owned());
+                    }
+                }
+                let why = c
+                    .why
+                    .as_deref()
+                    .map(|w| format!("{w}; "))
+                    .unwrap_or_default();
+                let what = if what.is_empty() {
+                    "nothing is left to remove".to_owned()
+                } else {
+                    format!("would remove {}", what.join(", "))
+                };
+                crate::names::visible(&format!("{why}{what}")).into_owned()
+            }
             // Who it saw holding the app's lock.
             None if matches!(c.decision, Decision::Live | Decision::LongHeld) => {
                 crate::names::visible(&format!(
@@ -186,7 +210,7 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
                 ))
                 .into_owned()
             }
-            None => String::new(),
+            None => crate::names::visible(c.why.as_deref().unwrap_or_default()).into_owned(),
         };
         let _ = writeln!(
             out,

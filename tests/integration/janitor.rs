@@ -961,3 +961,81 @@ fn a_dry_run_names_the_holder_of_a_live_app() {
     live.close_stdin();
     live.finish().assert_code(0);
 }
+
+/// `janitor --dry-run` says, for each app, the holder it saw or why it judged the owner dead,
+/// and everything a reap would remove, in the table and the JSON: a live run whose app has no
+/// `.env` yet is listed by its held lock; a run SIGKILLed holding its lock is named as the
+/// holder that died, with its `.env` and its lock file to go.
+#[test]
+fn a_dry_run_names_each_holder_and_everything_a_reap_would_remove() {
+    let sandbox = Sandbox::new();
+    let mut live =
+        Proc::spawn(sandbox.run_sh("alive", &["--pr", "1"], "echo ready $$; exec sleep 100000"));
+    live.wait_ready();
+    let mut dead =
+        Proc::spawn(sandbox.run_sh("gone", &["--pr", "2"], "echo ready $$; exec sleep 100000"));
+    dead.wait_ready();
+    signal(dead.pid(), Signal::SIGKILL);
+    assert!(wait_exited(dead.pid()));
+    let gone = sandbox.domain("custom-html", Some("2"));
+    let env = sandbox.plant_env("default", &gone, "TYPE=custom-html\n");
+    let alive = sandbox.domain("custom-html", Some("1"));
+
+    let (report, done) = sandbox.janitor(&["--dry-run"]);
+    done.assert_code(0);
+    let held = candidate(&report, &alive);
+    assert_eq!(held["decision"], "live", "{report:#}");
+    assert_eq!(held["sources"], serde_json::json!(["lock"]));
+    assert_eq!(held["holder"]["run_id"], "alive");
+    assert!(
+        held["why"]
+            .as_str()
+            .unwrap()
+            .starts_with("its lock is held by run alive (pid "),
+        "{held:#}"
+    );
+    let doomed = candidate(&report, &gone);
+    assert_eq!(doomed["decision"], "would-reap", "{report:#}");
+    assert_eq!(doomed["holder"]["run_id"], "gone", "{doomed:#}");
+    assert!(
+        doomed["why"]
+            .as_str()
+            .unwrap()
+            .starts_with("its lock was free: run gone (pid "),
+        "{doomed:#}"
+    );
+    assert_eq!(
+        doomed["would_remove"]["env_files"],
+        serde_json::json!([env.display().to_string()])
+    );
+    assert_eq!(doomed["would_remove"]["lock_file"], true);
+    assert!(env.exists(), "a dry run removed the .env");
+
+    let mut table = sandbox.ccci();
+    table.args(["janitor", "--dry-run"]);
+    let table = run(table);
+    let line = |domain: &str| {
+        table
+            .out
+            .iter()
+            .find(|l| l.starts_with(domain))
+            .unwrap_or_else(|| panic!("{domain} not listed\n{}", table.transcript()))
+            .clone()
+    };
+    assert!(
+        line(&alive).contains("held by run alive (pid "),
+        "{}",
+        table.transcript()
+    );
+    let doomed = line(&gone);
+    assert!(
+        doomed.contains("run gone (pid ")
+            && doomed.contains(&format!("would remove .env {}", env.display()))
+            && doomed.ends_with("its lock file"),
+        "{}",
+        table.transcript()
+    );
+    signal(live.pid(), Signal::SIGTERM);
+    live.finish();
+    sandbox.janitor(&[]).1.assert_code(0);
+}
