@@ -153,7 +153,19 @@ fn unusable_runs_dir_is_125_naming_it() {
 #[case::teardown_timeout_huge("--teardown-timeout=1e30", "is not a duration")]
 #[case::lock_wait_huge("--lock-wait=99999999999", "too long")]
 #[case::deadline_huge("--deadline=99999999999", "--deadline")]
-#[case::deadline_unit("--deadline=5x", "is not a duration: write seconds (90, 1.5)")]
+#[case::deadline_unit(
+    "--deadline=5x",
+    "is not a duration: \"x\" is not a unit; write seconds (90, 1.5)"
+)]
+#[case::deadline_month(
+    "--deadline=1M",
+    "months are not a unit (1M would be read as 30d 10h 33m 36s): write 1m for a minute, or days (30d)"
+)]
+#[case::kill_grace_word_unit(
+    "--kill-grace=90min",
+    "\"min\" is not a unit; write seconds (90, 1.5) or a number with units (90s, 5m, 1h30m, 14d): the units are ms, s, m, h, d and w"
+)]
+#[case::lock_wait_years("--lock-wait=1y", "years are not a unit: write days (365d)")]
 #[case::deadline_negative("--deadline=-5m", "is not a duration")]
 #[case::deadline_empty("--deadline=", "an empty value is not a duration")]
 #[case::deadline_zero("--deadline=0s", "too short: at least 1s")]
