@@ -76,6 +76,8 @@ enum Error {
         store: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Dir(#[from] config::dirs::ParentMissing),
     /// An error about a path under a configured directory, with the setting that names it.
     #[error("{source} (the directory is set by {setting})")]
     Located {
@@ -96,7 +98,7 @@ impl Error {
 
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Invalid(_) => exit::USAGE,
+            Self::Invalid(_) | Self::Dir(_) => exit::USAGE,
             Self::Run(e) => e.exit_code(),
             Self::NamedLock(_) | Self::Converge(_) => exit::INTERNAL,
             Self::Metrics { .. }
@@ -114,10 +116,19 @@ impl Error {
     /// the user may not write (a root-owned `/run/lock`, `/var/lib/cc-ci-runs`) says which
     /// option to change. The longest configured directory the message names wins.
     fn located(self, global: &Global) -> Self {
-        if matches!(self, Self::Invalid(_) | Self::Output(_)) {
+        if matches!(self, Self::Invalid(_) | Self::Output(_) | Self::Dir(_)) {
             return self;
         }
         let message = self.to_string();
+        // A message that already names its setting (`config::dirs`) says it once.
+        let dirs = [
+            config::dirs::Dir::Lock,
+            config::dirs::Dir::Runs,
+            config::dirs::Dir::State,
+        ];
+        if dirs.iter().any(|dir| message.contains(dir.sources())) {
+            return self;
+        }
         let settings = [
             (&global.lock_dir, "--lock-dir / CCCI_APP_LOCK_DIR"),
             (&global.runs_dir, "--runs-dir / CCCI_RUNS_DIR"),
@@ -291,6 +302,7 @@ fn command(
     inputs: &config::Inputs,
     start_ppid: Pid,
 ) -> Result<u8, Error> {
+    check_dirs(&command, global)?;
     match command {
         Command::Doctor(args) => doctor(&args, inputs),
         Command::Config(args) => show_config(&args, resolved),
@@ -372,6 +384,30 @@ fn command(
             Ok(run::run(global, &cfg, start_ppid, &RunSweeper)?)
         }
     }
+}
+
+/// Refuse, before anything is done, each configured directory `command` keeps or reads that is
+/// missing with its parent (`config::dirs`): one exit code (2) and one message for every
+/// command. The lock dir only counts for the local locks.
+fn check_dirs(command: &Command, global: &Global) -> Result<(), Error> {
+    use config::dirs::{Dir, look};
+    let dirs: &[Dir] = match command {
+        Command::Run(_) | Command::Janitor(_) => &[Dir::Lock, Dir::Runs, Dir::State],
+        Command::Lock(_) => &[Dir::Lock, Dir::Runs],
+        Command::Locks(_) => &[Dir::Lock],
+        Command::Runs(_) | Command::Stop(_) => &[Dir::Runs],
+        _ => &[],
+    };
+    for &dir in dirs {
+        let path = match dir {
+            Dir::Lock if global.etcd.is_some() => continue,
+            Dir::Lock => &global.lock_dir,
+            Dir::Runs => &global.runs_dir,
+            Dir::State => &global.state_dir,
+        };
+        look(dir, path)?;
+    }
+    Ok(())
 }
 
 /// The janitor's side of a run, handed to it here: a command imports no other command.

@@ -8,7 +8,8 @@
 //!
 //! Here: the validated configurations each command is handed (`Global`, `RunConfig`,
 //! `LockConfig`, ...); the values settings take are [`values`], the file's settings [`file`],
-//! and the resolution of each setting from its four sources [`resolve`].
+//! the resolution of each setting from its four sources [`resolve`], and what a missing
+//! configured directory means [`dirs`].
 //!
 //! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
@@ -24,6 +25,7 @@ use crate::names::{
     AppDomain, DomainSuffix, GitRef, LockName, NameError, PrNumber, Recipe, RunAppPattern, RunId,
 };
 
+pub(crate) mod dirs;
 mod file;
 mod resolve;
 mod values;

@@ -704,3 +704,106 @@ fn a_lease_ttl_too_short_for_the_kill_grace_is_refused_naming_the_smallest_that_
         fits.transcript()
     );
 }
+
+/// A configured lock, runs or state dir whose parent is missing (`--lock-dir /nonexistent/locks`,
+/// a typo) is refused by every command that keeps or reads it, with one exit code (2) and one
+/// message naming the setting, and nothing is made: `run` and `lock` once made `/nonexistent`
+/// and all, while `locks` said it did not exist and exited 0. A missing dir whose parent exists
+/// is made, one level, by the commands that keep something there, and read as empty, in one
+/// line, by those that only look.
+#[test]
+fn a_missing_dir_is_refused_alike_by_every_command_and_only_made_where_its_parent_is() {
+    let sandbox = Sandbox::new();
+    let base = sandbox.path().join("nonexistent");
+    let commands: [&[&str]; 7] = [
+        &[
+            "run",
+            "--recipe",
+            "custom-html",
+            "--no-fetch",
+            "--",
+            "echo",
+            "command-ran",
+        ],
+        &["lock", "x", "--", "echo", "command-ran"],
+        &["locks"],
+        &["runs"],
+        &["stop", "r1"],
+        &["janitor"],
+        &["janitor", "--dry-run"],
+    ];
+    let settings = [
+        (
+            "--lock-dir",
+            "lock dir",
+            "--lock-dir, CCCI_APP_LOCK_DIR, lock_dir",
+        ),
+        (
+            "--runs-dir",
+            "runs dir",
+            "--runs-dir, CCCI_RUNS_DIR, runs_dir",
+        ),
+        (
+            "--state-dir",
+            "state dir",
+            "--state-dir, CCCI_STATE_DIR, state_dir",
+        ),
+    ];
+    // Which command keeps or reads which dir: the others never look at it.
+    let uses = |flag: &str, command: &str| match flag {
+        "--lock-dir" => ["run", "lock", "locks", "janitor"].contains(&command),
+        "--runs-dir" => ["run", "lock", "runs", "stop", "janitor"].contains(&command),
+        _ => ["run", "janitor"].contains(&command),
+    };
+    for (flag, kind, sources) in settings {
+        let dir = base.join("dir");
+        for command in commands {
+            if !uses(flag, command[0]) {
+                continue;
+            }
+            let mut cmd = sandbox.ccci();
+            cmd.arg(flag).arg(&dir).args(command);
+            let done = run(cmd);
+            done.assert_code(2);
+            done.assert_stderr_has(&format!(
+                "ccci-run: error: {kind} {} ({sources}) does not exist, nor does its parent {}: \
+                 ccci-run makes a missing {kind} only in a directory that exists; create it \
+                 (mkdir -p {}), or set the {kind} this host uses",
+                dir.display(),
+                base.display(),
+                dir.display()
+            ));
+            assert!(!done.out.join("\n").contains("command-ran"));
+            assert!(!base.exists(), "{command:?} made {}", base.display());
+        }
+        // Its parent there: made by those that keep something in it, looked at by the others.
+        let dir = sandbox
+            .path()
+            .join(format!("fresh{}", flag.trim_start_matches('-')));
+        for command in commands {
+            if !uses(flag, command[0]) {
+                continue;
+            }
+            let mut cmd = sandbox.ccci();
+            cmd.arg(flag).arg(&dir).args(command);
+            let done = run(cmd);
+            let makes = matches!(
+                (flag, command),
+                (_, ["run", ..])
+                    | ("--lock-dir" | "--runs-dir", ["lock", ..])
+                    | ("--lock-dir", ["janitor"])
+            );
+            assert_eq!(dir.is_dir(), makes, "{command:?} {}", done.transcript());
+            if makes {
+                done.assert_code(0);
+                std::fs::remove_dir_all(&dir).unwrap();
+            } else {
+                done.assert_code(if command[0] == "stop" { 1 } else { 0 });
+                done.assert_stderr_has(&format!(
+                    "{kind} {} ({sources}) does not exist: nothing there yet",
+                    dir.display()
+                ));
+            }
+        }
+    }
+}
