@@ -62,6 +62,11 @@ pub(crate) fn parse(text: &str, spec: &Spec) -> Result<Duration, String> {
     if trimmed.is_empty() {
         return Err(format!("an empty value is not a duration: write {FORMS}"));
     }
+    if trimmed.starts_with('-') {
+        return Err(format!(
+            "{trimmed:?} is not a duration: a duration is never negative; write {FORMS}"
+        ));
+    }
     let value = if trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         if !spec.bare {
             return Err(format!(
@@ -195,8 +200,8 @@ mod tests {
     #[case("", "empty")]
     #[case("   ", "empty")]
     #[case("5x", "not a duration")]
-    #[case("-1", "not a duration")]
-    #[case("-5s", "not a duration")]
+    #[case("-1", "never negative")]
+    #[case("-5s", "never negative")]
     #[case("soon", "not a duration")]
     #[case("NaN", "not a duration")]
     #[case("inf", "not a duration")]

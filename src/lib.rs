@@ -230,17 +230,35 @@ fn command_line_error(err: &clap::Error) -> ExitCode {
             .filter(|v| !v.is_empty())
             .map(std::path::PathBuf::from)
     });
-    if !err.use_stderr() || config::log_format_for_errors(given, config) != LogFormat::Json {
+    if !err.use_stderr() {
         err.exit();
     }
-    init_logging(0, 0, LogFormat::Json);
     let code = u8::try_from(err.exit_code()).unwrap_or(exit::USAGE);
-    report::failure(
-        err.render().to_string().trim_end(),
-        &kebab(&format!("{:?}", err.kind())),
-        code,
-    );
+    if config::log_format_for_errors(given, config) == LogFormat::Json {
+        init_logging(0, 0, LogFormat::Json);
+        report::failure(
+            &prefixed(&err.render().to_string()),
+            &kebab(&format!("{:?}", err.kind())),
+            code,
+        );
+        return ExitCode::from(code);
+    }
+    // clap's text, styled as clap would style it, under the one prefix every error has.
+    let colour =
+        report::stderr_is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let rendered = err.render();
+    let text = if colour {
+        rendered.ansi().to_string()
+    } else {
+        rendered.to_string()
+    };
+    report::failure(&prefixed(&text), "usage", code);
     ExitCode::from(code)
+}
+
+/// clap's error text under the prefix of every error of ccci-run: `ccci-run: error: …`.
+fn prefixed(text: &str) -> String {
+    format!("ccci-run: {}", text.trim_end())
 }
 
 /// `UnknownArgument` → `unknown-argument`.
@@ -536,7 +554,7 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     // not lose the metrics.
     match &args.metrics_file {
         Some(path) if args.dry_run => report::line(&format!(
-            "ccci-run: --dry-run changes nothing: metrics not written to {}",
+            "ccci-run: warning: --dry-run changes nothing: metrics not written to {}",
             path.display()
         )),
         Some(path) => {

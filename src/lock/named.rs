@@ -190,7 +190,7 @@ pub(crate) fn run(
                 }
                 Taken::TimedOut { waited, detail, .. } => {
                     report::line(&format!(
-                        "ccci-run: lock {} not acquired within {} s {detail}",
+                        "ccci-run: error: lock {} not acquired within {} s {detail}",
                         opts.name,
                         (waited.as_secs_f64() * 10.0).round() / 10.0,
                     ));

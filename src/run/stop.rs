@@ -211,7 +211,7 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
             .and_then(|r| r.phases.last().map(|p| p.name.clone()))
             .unwrap_or_default();
         crate::report::line(&format!(
-            "ccci-run: run {id} still runs after {} (phase {phase}); it was asked to stop and \
+            "ccci-run: error: run {id} still runs after {} (phase {phase}); it was asked to stop and \
              is tearing down (--kill ends it)",
             humantime::format_duration(cfg.wait)
         ));
@@ -428,7 +428,7 @@ fn kill(
         })?;
     if !wait_exit(target, KILL_BUDGET) {
         crate::report::line(&format!(
-            "ccci-run: run {id}'s supervisor still runs {} after SIGKILL",
+            "ccci-run: error: run {id}'s supervisor still runs {} after SIGKILL",
             humantime::format_duration(KILL_BUDGET)
         ));
         return Ok(Stopped {

@@ -567,7 +567,8 @@ fn command_line_errors_follow_log_format_json(
     assert!(message.contains("Usage: ccci-run janitor"), "{message}");
 }
 
-/// Without JSON asked for, clap's text stays as it was; `--help` is help, on stdout, exit 0.
+/// Without JSON asked for, clap's text stays text, under the one prefix of every error
+/// (`ccci-run: error:`); `--help` is help, on stdout, exit 0.
 #[test]
 fn command_line_errors_stay_text_unless_json_is_asked_for() {
     let sandbox = Sandbox::new();
@@ -576,7 +577,7 @@ fn command_line_errors_stay_text_unless_json_is_asked_for() {
     let done = run(cmd);
     done.assert_code(2);
     assert!(
-        done.err[0].starts_with("error: unexpected argument '--bogus'"),
+        done.err[0].starts_with("ccci-run: error: unexpected argument '--bogus'"),
         "{}",
         done.transcript()
     );
@@ -805,5 +806,57 @@ fn a_missing_dir_is_refused_alike_by_every_command_and_only_made_where_its_paren
                 ));
             }
         }
+    }
+}
+
+/// Every error ccci-run ends with starts `ccci-run: error:`, clap's (a bad command line, a bad
+/// value) as well as its own; a negative `--wait` is a value that is no duration, never an
+/// argument to put after `--` (which would make `-1` the run id).
+#[test]
+fn every_error_has_one_prefix_and_a_negative_wait_is_no_duration() {
+    let sandbox = Sandbox::new();
+    for (args, first) in [
+        (
+            &["janitor", "--bogus"][..],
+            "ccci-run: error: unexpected argument '--bogus' found",
+        ),
+        (
+            &["stop", "r1", "--wait", "-1"],
+            "ccci-run: error: invalid value '-1' for '--wait <DURATION>': \"-1\" is not a \
+             duration: a duration is never negative; write seconds (90, 1.5)",
+        ),
+        (
+            &["stop", "--wait", "-1", "r1"],
+            "ccci-run: error: invalid value '-1' for '--wait <DURATION>'",
+        ),
+        (
+            &["lock", "x", "-w", "-5m", "--", "true"],
+            "ccci-run: error: invalid value '-5m' for '--wait <DURATION>'",
+        ),
+        (
+            &["--deadline", "5x"][..],
+            "ccci-run: error: invalid value '5x' for '--deadline",
+        ),
+        (
+            &["stop", "../1"],
+            "ccci-run: error: invalid run id \"../1\"",
+        ),
+    ] {
+        let mut cmd = sandbox.ccci();
+        if args[0] == "--deadline" {
+            cmd.args(["run", "--recipe", "r"])
+                .args(args)
+                .args(["--", "true"]);
+        } else {
+            cmd.args(args);
+        }
+        let done = run(cmd);
+        done.assert_code(2);
+        assert!(
+            done.err[0].starts_with(first),
+            "{args:?}\n{}",
+            done.transcript()
+        );
+        assert!(!done.stderr().contains("'-- -"), "{}", done.transcript());
     }
 }

@@ -331,7 +331,7 @@ fn a_run_that_outlasts_the_wait_is_75_and_killed_with_kill(#[case] cgroup: &str)
     let command = live.wait_ready();
     let done = stop(&sandbox, &["slow", "--wait", "0.5"]);
     done.assert_code(75);
-    done.assert_stderr_has("ccci-run: run slow still runs after 500ms");
+    done.assert_stderr_has("ccci-run: error: run slow still runs after 500ms");
     live.wait_for(Stream::Err, "== stopped by ccci-run stop");
     assert!(process_alive(command));
 
