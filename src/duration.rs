@@ -1,8 +1,10 @@
 //! Durations (and the one way an instant is written, [`timestamp`]): one syntax for every flag,
 //! environment variable and configuration key that takes one. A bare number is seconds,
-//! fractions allowed (`90`, `1.5`); otherwise a number with units as humantime reads them
-//! (`90s`, `500ms`, `5m`, `1h30m`, `14d`). Each setting has its own bounds ([`Spec`]); a value
-//! outside them is refused, never clamped.
+//! fractions allowed (`90`, `1.5`); otherwise whole numbers with units, one or several
+//! (`90s`, `500ms`, `5m`, `1h30m`, `14d`, `2w`), read by humantime. Only [`UNITS`] are units:
+//! humantime also reads `1hour`, `90min`, `1M` (a month of 30.44 days, a trap for "one minute")
+//! and `1y`, which are refused before it sees them. Each setting has its own bounds ([`Spec`]);
+//! a value outside them is refused, never clamped.
 //!
 //! Invariant: a duration that comes out of [`parse`] is inside its spec's bounds, so no later
 //! arithmetic on instants can overflow, and every refusal names the accepted forms.
@@ -18,6 +20,13 @@ pub(crate) fn timestamp(at: std::time::SystemTime) -> String {
 
 /// The forms every error names.
 pub(crate) const FORMS: &str = "seconds (90, 1.5) or a number with units (90s, 5m, 1h30m, 14d)";
+
+/// The units a duration may be written in, and nothing else: milliseconds, seconds, minutes,
+/// hours, days and weeks.
+pub(crate) const UNITS: &[&str] = &["ms", "s", "m", "h", "d", "w"];
+
+/// The units as every refusal of one lists them.
+const UNITS_NAMED: &str = "the units are ms, s, m, h, d and w (milliseconds to weeks)";
 
 /// One year: the longest any duration may be.
 pub(crate) const YEAR: Duration = Duration::from_secs(365 * 86_400);
@@ -53,6 +62,11 @@ pub(crate) fn parse(text: &str, spec: &Spec) -> Result<Duration, String> {
     if trimmed.is_empty() {
         return Err(format!("an empty value is not a duration: write {FORMS}"));
     }
+    if trimmed.starts_with('-') {
+        return Err(format!(
+            "{trimmed:?} is not a duration: a duration is never negative; write {FORMS}"
+        ));
+    }
     let value = if trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         if !spec.bare {
             return Err(format!(
@@ -62,6 +76,7 @@ pub(crate) fn parse(text: &str, spec: &Spec) -> Result<Duration, String> {
         }
         bare_seconds(trimmed, spec)?
     } else {
+        check_units(trimmed)?;
         match humantime::parse_duration(trimmed) {
             Ok(value) => value,
             Err(humantime::DurationError::NumberOverflow) => return Err(too_long(trimmed, spec)),
@@ -69,6 +84,32 @@ pub(crate) fn parse(text: &str, spec: &Spec) -> Result<Duration, String> {
         }
     };
     check(trimmed, value, spec)
+}
+
+/// Refuse every unit but [`UNITS`], before humantime reads the rest: a number is digits, a unit
+/// the letters after it. What is neither is left to humantime, which refuses it.
+fn check_units(text: &str) -> Result<(), String> {
+    let words = text
+        .split(|c: char| !c.is_alphabetic())
+        .filter(|word| !word.is_empty());
+    for unit in words {
+        if UNITS.contains(&unit) {
+            continue;
+        }
+        let hint = match unit {
+            "M" | "mo" | "mon" | "month" | "months" => {
+                "months are not a unit (1M would be read as 30d 10h 33m 36s): write 1m for \
+                 a minute, or days (30d)"
+                    .to_owned()
+            }
+            "y" | "yr" | "year" | "years" => "years are not a unit: write days (365d)".to_owned(),
+            _ => format!("{unit:?} is not a unit"),
+        };
+        return Err(format!(
+            "{text:?} is not a duration: {hint}; write {FORMS}: {UNITS_NAMED}"
+        ));
+    }
+    Ok(())
 }
 
 /// A plain number of seconds; fractions allowed.
@@ -93,6 +134,11 @@ fn check(text: &str, value: Duration, spec: &Spec) -> Result<Duration, String> {
             show(spec.min)
         ));
     }
+    if !value.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(format!(
+            "{text:?} is finer than a millisecond, the smallest step a duration counts"
+        ));
+    }
     if spec.whole_seconds && value.subsec_nanos() != 0 {
         return Err(format!("{text:?} is not a whole number of seconds"));
     }
@@ -104,7 +150,8 @@ fn too_long(text: &str, spec: &Spec) -> String {
 }
 
 /// A duration as it is shown back (`ccci-run config`, errors): days, hours, minutes, seconds
-/// and milliseconds (`365d`, `1h30m`, `1s500ms`), the units [`parse`] reads again. (humantime's
+/// and milliseconds (`365d`, `1h30m`, `1s500ms`), the units [`parse`] reads again ([`parse`]
+/// refuses anything finer than a millisecond). (humantime's
 /// own form counts months and years of 30.44 and 365.25 days: `365d` would not read as such.)
 pub(crate) fn show(value: Duration) -> String {
     if value.is_zero() {
@@ -117,7 +164,6 @@ pub(crate) fn show(value: Duration) -> String {
         (secs % 3600 / 60, "m"),
         (secs % 60, "s"),
         (u64::from(value.subsec_millis()), "ms"),
-        (u64::from(value.subsec_nanos() % 1_000_000), "ns"),
     ];
     parts
         .iter()
@@ -143,6 +189,8 @@ mod tests {
     #[case("1h30m", 5_400_000)]
     #[case("1h 30m", 5_400_000)]
     #[case("14d", 14 * 86_400_000)]
+    #[case("2w", 14 * 86_400_000)]
+    #[case("1w 2d 3h 4m 5s 6ms", 788_645_006)]
     #[case("365d", 365 * 86_400_000)]
     fn accepted_forms(#[case] text: &str, #[case] millis: u64) {
         assert_eq!(parse(text, &ANY), Ok(Duration::from_millis(millis)));
@@ -152,8 +200,8 @@ mod tests {
     #[case("", "empty")]
     #[case("   ", "empty")]
     #[case("5x", "not a duration")]
-    #[case("-1", "not a duration")]
-    #[case("-5s", "not a duration")]
+    #[case("-1", "never negative")]
+    #[case("-5s", "never negative")]
     #[case("soon", "not a duration")]
     #[case("NaN", "not a duration")]
     #[case("inf", "not a duration")]
@@ -163,11 +211,25 @@ mod tests {
     #[case("9223372036854775807", "too long")]
     #[case("99999999999999999999999d", "too long")]
     #[case("18446744073709551616s", "too long")]
+    #[case("1.0000001", "finer than a millisecond")]
+    #[case("1ns", "not a unit")]
+    #[case("1us", "not a unit")]
+    #[case("1hour", "not a unit")]
+    #[case("90min", "not a unit")]
+    #[case("3days", "not a unit")]
+    #[case("1sec", "not a unit")]
+    #[case("5H", "not a unit")]
+    #[case("1M", "months are not a unit")]
+    #[case("2months", "months are not a unit")]
+    #[case("1y", "years are not a unit")]
     fn refused_forms_name_the_accepted_ones(#[case] text: &str, #[case] why: &str) {
         let err = parse(text, &ANY).unwrap_err();
         assert!(err.contains(why), "{text:?}: {err}");
-        if why == "not a duration" || why == "empty" {
+        if why == "not a duration" || why == "empty" || why.contains("unit") {
             assert!(err.contains(FORMS), "{err}");
+        }
+        if why.contains("unit") {
+            assert!(err.contains(UNITS_NAMED), "{err}");
         }
     }
 
@@ -195,6 +257,14 @@ mod tests {
         assert!(parse("366d", &ANY).unwrap_err().contains("at most 365d"));
     }
 
+    /// `1M` is a month to humantime, not a minute: the refusal says which to write instead.
+    #[test]
+    fn a_month_is_refused_naming_the_minute_and_days() {
+        let err = parse("1M", &ANY).unwrap_err();
+        assert!(err.contains("write 1m for a minute"), "{err}");
+        assert!(err.contains("30d"), "{err}");
+    }
+
     #[test]
     fn shown_values_read_back() {
         for value in [
@@ -202,7 +272,7 @@ mod tests {
             Duration::from_millis(1500),
             Duration::from_secs(5400),
             Duration::from_secs(14 * 86_400),
-            Duration::from_nanos(1_000_000_007),
+            Duration::from_millis(1_000_007),
             YEAR,
         ] {
             assert_eq!(parse(&show(value), &ANY), Ok(value), "{}", show(value));

@@ -81,6 +81,8 @@ enum Error {
         store: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Dir(#[from] config::dirs::ParentMissing),
     /// An error about a path under a configured directory, with the setting that names it.
     #[error("{source} (the directory is set by {setting})")]
     Located {
@@ -101,7 +103,7 @@ impl Error {
 
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Invalid(_) => exit::USAGE,
+            Self::Invalid(_) | Self::Dir(_) => exit::USAGE,
             Self::Run(e) => e.exit_code(),
             Self::NamedLock(_) | Self::Converge(_) => exit::INTERNAL,
             Self::Metrics { .. }
@@ -120,10 +122,19 @@ impl Error {
     /// the user may not write (a root-owned `/run/lock`, `/var/lib/cc-ci-runs`) says which
     /// option to change. The longest configured directory the message names wins.
     fn located(self, global: &Global) -> Self {
-        if matches!(self, Self::Invalid(_) | Self::Output(_)) {
+        if matches!(self, Self::Invalid(_) | Self::Output(_) | Self::Dir(_)) {
             return self;
         }
         let message = self.to_string();
+        // A message that already names its setting (`config::dirs`) says it once.
+        let dirs = [
+            config::dirs::Dir::Lock,
+            config::dirs::Dir::Runs,
+            config::dirs::Dir::State,
+        ];
+        if dirs.iter().any(|dir| message.contains(dir.sources())) {
+            return self;
+        }
         let settings = [
             (&global.lock_dir, "--lock-dir / CCCI_APP_LOCK_DIR"),
             (&global.runs_dir, "--runs-dir / CCCI_RUNS_DIR"),
@@ -225,17 +236,35 @@ fn command_line_error(err: &clap::Error) -> ExitCode {
             .filter(|v| !v.is_empty())
             .map(std::path::PathBuf::from)
     });
-    if !err.use_stderr() || config::log_format_for_errors(given, config) != LogFormat::Json {
+    if !err.use_stderr() {
         err.exit();
     }
-    init_logging(0, 0, LogFormat::Json);
     let code = u8::try_from(err.exit_code()).unwrap_or(exit::USAGE);
-    report::failure(
-        err.render().to_string().trim_end(),
-        &kebab(&format!("{:?}", err.kind())),
-        code,
-    );
+    if config::log_format_for_errors(given, config) == LogFormat::Json {
+        init_logging(0, 0, LogFormat::Json);
+        report::failure(
+            &prefixed(&err.render().to_string()),
+            &kebab(&format!("{:?}", err.kind())),
+            code,
+        );
+        return ExitCode::from(code);
+    }
+    // clap's text, styled as clap would style it, under the one prefix every error has.
+    let colour =
+        report::stderr_is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let rendered = err.render();
+    let text = if colour {
+        rendered.ansi().to_string()
+    } else {
+        rendered.to_string()
+    };
+    report::failure(&prefixed(&text), "usage", code);
     ExitCode::from(code)
+}
+
+/// clap's error text under the prefix of every error of ccci-run: `ccci-run: error: …`.
+fn prefixed(text: &str) -> String {
+    format!("ccci-run: {}", text.trim_end())
 }
 
 /// `UnknownArgument` → `unknown-argument`.
@@ -297,6 +326,7 @@ fn command(
     inputs: &config::Inputs,
     start_ppid: Pid,
 ) -> Result<u8, Error> {
+    check_dirs(&command, global)?;
     match command {
         Command::Doctor(args) => doctor(&args, inputs),
         Command::Config(args) => show_config(&args, resolved),
@@ -378,6 +408,30 @@ fn command(
             Ok(run::run(global, &cfg, start_ppid, &RunSweeper)?)
         }
     }
+}
+
+/// Refuse, before anything is done, each configured directory `command` keeps or reads that is
+/// missing with its parent (`config::dirs`): one exit code (2) and one message for every
+/// command. The lock dir only counts for the local locks.
+fn check_dirs(command: &Command, global: &Global) -> Result<(), Error> {
+    use config::dirs::{Dir, look};
+    let dirs: &[Dir] = match command {
+        Command::Run(_) | Command::Janitor(_) => &[Dir::Lock, Dir::Runs, Dir::State],
+        Command::Lock(_) => &[Dir::Lock, Dir::Runs],
+        Command::Locks(_) => &[Dir::Lock],
+        Command::Runs(_) | Command::Stop(_) => &[Dir::Runs],
+        _ => &[],
+    };
+    for &dir in dirs {
+        let path = match dir {
+            Dir::Lock if global.etcd.is_some() => continue,
+            Dir::Lock => &global.lock_dir,
+            Dir::Runs => &global.runs_dir,
+            Dir::State => &global.state_dir,
+        };
+        look(dir, path)?;
+    }
+    Ok(())
 }
 
 /// The janitor's side of a run, handed to it here: a command imports no other command.
@@ -506,7 +560,7 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     // not lose the metrics.
     match &args.metrics_file {
         Some(path) if args.dry_run => report::line(&format!(
-            "ccci-run: --dry-run changes nothing: metrics not written to {}",
+            "ccci-run: warning: --dry-run changes nothing: metrics not written to {}",
             path.display()
         )),
         Some(path) => {

@@ -40,12 +40,12 @@ pub(crate) struct ConvergeArgs {
     /// to the engine too; 0 polls once, within 1 s. Unset anywhere, the recipe's own
     /// deploy label coop-cloud.<stack>.timeout (seconds, as abra reads it) bounds the wait
     /// [env: CCCI_CONVERGE_TIMEOUT; file: converge_timeout; default: the label, else 5m].
-    #[arg(long, value_name = "DURATION", value_parser = converge_timeout)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = converge_timeout)]
     pub timeout: Option<Duration>,
     /// A running task counts once it has been up this long (at least 5 s after a failure of
     /// its service); 0 counts it at once
     /// [env: CCCI_CONVERGE_STABLE; file: converge_stable; default: 1s].
-    #[arg(long, value_name = "DURATION", value_parser = converge_stable)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = converge_stable)]
     pub stable: Option<Duration>,
     /// A paused update or rollback (swarm's default failure action) counts as settled: exit 0
     /// instead of 1; it is still reported.

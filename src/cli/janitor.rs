@@ -12,7 +12,7 @@ pub(crate) struct JanitorArgs {
     pub json: bool,
     /// Flag (never steal) a lock held for longer than DURATION
     /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
-    #[arg(long, value_name = "DURATION", value_parser = long_held)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = long_held)]
     pub long_held: Option<Duration>,
     /// Also write Prometheus metrics here (node_exporter textfile collector), atomically.
     #[arg(long, value_name = "PATH")]
@@ -20,11 +20,11 @@ pub(crate) struct JanitorArgs {
     /// How long reaping may take (the Docker side, until the engine lists nothing of each
     /// stack); past it the stack is `reap-incomplete` and the next sweep finishes the job
     /// [env: CCCI_REAP_BUDGET; file: reap_budget; default: 2m].
-    #[arg(long, value_name = "DURATION", value_parser = reap_budget)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = reap_budget)]
     pub reap_budget: Option<Duration>,
     /// Also remove per-run directories older than AGE whose run is not live; AGE needs a unit
     /// (14d, 36h) [env: CCCI_KEEP_RUNS; file: keep_runs; default: keep them].
-    #[arg(long, value_name = "AGE", value_parser = keep_runs)]
+    #[arg(long, value_name = "AGE", allow_hyphen_values = true, value_parser = keep_runs)]
     pub keep_runs: Option<Duration>,
     #[command(flatten)]
     pub global: GlobalArgs,

@@ -8,7 +8,7 @@ pub(crate) struct LockArgs {
     pub name: String,
     /// Give up after DURATION (exit 75, or -E's code) [default: wait as long as it takes];
     /// flock(1)'s -w SECS, fractions too.
-    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = any_duration)]
+    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", allow_hyphen_values = true, value_parser = any_duration)]
     pub wait: Option<Duration>,
     /// Do not wait: give up at once (exit 75, or -E's code) when the lock is held or others
     /// queue ahead, as --wait 0 does (flock(1)'s -n, which exits 1).
@@ -24,16 +24,16 @@ pub(crate) struct LockArgs {
     pub class: Class,
     /// A normal ticket that waited this long joins the fast class, keeping its place
     /// [env: CCCI_PROMOTE_AFTER; file: promote_after; default: 20m].
-    #[arg(long, value_name = "DURATION", value_parser = promote_after)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = promote_after)]
     pub promote_after: Option<Duration>,
     /// Time between the forwarded signal and SIGKILL of COMMAND's process group
     /// [env: CCCI_KILL_GRACE; file: kill_grace; default: 10s].
-    #[arg(long, value_name = "DURATION", value_parser = kill_grace)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = kill_grace)]
     pub kill_grace: Option<Duration>,
     /// Time the rest of the teardown may take after the kill grace; then whatever is left is
     /// killed and ccci-run exits [env: CCCI_TEARDOWN_TIMEOUT; file: teardown_timeout;
     /// default: 5m].
-    #[arg(long, value_name = "DURATION", value_parser = teardown_timeout)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = teardown_timeout)]
     pub teardown_timeout: Option<Duration>,
     /// Tear down when any of these processes exits; each must be an ancestor (the CI step
     /// shell's $$, and its parent, the runner).
@@ -57,7 +57,7 @@ pub(crate) struct LocksArgs {
     pub json: bool,
     /// Flag a lock held for longer than DURATION
     /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
-    #[arg(long, value_name = "DURATION", value_parser = long_held)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = long_held)]
     pub long_held: Option<Duration>,
     #[command(flatten)]
     pub global: GlobalArgs,

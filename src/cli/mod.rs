@@ -118,7 +118,7 @@ pub(crate) struct GlobalArgs {
     /// soon a dead holder's lock frees, and how long etcd may be unreachable before a holder
     /// stops its command; at least the kill grace + 2s, so the command is gone before the lease
     /// can expire [default: 15s].
-    #[arg(long, value_name = "DURATION", env = "CCCI_LEASE_TTL", value_parser = lease_ttl)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, env = "CCCI_LEASE_TTL", value_parser = lease_ttl)]
     pub lease_ttl: Option<Duration>,
     /// Diagnostics format: text, or json (then all of stderr is JSON, one object a line, status
     /// lines and errors included, also a refused command line: this flag wherever it stands,

@@ -36,20 +36,20 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
     /// Hard deadline for the whole run [env: CCCI_DEADLINE; file: deadline; default: 1h].
-    #[arg(long, value_name = "DURATION", value_parser = deadline)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = deadline)]
     pub deadline: Option<Duration>,
     /// Give up waiting for the app lock after DURATION (exit 75)
     /// [env: CCCI_LOCK_WAIT; file: lock_wait; default: until the deadline].
-    #[arg(long, value_name = "DURATION", value_parser = lock_wait)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = lock_wait)]
     pub lock_wait: Option<Duration>,
     /// Time between SIGTERM and SIGKILL of the command's process group
     /// [env: CCCI_KILL_GRACE; file: kill_grace; default: 10s].
-    #[arg(long, value_name = "DURATION", value_parser = kill_grace)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = kill_grace)]
     pub kill_grace: Option<Duration>,
     /// Time the rest of the teardown (hook, app removal) may take after the kill grace; the
     /// whole run is bounded by deadline + kill grace + this, whatever happens
     /// [env: CCCI_TEARDOWN_TIMEOUT; file: teardown_timeout; default: 5m].
-    #[arg(long, value_name = "DURATION", value_parser = teardown_timeout)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = teardown_timeout)]
     pub teardown_timeout: Option<Duration>,
     /// Refuse to run unless our parent process is PID (pass the step shell's $$; 1 when a
     /// container's init runs the step).

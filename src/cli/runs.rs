@@ -33,7 +33,7 @@ pub(crate) struct StopArgs {
     #[arg(value_name = "RUN_ID")]
     pub run_id: String,
     /// How long to wait for the run to finish its record (exit 75 if it has not).
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = any_duration)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, default_value = "30s", value_parser = any_duration)]
     pub wait: Duration,
     /// Past the wait, kill the run's supervisor, then its cgroup (or every process naming
     /// it), and record that.

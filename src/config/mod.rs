@@ -8,7 +8,8 @@
 //!
 //! Here: the validated configurations each command is handed (`Global`, `RunConfig`,
 //! `LockConfig`, ...); the values settings take are [`values`], the file's settings [`file`],
-//! and the resolution of each setting from its four sources [`resolve`].
+//! the resolution of each setting from its four sources [`resolve`], and what a missing
+//! configured directory means [`dirs`].
 //!
 //! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
@@ -24,6 +25,7 @@ use crate::names::{
     AppDomain, DomainSuffix, GitRef, LockName, NameError, PrNumber, Recipe, RunAppPattern, RunId,
 };
 
+pub(crate) mod dirs;
 mod file;
 mod resolve;
 mod values;
@@ -126,9 +128,15 @@ pub(crate) const LEASE_HEADROOM: Duration = Duration::from_millis(1500);
 /// election timeout), above an hour a dead holder blocks the fleet for too long.
 pub(crate) const LEASE_TTL_RANGE: std::ops::RangeInclusive<u32> = 2..=3600;
 
+/// The one form an etcd endpoint is written in, as every refusal names it.
+pub(crate) const ENDPOINT_FORM: &str =
+    "write each endpoint as http://HOST:PORT (https:// is not supported by this build)";
+
 impl EtcdSettings {
-    /// Validate endpoints as given (flag, environment or file): at least one, each a plain
-    /// `http://HOST:PORT` or `HOST:PORT` (this build speaks no TLS).
+    /// Validate endpoints as given (flag, environment or file): at least one, each
+    /// `http://HOST:PORT` and nothing else. The scheme is required: a bare `HOST:PORT` would be
+    /// read by the client as plain http, which a reader of the setting cannot tell from TLS; and
+    /// this build speaks no TLS.
     pub(crate) fn validate(endpoints: &[String], lease_ttl: u32) -> Result<Option<Self>, String> {
         let endpoints: Vec<String> = endpoints
             .iter()
@@ -139,19 +147,21 @@ impl EtcdSettings {
             return Ok(None);
         }
         for endpoint in &endpoints {
-            let rest = endpoint.strip_prefix("http://").unwrap_or(endpoint);
-            if rest.contains("://") {
-                return Err(format!(
-                    "{endpoint:?}: only http:// endpoints are supported (this build has no TLS)"
-                ));
-            }
+            let Some(rest) = endpoint.strip_prefix("http://") else {
+                let why = if endpoint.contains("://") {
+                    "its scheme is not http://"
+                } else {
+                    "the scheme is missing"
+                };
+                return Err(format!("{endpoint:?}: {why}: {ENDPOINT_FORM}"));
+            };
             let (host, port) = rest
                 .trim_end_matches('/')
                 .rsplit_once(':')
-                .ok_or_else(|| format!("{endpoint:?}: expected HOST:PORT or http://HOST:PORT"))?;
+                .ok_or_else(|| format!("{endpoint:?}: the port is missing: {ENDPOINT_FORM}"))?;
             if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
                 return Err(format!(
-                    "{endpoint:?}: expected HOST:PORT or http://HOST:PORT with a port in 1-65535"
+                    "{endpoint:?}: {ENDPOINT_FORM} with a port in 1-65535"
                 ));
             }
         }
@@ -370,7 +380,7 @@ mod tests {
     #[test]
     fn a_lease_ttl_must_hold_the_kill_grace_the_margin_and_the_keepalive_headroom() {
         let etcd = |ttl: u32| EtcdSettings {
-            endpoints: vec!["127.0.0.1:2379".into()],
+            endpoints: vec!["http://127.0.0.1:2379".into()],
             lease_ttl: Duration::from_secs(ttl.into()),
         };
         // The defaults agree.
@@ -474,7 +484,7 @@ mod tests {
         let file = dir.path().join("etcd.toml");
         std::fs::write(
             &file,
-            "etcd_endpoints = [\"http://127.0.0.1:2379\", \"10.0.0.2:2379\"]\nlease_ttl = 15\n",
+            "etcd_endpoints = [\"http://127.0.0.1:2379\", \"http://10.0.0.2:2379\"]\nlease_ttl = 15\n",
         )
         .unwrap();
         inputs.config = Some(file.clone());
@@ -482,7 +492,10 @@ mod tests {
         assert_eq!(
             resolved.etcd,
             Some(EtcdSettings {
-                endpoints: vec!["http://127.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                endpoints: vec![
+                    "http://127.0.0.1:2379".into(),
+                    "http://10.0.0.2:2379".into()
+                ],
                 lease_ttl: Duration::from_secs(15),
             })
         );
@@ -493,11 +506,25 @@ mod tests {
             Duration::from_secs(20)
         );
         for (endpoints, ttl, why) in [
-            ("https://a:2379", 10, "no TLS"),
-            ("a", 10, "HOST:PORT"),
-            ("a:0", 10, "port in 1-65535"),
-            ("a:2379", 1, "out of range"),
-            ("a:2379", 100_000, "out of range"),
+            (
+                "https://a:2379",
+                10,
+                "its scheme is not http://: write each endpoint as http://HOST:PORT (https:// is not supported by this build)",
+            ),
+            (
+                "http://a",
+                10,
+                "the port is missing: write each endpoint as http://HOST:PORT",
+            ),
+            ("http://a:0", 10, "port in 1-65535"),
+            (
+                "10.0.0.1:2379",
+                10,
+                "the scheme is missing: write each endpoint as http://HOST:PORT",
+            ),
+            ("a", 10, "the scheme is missing"),
+            ("http://a:2379", 1, "out of range"),
+            ("http://a:2379", 100_000, "out of range"),
         ] {
             inputs.etcd_endpoints = Some((vec![endpoints.to_owned()], Origin::Flag));
             inputs.lease_ttl = Some((Duration::from_secs(ttl), Origin::Flag));

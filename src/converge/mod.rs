@@ -176,8 +176,14 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
     };
     let waited = started.elapsed();
     let (code, outcome, summary) = watch.conclude(&end, waited, last_error.as_deref());
+    // The last line: progress when converged, the error the command ends with otherwise.
     report::line(&format!(
-        "ccci-run converge: {} {summary} ({} poll{}, {} Docker calls)",
+        "{} {} {summary} ({} poll{}, {} Docker calls)",
+        if code == 0 {
+            "ccci-run converge:"
+        } else {
+            "ccci-run: error: converge:"
+        },
         cfg.stack,
         watch.polls,
         if watch.polls == 1 { "" } else { "s" },

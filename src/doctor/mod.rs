@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::config::dirs::{self, Dir};
 use crate::config::{self, CgroupMode, DockerMode, Global, Inputs, Timing};
 
 /// The runner unit named when `--unit` is not given (the unit `systemd/` ships a drop-in for).
@@ -108,13 +109,26 @@ pub(crate) fn run(inputs: &Inputs, opts: &Options) -> Report {
     let mut checks = Vec::new();
     let global = settings(inputs, &mut checks);
     crate::trust::set_runner(global.runner);
-    for (dir, key, missing) in [
-        (&global.lock_dir, "lock_dir", State::Warn),
-        (&global.runs_dir, "runs_dir", State::Warn),
-        (&global.state_dir, "state_dir", State::Warn),
-        (&global.abra_home, "abra_home", State::Fail),
+    for (dir, key, missing, setting) in [
+        (&global.lock_dir, "lock_dir", State::Warn, Some(Dir::Lock)),
+        (&global.runs_dir, "runs_dir", State::Warn, Some(Dir::Runs)),
+        (
+            &global.state_dir,
+            "state_dir",
+            State::Warn,
+            Some(Dir::State),
+        ),
+        (&global.abra_home, "abra_home", State::Fail, None),
     ] {
-        checks.push(directory(dir, key, missing));
+        // A configured dir whose parent is missing is what every command refuses (exit 2).
+        let used = setting != Some(Dir::Lock) || global.etcd.is_none();
+        match setting.filter(|_| used).map(|s| dirs::look(s, dir)) {
+            Some(Err(refused)) => checks.push(
+                check(format!("dir {key}"), State::Fail, refused.to_string())
+                    .fix(format!("install -d -m 0755 {}", dir.display())),
+            ),
+            _ => checks.push(directory(dir, key, missing)),
+        }
     }
     checks.push(lock_dir_tmpfs(&global.lock_dir));
     checks.push(cgroups(global.cgroup));

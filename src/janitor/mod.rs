@@ -29,6 +29,7 @@ use std::io;
 use std::time::Instant;
 
 use crate::app::RemovedResources;
+use crate::config::dirs::{self, Dir};
 use crate::config::{DockerMode, Global, Hunt, SweepOptions};
 use crate::docker::{DockerLink, DockerSeam, Reaped, StackResources};
 use crate::janitor::decide::{Decision, Probe, decide};
@@ -259,11 +260,10 @@ impl Sweep<'_> {
         match Scope::of_runs_dir(&self.global.runs_dir) {
             Ok(scope) => Some(scope),
             Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                self.report.warnings.push(format!(
-                    "runs dir {} does not exist (--runs-dir, CCCI_RUNS_DIR): no cgroup or \
-                     process of this configuration was looked for",
-                    self.global.runs_dir.display()
-                ));
+                // No cgroup or process of this configuration is looked for.
+                self.report
+                    .warnings
+                    .push(dirs::missing_line(Dir::Runs, &self.global.runs_dir));
                 None
             }
             Err(err) => {

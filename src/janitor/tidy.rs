@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::io;
 
+use crate::config::dirs::{self, Dir};
 use crate::config::{Global, SweepOptions};
 use crate::janitor::report::SweepReport;
 use crate::names::RunId;
@@ -23,7 +24,12 @@ pub(super) fn tidy_state_files(
 ) {
     let entries = match std::fs::read_dir(&global.state_dir) {
         Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            report
+                .warnings
+                .push(dirs::missing_line(Dir::State, &global.state_dir));
+            return;
+        }
         Err(err) => {
             report.errors.push(format!(
                 "failed to list state dir {} (--state-dir, CCCI_STATE_DIR): {err}",

@@ -108,14 +108,20 @@ impl LockError {
 }
 
 /// Make sure `dir` exists and is safe to keep lock files in: a directory owned by us or root,
-/// and not writable by others unless sticky (as `/run/lock` is).
+/// and not writable by others unless sticky (as `/run/lock` is). A missing one is made (0755
+/// under the usual umask), in its parent only: a missing parent is a setting to fix
+/// (`config::dirs`), never made.
 pub(crate) fn prepare_dir(dir: &Path) -> Result<(), LockError> {
     let existed = dir.exists();
-    if let Err(err) = std::fs::create_dir_all(dir) {
-        return Err(LockError::UnsafeDir {
-            path: dir.to_owned(),
-            why: format!("cannot create it: {err}"),
-        });
+    match std::fs::DirBuilder::new().create(dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(err) => {
+            return Err(LockError::UnsafeDir {
+                path: dir.to_owned(),
+                why: format!("cannot create it: {err}"),
+            });
+        }
     }
     if !existed {
         crate::trust::adopt_dir(dir).map_err(|err| LockError::UnsafeDir {

@@ -15,6 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::config::dirs::{self, Dir};
 use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
 use crate::lock::list::{self, LockInfo};
 use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
@@ -219,12 +220,7 @@ impl LockBackend for Local {
     }
 
     fn missing_store(&self) -> Option<String> {
-        (!self.lock_dir.exists()).then(|| {
-            format!(
-                "lock dir {} does not exist (--lock-dir, CCCI_APP_LOCK_DIR): no lock was probed",
-                self.lock_dir.display()
-            )
-        })
+        (!self.lock_dir.exists()).then(|| dirs::missing_line(Dir::Lock, &self.lock_dir))
     }
 
     fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError> {

@@ -114,11 +114,18 @@ pub(crate) fn run(
     let mut funnel = guards::install_guards(start_ppid, &guards)
         .map_err(|e| NamedLockError::Guards(e.to_string()))?;
     backend.prepare(true)?;
-    // The runs dir names the configuration the command's processes belong to.
-    std::fs::create_dir_all(runs_dir).map_err(|source| NamedLockError::RunsDir {
-        path: runs_dir.to_owned(),
-        source,
-    })?;
+    // The runs dir names the configuration the command's processes belong to. Made in its
+    // parent only: a missing parent is a setting to fix (`config::dirs`).
+    match std::fs::DirBuilder::new().create(runs_dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => {
+            return Err(NamedLockError::RunsDir {
+                path: runs_dir.to_owned(),
+                source,
+            });
+        }
+    }
     let owner = Owner::establish(runs_dir)?;
     // Made before the wait, so the holder line can name it.
     let cgroups = cgroup::run_cgroup(opts.cgroup, "lock", opts.name.as_str(), owner);
@@ -183,7 +190,7 @@ pub(crate) fn run(
                 }
                 Taken::TimedOut { waited, detail, .. } => {
                     report::line(&format!(
-                        "ccci-run: lock {} not acquired within {} s {detail}",
+                        "ccci-run: error: lock {} not acquired within {} s {detail}",
                         opts.name,
                         (waited.as_secs_f64() * 10.0).round() / 10.0,
                     ));

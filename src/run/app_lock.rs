@@ -100,7 +100,7 @@ impl Run<'_> {
             self.cfg.identity.domain,
             (waited.as_secs_f64() * 10.0).round() / 10.0,
         );
-        report::line(&format!("ccci-run: {message}"));
+        report::line(&format!("ccci-run: error: {message}"));
         self.record.error = Some(message);
         self.record.exit_code = Some(exit::LOCK_TIMEOUT);
         self.record.enter(Phase::Finished);

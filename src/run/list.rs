@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use crate::config::dirs::{self, Dir};
 use crate::lock::list::{LockInfo, LockKind};
 use crate::names::{self, escape_outside};
 use crate::rundir::phase::Phase;
@@ -153,11 +154,22 @@ fn parse_time(at: &str) -> Option<SystemTime> {
 }
 
 /// Every run under `runs_dir` (with `all`, also those that ended more than [`RECENT`] ago),
-/// sorted by start. `Err` when the runs dir itself cannot be read.
+/// sorted by start. `Err` when the runs dir itself cannot be read; a missing one holds no run.
 pub(crate) fn list(runs_dir: &Path, all: bool, now: SystemTime) -> std::io::Result<Listing> {
     let mut found = Vec::new();
     let mut warnings = Vec::new();
-    for entry in std::fs::read_dir(runs_dir)? {
+    let entries = match std::fs::read_dir(runs_dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            warnings.push(dirs::missing_line(Dir::Runs, runs_dir));
+            return Ok(Listing {
+                runs: Vec::new(),
+                warnings,
+            });
+        }
+        Err(err) => return Err(err),
+    };
+    for entry in entries {
         let entry = match entry {
             Ok(entry) => entry,
             Err(err) => {

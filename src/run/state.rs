@@ -51,10 +51,10 @@ impl StateFiles {
         run_id: &RunId,
         pid: u32,
     ) -> Result<Self, StateError> {
-        // A missing state dir is created like the other dirs (root-only when we make it).
+        // A missing state dir is created like the other dirs (root-only when we make it), in
+        // its parent only: a missing parent is a setting to fix (`config::dirs`).
         if !dir.exists() {
             std::fs::DirBuilder::new()
-                .recursive(true)
                 .mode(0o700)
                 .create(dir)
                 .map_err(|source| StateError::Create {

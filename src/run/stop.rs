@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
+use crate::config::dirs::{self, Dir};
 use crate::exit;
 use crate::lock::Holder;
 use crate::names::{self, RunId};
@@ -98,10 +99,19 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
         why,
     };
     // The runs dir must be readable: "unknown" is only said of a directory that was looked in.
-    std::fs::read_dir(runs_dir).map_err(|source| StopError::RunsDir {
-        path: runs_dir.to_owned(),
-        source,
-    })?;
+    // A missing one holds no run: not live, as anywhere else there is nothing to stop.
+    match std::fs::read_dir(runs_dir) {
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_live(dirs::missing_line(Dir::Runs, runs_dir)));
+        }
+        Err(source) => {
+            return Err(StopError::RunsDir {
+                path: runs_dir.to_owned(),
+                source,
+            });
+        }
+    }
     let dir = runs_dir.join(id.as_str());
     // A run dir is a directory of this runs dir: a link planted in its place (to another
     // configuration's live run) is never followed.
@@ -201,7 +211,7 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
             .and_then(|r| r.phases.last().map(|p| p.name.clone()))
             .unwrap_or_default();
         crate::report::line(&format!(
-            "ccci-run: run {id} still runs after {} (phase {phase}); it was asked to stop and \
+            "ccci-run: error: run {id} still runs after {} (phase {phase}); it was asked to stop and \
              is tearing down (--kill ends it)",
             humantime::format_duration(cfg.wait)
         ));
@@ -418,7 +428,7 @@ fn kill(
         })?;
     if !wait_exit(target, KILL_BUDGET) {
         crate::report::line(&format!(
-            "ccci-run: run {id}'s supervisor still runs {} after SIGKILL",
+            "ccci-run: error: run {id}'s supervisor still runs {} after SIGKILL",
             humantime::format_duration(KILL_BUDGET)
         ));
         return Ok(Stopped {

@@ -73,6 +73,14 @@ pub(crate) struct RunDir {
 
 /// The runs dir must not let others replace our entries: writable by others is only acceptable
 /// with the sticky bit (then nobody but us can rename or remove what we made there).
+/// Make `dir` in its parent (0755 under the usual umask), unless it is there.
+fn make_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().create(dir) {
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        done => done,
+    }
+}
+
 fn check_runs_dir(runs_dir: &Path) -> Result<(), RunDirError> {
     use std::os::unix::fs::PermissionsExt;
     let Ok(meta) = std::fs::metadata(runs_dir) else {
@@ -195,6 +203,9 @@ impl RunDir {
     ) -> Result<Self, RunDirError> {
         let dir = runs_dir.join(run_id.as_str());
         check_runs_dir(runs_dir)?;
+        // The runs dir and the run's are each made in their parent only: a missing parent of
+        // the runs dir is a setting to fix (`config::dirs`), never made.
+        make_dir(runs_dir).map_err(io_err("create runs dir", runs_dir))?;
         let started = std::time::Instant::now();
         loop {
             // Retention may remove the directory between any two of these steps (it holds the
@@ -207,7 +218,7 @@ impl RunDir {
                 };
                 source.kind() == io::ErrorKind::NotFound && started.elapsed() < PROBE_PATIENCE
             };
-            let made = std::fs::create_dir_all(&dir)
+            let made = make_dir(&dir)
                 .map_err(io_err("create run directory", &dir))
                 .and_then(|()| check_own_dir(&dir));
             let liveness = match made {

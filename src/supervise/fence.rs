@@ -232,7 +232,7 @@ pub(crate) fn invoked() -> Option<Vec<OsString>> {
 /// and the log format; the feed comes on stdin.
 pub(crate) fn main(args: &[OsString]) -> u8 {
     let [cgroup, owner, label, _format] = args else {
-        report::line("ccci-run: the fence was started with the wrong arguments");
+        report::line("ccci-run: error: the fence was started with the wrong arguments");
         return crate::exit::USAGE;
     };
     let cgroup = (cgroup != "-").then(|| PathBuf::from(cgroup));

@@ -109,7 +109,7 @@ impl Supervisor<'_> {
                     leader = Some(started);
                 }
                 Some(Err(err)) => {
-                    report::line(&format!("ccci-run: {err}"));
+                    report::line(&format!("ccci-run: error: {err}"));
                     early.push_back(Event::CommandEnded(err.status()));
                 }
                 // A way out came while waiting to retry: it is in `early`.
@@ -139,7 +139,7 @@ impl Supervisor<'_> {
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 report::line(&format!(
-                    "ccci-run: failed to start the command after {tries} tries in {}: {} — a \
+                    "ccci-run: error: failed to start the command after {tries} tries in {}: {} — a \
                      limit on {} was reached",
                     crate::duration::show(SPAWN_RETRY_BUDGET),
                     err.source,

@@ -153,7 +153,19 @@ fn unusable_runs_dir_is_125_naming_it() {
 #[case::teardown_timeout_huge("--teardown-timeout=1e30", "is not a duration")]
 #[case::lock_wait_huge("--lock-wait=99999999999", "too long")]
 #[case::deadline_huge("--deadline=99999999999", "--deadline")]
-#[case::deadline_unit("--deadline=5x", "is not a duration: write seconds (90, 1.5)")]
+#[case::deadline_unit(
+    "--deadline=5x",
+    "is not a duration: \"x\" is not a unit; write seconds (90, 1.5)"
+)]
+#[case::deadline_month(
+    "--deadline=1M",
+    "months are not a unit (1M would be read as 30d 10h 33m 36s): write 1m for a minute, or days (30d)"
+)]
+#[case::kill_grace_word_unit(
+    "--kill-grace=90min",
+    "\"min\" is not a unit; write seconds (90, 1.5) or a number with units (90s, 5m, 1h30m, 14d): the units are ms, s, m, h, d and w"
+)]
+#[case::lock_wait_years("--lock-wait=1y", "years are not a unit: write days (365d)")]
 #[case::deadline_negative("--deadline=-5m", "is not a duration")]
 #[case::deadline_empty("--deadline=", "an empty value is not a duration")]
 #[case::deadline_zero("--deadline=0s", "too short: at least 1s")]
@@ -558,7 +570,8 @@ fn command_line_errors_follow_log_format_json(
     assert!(message.contains("Usage: ccci-run janitor"), "{message}");
 }
 
-/// Without JSON asked for, clap's text stays as it was; `--help` is help, on stdout, exit 0.
+/// Without JSON asked for, clap's text stays text, under the one prefix of every error
+/// (`ccci-run: error:`); `--help` is help, on stdout, exit 0.
 #[test]
 fn command_line_errors_stay_text_unless_json_is_asked_for() {
     let sandbox = Sandbox::new();
@@ -567,7 +580,7 @@ fn command_line_errors_stay_text_unless_json_is_asked_for() {
     let done = run(cmd);
     done.assert_code(2);
     assert!(
-        done.err[0].starts_with("error: unexpected argument '--bogus'"),
+        done.err[0].starts_with("ccci-run: error: unexpected argument '--bogus'"),
         "{}",
         done.transcript()
     );
@@ -694,4 +707,159 @@ fn a_lease_ttl_too_short_for_the_kill_grace_is_refused_naming_the_smallest_that_
         "{}",
         fits.transcript()
     );
+}
+
+/// A configured lock, runs or state dir whose parent is missing (`--lock-dir /nonexistent/locks`,
+/// a typo) is refused by every command that keeps or reads it, with one exit code (2) and one
+/// message naming the setting, and nothing is made: `run` and `lock` once made `/nonexistent`
+/// and all, while `locks` said it did not exist and exited 0. A missing dir whose parent exists
+/// is made, one level, by the commands that keep something there, and read as empty, in one
+/// line, by those that only look.
+#[test]
+fn a_missing_dir_is_refused_alike_by_every_command_and_only_made_where_its_parent_is() {
+    let sandbox = Sandbox::new();
+    let base = sandbox.path().join("nonexistent");
+    let commands: [&[&str]; 7] = [
+        &[
+            "run",
+            "--recipe",
+            "custom-html",
+            "--no-fetch",
+            "--",
+            "echo",
+            "command-ran",
+        ],
+        &["lock", "x", "--", "echo", "command-ran"],
+        &["locks"],
+        &["runs"],
+        &["stop", "r1"],
+        &["janitor"],
+        &["janitor", "--dry-run"],
+    ];
+    let settings = [
+        (
+            "--lock-dir",
+            "lock dir",
+            "--lock-dir, CCCI_APP_LOCK_DIR, lock_dir",
+        ),
+        (
+            "--runs-dir",
+            "runs dir",
+            "--runs-dir, CCCI_RUNS_DIR, runs_dir",
+        ),
+        (
+            "--state-dir",
+            "state dir",
+            "--state-dir, CCCI_STATE_DIR, state_dir",
+        ),
+    ];
+    // Which command keeps or reads which dir: the others never look at it.
+    let uses = |flag: &str, command: &str| match flag {
+        "--lock-dir" => ["run", "lock", "locks", "janitor"].contains(&command),
+        "--runs-dir" => ["run", "lock", "runs", "stop", "janitor"].contains(&command),
+        _ => ["run", "janitor"].contains(&command),
+    };
+    for (flag, kind, sources) in settings {
+        let dir = base.join("dir");
+        for command in commands {
+            if !uses(flag, command[0]) {
+                continue;
+            }
+            let mut cmd = sandbox.ccci();
+            cmd.arg(flag).arg(&dir).args(command);
+            let done = run(cmd);
+            done.assert_code(2);
+            done.assert_stderr_has(&format!(
+                "ccci-run: error: {kind} {} ({sources}) does not exist, nor does its parent {}: \
+                 ccci-run makes a missing {kind} only in a directory that exists; create it \
+                 (mkdir -p {}), or set the {kind} this host uses",
+                dir.display(),
+                base.display(),
+                dir.display()
+            ));
+            assert!(!done.out.join("\n").contains("command-ran"));
+            assert!(!base.exists(), "{command:?} made {}", base.display());
+        }
+        // Its parent there: made by those that keep something in it, looked at by the others.
+        let dir = sandbox
+            .path()
+            .join(format!("fresh{}", flag.trim_start_matches('-')));
+        for command in commands {
+            if !uses(flag, command[0]) {
+                continue;
+            }
+            let mut cmd = sandbox.ccci();
+            cmd.arg(flag).arg(&dir).args(command);
+            let done = run(cmd);
+            let makes = matches!(
+                (flag, command),
+                (_, ["run", ..])
+                    | ("--lock-dir" | "--runs-dir", ["lock", ..])
+                    | ("--lock-dir", ["janitor"])
+            );
+            assert_eq!(dir.is_dir(), makes, "{command:?} {}", done.transcript());
+            if makes {
+                done.assert_code(0);
+                std::fs::remove_dir_all(&dir).unwrap();
+            } else {
+                done.assert_code(if command[0] == "stop" { 1 } else { 0 });
+                done.assert_stderr_has(&format!(
+                    "{kind} {} ({sources}) does not exist: nothing there yet",
+                    dir.display()
+                ));
+            }
+        }
+    }
+}
+
+/// Every error ccci-run ends with starts `ccci-run: error:`, clap's (a bad command line, a bad
+/// value) as well as its own; a negative `--wait` is a value that is no duration, never an
+/// argument to put after `--` (which would make `-1` the run id).
+#[test]
+fn every_error_has_one_prefix_and_a_negative_wait_is_no_duration() {
+    let sandbox = Sandbox::new();
+    for (args, first) in [
+        (
+            &["janitor", "--bogus"][..],
+            "ccci-run: error: unexpected argument '--bogus' found",
+        ),
+        (
+            &["stop", "r1", "--wait", "-1"],
+            "ccci-run: error: invalid value '-1' for '--wait <DURATION>': \"-1\" is not a \
+             duration: a duration is never negative; write seconds (90, 1.5)",
+        ),
+        (
+            &["stop", "--wait", "-1", "r1"],
+            "ccci-run: error: invalid value '-1' for '--wait <DURATION>'",
+        ),
+        (
+            &["lock", "x", "-w", "-5m", "--", "true"],
+            "ccci-run: error: invalid value '-5m' for '--wait <DURATION>'",
+        ),
+        (
+            &["--deadline", "5x"][..],
+            "ccci-run: error: invalid value '5x' for '--deadline",
+        ),
+        (
+            &["stop", "../1"],
+            "ccci-run: error: invalid run id \"../1\"",
+        ),
+    ] {
+        let mut cmd = sandbox.ccci();
+        if args[0] == "--deadline" {
+            cmd.args(["run", "--recipe", "r"])
+                .args(args)
+                .args(["--", "true"]);
+        } else {
+            cmd.args(args);
+        }
+        let done = run(cmd);
+        done.assert_code(2);
+        assert!(
+            done.err[0].starts_with(first),
+            "{args:?}\n{}",
+            done.transcript()
+        );
+        assert!(!done.stderr().contains("'-- -"), "{}", done.transcript());
+    }
 }

@@ -184,11 +184,16 @@ fn doctor_judges_directory_modes_and_warns_of_a_lock_dir_not_on_tmpfs() {
         "on tmpfs",
     );
     // A lock dir yet to be made is judged where it would be made.
+    let later = lock_dir(&on_tmpfs.path().join("later"));
+    assert_state(&later, "lock_dir on tmpfs", "ok", "on tmpfs");
+    assert_state(&later, "dir lock_dir", "warn", "it is made at first use");
+    // One whose parent is missing is never made: what every command refuses, doctor fails.
+    let never = lock_dir(&on_tmpfs.path().join("no/locks"));
     assert_state(
-        &lock_dir(&on_tmpfs.path().join("later")),
-        "lock_dir on tmpfs",
-        "ok",
-        "on tmpfs",
+        &never,
+        "dir lock_dir",
+        "fail",
+        "(--lock-dir, CCCI_APP_LOCK_DIR, lock_dir) does not exist, nor does its parent",
     );
 }
 

@@ -227,14 +227,23 @@ fn a_run_keeps_its_lock_when_the_leader_dies_and_loses_it_when_etcd_goes_silent(
     next.finish().assert_code(0);
 }
 
+/// A refused connection is said to be one, within about a second, not after the 5 s a silent
+/// member is given ("no answer within 5 s" sent operators looking for a hung etcd).
 #[test]
 fn an_unreachable_etcd_fails_the_run_and_the_janitor_and_never_falls_back_to_flock() {
     // Nobody listens here.
     let endpoint = format!("http://127.0.0.1:{}", free_port());
     let host = Host::at(endpoint.clone(), 2);
+    let started = std::time::Instant::now();
     let done = run(host.run("r1", &[], "echo must-not-run"));
     done.assert_code(125);
     done.assert_stderr_has(&endpoint);
+    done.assert_stderr_has("every endpoint refused the connection: nothing listens there");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(4),
+        "a refusal took {:?}",
+        started.elapsed()
+    );
     assert!(!done.out.join("\n").contains("must-not-run"));
     let record = host.record("r1");
     assert_eq!(record["exit_code"], 125, "{record}");
@@ -259,6 +268,47 @@ fn an_unreachable_etcd_fails_the_run_and_the_janitor_and_never_falls_back_to_flo
     let listed = run(locks);
     listed.assert_code(1);
     listed.assert_stderr_has(&endpoint);
+    listed.assert_stderr_has("refused the connection");
+
+    let mut doctor = host.ccci();
+    doctor.arg("doctor");
+    let judged = run(doctor);
+    judged.assert_code(1);
+    assert!(
+        judged
+            .out
+            .join("\n")
+            .contains("connection refused: nothing listens there"),
+        "{}",
+        judged.transcript()
+    );
+}
+
+/// An endpoint without its scheme (`10.0.0.1:2379`) is refused when the configuration is read,
+/// by every command, naming the one form; so are https:// (no TLS here) and a missing port.
+#[test]
+fn an_etcd_endpoint_without_its_scheme_is_refused_naming_the_form() {
+    let sandbox = Sandbox::new();
+    for (endpoint, why) in [
+        ("10.0.0.1:2379", "the scheme is missing"),
+        ("https://10.0.0.1:2379", "its scheme is not http://"),
+        ("http://10.0.0.1", "the port is missing"),
+    ] {
+        for sub in [
+            &["locks"][..],
+            &["janitor", "--dry-run"],
+            &["lock", "x", "--", "true"],
+        ] {
+            let mut cmd = sandbox.ccci();
+            cmd.args(["--etcd-endpoints", endpoint]).args(sub);
+            let done = run(cmd);
+            done.assert_code(2);
+            done.assert_stderr_has(&format!(
+                "\"{endpoint}\": {why}: write each endpoint as http://HOST:PORT (https:// is not \
+                 supported by this build)"
+            ));
+        }
+    }
 }
 
 #[test]

@@ -618,7 +618,7 @@ fn a_janitor_without_its_runs_dir_judges_no_one_s_leftovers() {
     let done = run(cmd);
     done.assert_code(0);
     done.assert_stderr_has(
-        "(--runs-dir, CCCI_RUNS_DIR): no cgroup or process of this configuration was looked for",
+        "(--runs-dir, CCCI_RUNS_DIR, runs_dir) does not exist: nothing there yet",
     );
     assert!(process_alive(daemon), "{}", done.transcript());
     let (report, done) = sandbox.janitor(&[]);

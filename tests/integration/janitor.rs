@@ -705,7 +705,9 @@ fn a_missing_directory_is_named_not_swept_silently() {
     done.assert_stderr_has(
         "warning: /nonexistent/abra/servers does not exist (--abra-home, CCCI_ABRA_HOME)",
     );
-    done.assert_stderr_has("(--lock-dir, CCCI_APP_LOCK_DIR): no lock was probed");
+    done.assert_stderr_has(
+        "(--lock-dir, CCCI_APP_LOCK_DIR, lock_dir) does not exist: nothing there yet",
+    );
     let out = done.out.join("\n");
     assert!(
         out.contains(".env files /nonexistent/abra/servers/*/*.env"),
@@ -737,7 +739,7 @@ fn a_missing_directory_is_named_not_swept_silently() {
         .arg("locks");
     let done = run(cmd);
     done.assert_code(0);
-    done.assert_stderr_has("does not exist (--lock-dir, CCCI_APP_LOCK_DIR)");
+    done.assert_stderr_has("(--lock-dir, CCCI_APP_LOCK_DIR, lock_dir) does not exist");
 }
 
 /// The summary line tells reaped from would-be-reaped (an engine that does not answer turns a

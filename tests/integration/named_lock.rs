@@ -548,7 +548,7 @@ fn flock_s_nonblock_timeout_and_conflict_exit_code_are_understood() {
         let done = run(lock_cmd(&sandbox, extra, &script));
         let took = started.elapsed().as_secs_f64();
         done.assert_code(code);
-        done.assert_stderr_has("ccci-run: lock shared not acquired within");
+        done.assert_stderr_has("ccci-run: error: lock shared not acquired within");
         assert!(took >= budget, "{extra:?}: gave up after {took} s");
         assert!(took < budget + 5.0, "{extra:?}: waited {took} s");
     }

@@ -409,7 +409,7 @@ fn a_run_that_outlasts_the_wait_is_75_and_killed_with_kill(#[case] cgroup: &str)
     let command = live.wait_ready();
     let done = stop(&sandbox, &["slow", "--wait", "0.5"]);
     done.assert_code(75);
-    done.assert_stderr_has("ccci-run: run slow still runs after 500ms");
+    done.assert_stderr_has("ccci-run: error: run slow still runs after 500ms");
     live.wait_for(Stream::Err, "== stopped by ccci-run stop");
     assert!(process_alive(command));
 
@@ -491,23 +491,34 @@ fn runs_and_stop_across_pid_namespaces() {
     host.finish().assert_code(143);
 }
 
-/// `runs` and `stop` on a runs dir that cannot be read (a file, a missing directory, one another
-/// user may not read) are exit 1 naming it and the setting; on a closed stdout `runs` ends
-/// quietly, never a panic.
+/// `runs` and `stop` on a runs dir that cannot be read (a file, one another user may not read)
+/// are exit 1 naming it and the setting; a missing one (its parent there) holds no run: `runs`
+/// lists none (0) and `stop` finds none live (1), each saying so in the one line; on a closed
+/// stdout `runs` ends quietly, never a panic.
 #[test]
 fn runs_on_an_unreadable_runs_dir_is_1_and_a_closed_stdout_is_no_panic() {
     let sandbox = Sandbox::new();
     let file = sandbox.path().join("not-a-dir");
     std::fs::write(&file, "").unwrap();
-    for runs_dir in [file.clone(), sandbox.path().join("missing")] {
-        for command in [vec!["runs"], vec!["stop", "7"]] {
-            let mut cmd = sandbox.ccci();
-            cmd.arg("--runs-dir").arg(&runs_dir).args(&command);
-            let done = run(cmd);
-            done.assert_code(1);
-            done.assert_stderr_has(&format!("failed to read runs dir {}: ", runs_dir.display()));
-            done.assert_stderr_has("--runs-dir / CCCI_RUNS_DIR");
-        }
+    for command in [vec!["runs"], vec!["stop", "7"]] {
+        let mut cmd = sandbox.ccci();
+        cmd.arg("--runs-dir").arg(&file).args(&command);
+        let done = run(cmd);
+        done.assert_code(1);
+        done.assert_stderr_has(&format!("failed to read runs dir {}: ", file.display()));
+        done.assert_stderr_has("--runs-dir / CCCI_RUNS_DIR");
+    }
+    let missing = sandbox.path().join("missing");
+    for (command, code) in [(vec!["runs"], 0), (vec!["stop", "7"], 1)] {
+        let mut cmd = sandbox.ccci();
+        cmd.arg("--runs-dir").arg(&missing).args(&command);
+        let done = run(cmd);
+        done.assert_code(code);
+        done.assert_stderr_has(&format!(
+            "runs dir {} (--runs-dir, CCCI_RUNS_DIR, runs_dir) does not exist: nothing there yet",
+            missing.display()
+        ));
+        assert!(!missing.exists(), "a look makes nothing");
     }
     // A runs dir another user may not read: as uid 65534, the same clear error.
     run(sandbox.run_sh("mine", &[], "true")).assert_code(0);

@@ -22,6 +22,10 @@ pub(super) const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(super) const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
 /// A pause before retrying after a failed watch or keepalive, so a dead member is not hammered.
 pub(super) const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// How long a request goes on asking while every member refuses the connection (nothing
+/// listens there): long enough for a member that is restarting, short of [`REQUEST_TIMEOUT`],
+/// so that the answer is "refused" rather than "no answer".
+pub(super) const REFUSED_PATIENCE: Duration = Duration::from_secs(1);
 
 /// The one thread that drives the runtime (its I/O, timers and tasks: the keepalive, the
 /// guards); the main thread's own calls go through [`Driver::handle`].
@@ -80,7 +84,7 @@ impl Driver {
     }
 }
 
-/// The addresses of `endpoints` (validated `http://HOST:PORT` or `HOST:PORT`), resolved here on
+/// The addresses of `endpoints` (validated `http://HOST:PORT`), resolved here on
 /// the calling thread, one `http://ADDRESS:PORT` per address.
 ///
 /// Left to the client, a host name is looked up on the runtime's blocking pool, which needs a
@@ -205,8 +209,16 @@ impl Pool {
         // answers or the time for a request is up.
         let started = tokio::time::Instant::now();
         let mut last = None;
+        // Whether every member asked so far refused the connection.
+        let mut all_refused = true;
         for round in 0.. {
             if round > 0 && round % self.clients.len() == 0 {
+                if all_refused && started.elapsed() >= REFUSED_PATIENCE {
+                    return Err(etcd_client::Error::IoError(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        REFUSED,
+                    )));
+                }
                 if started.elapsed() >= REQUEST_TIMEOUT {
                     break;
                 }
@@ -216,8 +228,12 @@ impl Pool {
             match tokio::time::timeout(ATTEMPT_TIMEOUT, request(client)).await {
                 Ok(Ok(answer)) => return Ok(answer),
                 Ok(Err(err)) if !member_failed(&err) => return Err(err),
-                Ok(Err(err)) => last = Some(err),
+                Ok(Err(err)) => {
+                    all_refused &= refused(&err);
+                    last = Some(err);
+                }
                 Err(_) => {
+                    all_refused = false;
                     last = Some(etcd_client::Error::IoError(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         "no answer",
@@ -228,6 +244,32 @@ impl Pool {
         }
         Err(last.expect("at least one endpoint"))
     }
+}
+
+/// What a request that every member refused says.
+pub(super) const REFUSED: &str =
+    "every endpoint refused the connection: nothing listens there (is etcd running, on that port?)";
+
+/// Whether `err` is a refused connection: nothing listens at the endpoint. The client keeps
+/// the kernel's error at the bottom of its chain of sources.
+pub(super) fn refused(err: &etcd_client::Error) -> bool {
+    // Its gRPC status does not say it has a source: start from the status itself.
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match err {
+        etcd_client::Error::GRpcStatus(status) => Some(status),
+        etcd_client::Error::IoError(io) => Some(io),
+        etcd_client::Error::TransportError(transport) => Some(transport),
+        err => Some(err),
+    };
+    while let Some(err) = source {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// Whether `err` says the member could not serve us (down, stopped, without a leader), as
@@ -272,7 +314,13 @@ impl Shared {
         self.handle
             .block_on(async move { tokio::time::timeout(limit, work).await })
             .map_err(|_| self.error(what, format!("no answer within {} s", limit.as_secs())))?
-            .map_err(|e| self.error(what, e))
+            .map_err(|e| {
+                if refused(&e) {
+                    self.error(what, REFUSED)
+                } else {
+                    self.error(what, e)
+                }
+            })
     }
 
     /// One transaction, through whichever member answers.
@@ -322,7 +370,7 @@ mod tests {
     fn addresses_are_kept_and_names_become_addresses() {
         let got = resolve(&owned(&[
             "http://127.0.0.1:2379",
-            "10.0.0.2:2379/",
+            "http://10.0.0.2:2379/",
             "http://[::1]:2379",
             "http://localhost:2380/",
         ]))
@@ -331,7 +379,7 @@ mod tests {
             got[..3],
             owned(&[
                 "http://127.0.0.1:2379",
-                "10.0.0.2:2379/",
+                "http://10.0.0.2:2379/",
                 "http://[::1]:2379"
             ])
         );
@@ -346,8 +394,12 @@ mod tests {
     /// `.invalid` never resolves (RFC 6761): left out beside one that does, an error alone.
     #[test]
     fn a_name_that_does_not_resolve_is_left_out_unless_it_is_all_there_is() {
-        let got = resolve(&owned(&["http://nohost.invalid:2379", "127.0.0.1:2379"])).unwrap();
-        assert_eq!(got, owned(&["127.0.0.1:2379"]));
+        let got = resolve(&owned(&[
+            "http://nohost.invalid:2379",
+            "http://127.0.0.1:2379",
+        ]))
+        .unwrap();
+        assert_eq!(got, owned(&["http://127.0.0.1:2379"]));
         let err = resolve(&owned(&["http://nohost.invalid:2379"])).unwrap_err();
         assert!(err.starts_with("nohost.invalid: "), "{err}");
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 
-use super::client::Driver;
+use super::client::{Driver, refused};
 use crate::config::EtcdSettings;
 
 /// How long connecting to one endpoint, or one request of it, may take.
@@ -58,11 +58,11 @@ async fn ask_one(endpoint: &str, ttl: i64) -> Result<Member, String> {
         .with_timeout(ASK_TIMEOUT);
     let mut client = Client::connect([endpoint], Some(options))
         .await
-        .map_err(|e| format!("failed to connect: {e}"))?;
+        .map_err(|e| unreachable("failed to connect", &e))?;
     let status = client
         .status()
         .await
-        .map_err(|e| format!("failed to ask its status: {e}"))?;
+        .map_err(|e| unreachable("failed to ask its status", &e))?;
     let header = status.header();
     let mut member = Member {
         cluster_id: header.map_or(0, |h| h.cluster_id()),
@@ -81,4 +81,16 @@ async fn ask_one(endpoint: &str, ttl: i64) -> Result<Member, String> {
         let _ = client.lease_revoke(lease.id()).await;
     }
     Ok(member)
+}
+
+/// Why an endpoint gave no answer: a refused connection said in a word, anything else as the
+/// client put it.
+fn unreachable(what: &str, err: &etcd_client::Error) -> String {
+    if refused(err) {
+        format!(
+            "{what}: connection refused: nothing listens there (is etcd running, on that port?)"
+        )
+    } else {
+        format!("{what}: {err}")
+    }
 }
