@@ -49,47 +49,15 @@ let
 
   sum = foldl' (a: b: if a >= tooLarge - b then tooLarge else a + b) 0;
 
-  # The units ccci-run's duration parser (humantime) knows, in nanoseconds.
-  humantimeUnits = rec {
-    ns = 1;
-    nsec = ns;
-    nanos = ns;
-    us = 1000;
-    usec = us;
+  # The units a ccci-run duration may be written in (src/duration.rs, UNITS), in nanoseconds:
+  # milliseconds to weeks, nothing else (no months, no years, no spelled-out names).
+  durationUnits = {
     ms = 1000000;
-    msec = ms;
-    millis = ms;
     s = secondNs;
-    sec = s;
-    secs = s;
-    second = s;
-    seconds = s;
-    m = 60 * s;
-    min = m;
-    mins = m;
-    minute = m;
-    minutes = m;
-    h = 3600 * s;
-    hr = h;
-    hrs = h;
-    hour = h;
-    hours = h;
-    d = 86400 * s;
-    day = d;
-    days = d;
-    w = 7 * d;
-    wk = w;
-    wks = w;
-    week = w;
-    weeks = w;
-    M = 2630016 * s;
-    month = M;
-    months = M;
-    y = 31557600 * s;
-    yr = y;
-    yrs = y;
-    year = y;
-    years = y;
+    m = 60 * secondNs;
+    h = 3600 * secondNs;
+    d = 86400 * secondNs;
+    w = 7 * 86400 * secondNs;
   };
 
   # The units of systemd.time(7) time spans, in nanoseconds.
@@ -163,7 +131,7 @@ let
     else
       null;
 
-  nanosOf = text: (parseSpan humantimeUnits false text).nanos;
+  nanosOf = text: (parseSpan durationUnits false text).nanos;
 in
 rec {
   # The host's settings when the module's options are left alone; systemd/ carries the same.
@@ -241,16 +209,16 @@ rec {
   isRecipeUrlTemplate = v: isString v && match "[^[:space:]]*[{]recipe[}][^[:space:]]*" v != null;
   recipeUrlTemplateRule = "a URL or path with {recipe} where the recipe's name goes and no white space, such as \"https://git.example.org/coop-cloud/{recipe}.git\"";
 
-  # An etcd endpoint as the binary takes it: HOST:PORT or http://HOST:PORT (no TLS in this
-  # build), a port in 1-65535.
+  # An etcd endpoint as the binary takes it: http://HOST:PORT (no TLS in this build), a port in
+  # 1-65535.
   isEndpoint =
     e:
     let
-      m = if isString e then match "(http://)?(\\[[0-9A-Fa-f:.]+]|[A-Za-z0-9.-]+):([0-9]{1,5})/?" e else null;
-      port = if m == null then 0 else digits (elemAt m 2);
+      m = if isString e then match "http://(\\[[0-9A-Fa-f:.]+]|[A-Za-z0-9.-]+):([0-9]{1,5})/?" e else null;
+      port = if m == null then 0 else digits (elemAt m 1);
     in
     m != null && port >= 1 && port <= 65535;
-  endpointRule = "an etcd endpoint HOST:PORT or http://HOST:PORT with a port in 1-65535 (https:// is not supported)";
+  endpointRule = "an etcd endpoint http://HOST:PORT with a port in 1-65535 (https:// is not supported)";
 
   # The runner's service as systemd.services names it: no ".service" suffix, no template.
   isServiceName = n: isString n && match "[A-Za-z0-9:_.-]+" n != null && match ".*[.]service" n == null;
@@ -267,8 +235,9 @@ rec {
     n != null && n >= 60 * secondNs && n <= 365 * 86400 * secondNs;
   intervalRule = "a systemd time span from 1min to 365d, such as \"10min\", \"1h 30min\" or \"600\"";
 
-  # A ccci-run duration: a bare number of seconds ("90", "1.5") or numbers with humantime
-  # units ("90s", "5m", "1h30m", "14d"), from `min` to `max` (themselves durations).
+  # A ccci-run duration: a bare number of seconds ("90", "1.5") or numbers with units ("90s",
+  # "5m", "1h30m", "14d", "2w"; ms to w), from `min` to `max` (themselves durations), in
+  # whole milliseconds.
   # `unitRequired`: a bare number is refused. `wholeSeconds`: no fraction of a second.
   durationRule =
     {
@@ -281,12 +250,13 @@ rec {
       check =
         text:
         let
-          span = parseSpan humantimeUnits false text;
+          span = parseSpan durationUnits false text;
         in
         span != null
         && (span.units || !unitRequired)
         && span.nanos >= nanosOf min
         && span.nanos <= nanosOf max
+        && span.nanos / 1000000 * 1000000 == span.nanos
         && (!wholeSeconds || span.nanos / secondNs * secondNs == span.nanos);
       description =
         "a duration from ${min} to ${max}"

@@ -452,7 +452,7 @@ fn nixos_module_writes_what_systemd_ships() {
             true,
             r#"services.ccci-run = {
               janitor.keepRunsDays = 30; janitor.longHeld = 3600;
-              etcdEndpoints = [ "http://10.0.0.1:2379" "10.0.0.2:2379" ]; leaseTtl = 15;
+              etcdEndpoints = [ "http://10.0.0.1:2379" "http://10.0.0.2:2379" ]; leaseTtl = 15;
             };"#,
         ),
     ]);
