@@ -507,7 +507,10 @@ fn man_pages(command: Option<&str>, dir: Option<&std::path::Path>) -> Result<u8,
 /// `ccci-run config`: each setting with where it came from.
 fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
     let text = if args.json {
-        format!("{}\n", json(&resolved.settings))
+        let settings = Settings {
+            settings: &resolved.settings,
+        };
+        format!("{}\n", json(&report::Envelope::new(&settings, Vec::new())))
     } else {
         // Columns as wide as the longest key (and value, up to 40), so every line lines up.
         let keys = resolved
@@ -578,7 +581,7 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
         None => {}
     }
     let text = if args.json {
-        format!("{}\n", json(&report))
+        format!("{}\n", json(&report::Envelope::versioned(&report)))
     } else {
         janitor::report::render_table(&report)
     };
@@ -594,7 +597,7 @@ fn doctor(args: &cli::DoctorArgs, inputs: &config::Inputs) -> Result<u8, Error> 
     };
     let report = doctor::run(inputs, &opts);
     let text = if args.json {
-        format!("{}\n", json(&report))
+        format!("{}\n", json(&report::Envelope::new(&report, Vec::new())))
     } else {
         doctor::render(&report)
     };
@@ -606,8 +609,10 @@ fn doctor(args: &cli::DoctorArgs, inputs: &config::Inputs) -> Result<u8, Error> 
 fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
     let long_held = global.timings.value(config::Timing::LongHeld);
     let backend = lock::backend(global).map_err(Error::Locks)?;
+    let mut errors = Vec::new();
     if let Some(missing) = backend.missing_store() {
         report::line(&format!("ccci-run: warning: {missing}"));
+        errors.push(missing.to_string());
     }
     let locks = match backend.list(long_held) {
         Ok(locks) => locks,
@@ -620,7 +625,8 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
         }
     };
     let text = if args.json {
-        format!("{}\n", json(&locks))
+        let locks = Locks { locks: &locks };
+        format!("{}\n", json(&report::Envelope::new(&locks, errors)))
     } else {
         lock::list::render_table(&locks)
     };
@@ -671,7 +677,7 @@ fn runs(args: &RunsArgs, global: &Global) -> Result<u8, Error> {
             });
         };
         let text = if args.json() {
-            let one = serde_json::json!({ "run": found });
+            let one = OneRun { run: &found };
             format!("{}\n", json(&report::Envelope::new(&one, errors)))
         } else {
             run::list::render_one(&found)
@@ -693,6 +699,24 @@ fn runs(args: &RunsArgs, global: &Global) -> Result<u8, Error> {
 /// do; any other write error (a full disk) is a clear error. Never a panic.
 fn emit(bytes: &[u8]) -> Result<(), Error> {
     report::stdout(bytes).map_err(Error::Output)
+}
+
+/// `config --json`: the settings, in the envelope.
+#[derive(serde::Serialize)]
+struct Settings<'a> {
+    settings: &'a [config::Setting],
+}
+
+/// `locks --json`: every lock, in the envelope.
+#[derive(serde::Serialize)]
+struct Locks<'a> {
+    locks: &'a [lock::list::LockInfo],
+}
+
+/// `runs RUN_ID --json`: the run, in the envelope.
+#[derive(serde::Serialize)]
+struct OneRun<'a> {
+    run: &'a run::list::RunInfo,
 }
 
 /// Pretty JSON of a report made of plain data.

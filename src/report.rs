@@ -132,13 +132,15 @@ pub(crate) const JSON_VERSION: u32 = 1;
 
 /// Every `--json` document: `{"version": 1, <what the command reports>, "errors": [...]}`,
 /// the report's own fields beside the version, and the errors met on the way (each one a
-/// sentence; an empty list when there were none).
+/// sentence; an empty list when there were none). A report that keeps its own `errors` (the
+/// janitor's) gets the version only.
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct Envelope<'a, T: serde::Serialize> {
     pub version: u32,
     #[serde(flatten)]
     pub report: &'a T,
-    pub errors: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<String>>,
 }
 
 impl<'a, T: serde::Serialize> Envelope<'a, T> {
@@ -146,7 +148,16 @@ impl<'a, T: serde::Serialize> Envelope<'a, T> {
         Self {
             version: JSON_VERSION,
             report,
-            errors,
+            errors: Some(errors),
+        }
+    }
+
+    /// For a report with an `errors` list of its own.
+    pub(crate) fn versioned(report: &'a T) -> Self {
+        Self {
+            version: JSON_VERSION,
+            report,
+            errors: None,
         }
     }
 }

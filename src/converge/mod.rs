@@ -199,7 +199,7 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
             polls: watch.polls,
             docker_calls: seam.list_calls(),
         };
-        let text = serde_json::to_string_pretty(&report)
+        let text = serde_json::to_string_pretty(&crate::report::Envelope::new(&report, Vec::new()))
             .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
         // A closed or full stdout loses the report, never the exit code.
         let _ = crate::report::stdout(format!("{text}\n").as_bytes());

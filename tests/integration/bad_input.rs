@@ -338,7 +338,8 @@ fn planted_lock_file_names_are_escaped_in_every_listing() {
     cmd.args(["locks", "--json"]);
     let json = run(cmd);
     json.assert_code(0);
-    let listed: serde_json::Value = serde_json::from_str(&json.out.join("\n")).unwrap();
+    let listed: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&json.out.join("\n")).unwrap()["locks"].clone();
     assert_eq!(listed.as_array().unwrap().len(), 2, "{listed:#}");
 }
 

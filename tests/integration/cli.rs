@@ -144,7 +144,9 @@ fn config_file_precedence_origins_and_absolute_paths() {
         .args(["--lock-dir", "rel/locks", "config", "--json"]);
     let done = run(cmd);
     done.assert_code(0);
-    let settings: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let settings: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&done.out.join("\n")).unwrap()["settings"]
+            .clone();
     let find = |key: &str| {
         settings
             .as_array()
@@ -384,7 +386,9 @@ fn the_example_configuration_file_sets_every_run_setting() {
         .env("CCCI_KILL_GRACE", "3");
     let done = run(cmd);
     done.assert_code(0);
-    let settings: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let settings: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&done.out.join("\n")).unwrap()["settings"]
+            .clone();
     let get = |key: &str| {
         settings
             .as_array()

@@ -70,7 +70,9 @@ impl Host {
         cmd.args(["locks", "--json"]);
         let done = run(cmd);
         done.assert_code(0);
-        serde_json::from_str(&done.out.join("\n")).expect("locks JSON")
+        let listing: Value = serde_json::from_str(&done.out.join("\n")).expect("locks JSON");
+        assert_eq!(listing["version"], 1, "{listing:#}");
+        listing["locks"].clone()
     }
 
     /// Wait until `locks` shows `n` waiters on named lock `name`.

@@ -118,7 +118,7 @@ fn locks_in(wrap: fn(&Command) -> Command, sandbox: &Sandbox) -> Value {
     cmd.args(["locks", "--json"]);
     let done = run(wrap(&cmd));
     done.assert_code(0);
-    json(&done)
+    json(&done)["locks"].clone()
 }
 
 /// `cmd` as it is, on the host.

@@ -387,7 +387,8 @@ fn locks_lists_holders_from_proc_locks() {
     cmd.args(["locks", "--json"]);
     let done = run(cmd);
     done.assert_code(0);
-    let locks: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let locks: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&done.out.join("\n")).unwrap()["locks"].clone();
     let find = |name: &str| {
         locks
             .as_array()

@@ -378,7 +378,9 @@ fn command_holds_no_lock_descriptor_and_locks_lists_the_queue() {
     cmd.args(["locks", "--json"]);
     let listing = run(cmd);
     listing.assert_code(0);
-    let locks: serde_json::Value = serde_json::from_str(&listing.out.join("\n")).unwrap();
+    let locks: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&listing.out.join("\n")).unwrap()["locks"]
+            .clone();
     let shared = locks
         .as_array()
         .unwrap()
@@ -489,7 +491,8 @@ fn the_holder_of_a_named_lock_is_named_by_locks_and_by_a_timeout() {
         c
     });
     out.assert_code(0);
-    let locks: serde_json::Value = serde_json::from_str(&out.out.join("\n")).unwrap();
+    let locks: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&out.out.join("\n")).unwrap()["locks"].clone();
     let named = locks
         .as_array()
         .unwrap()
@@ -739,7 +742,8 @@ fn a_holder_s_since_is_when_it_took_the_lock() {
     cmd.args(["locks", "--json"]);
     let done = run(cmd);
     done.assert_code(0);
-    let listing: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let listing: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&done.out.join("\n")).unwrap()["locks"].clone();
     let lock = listing
         .as_array()
         .unwrap()

@@ -375,7 +375,8 @@ fn binary_reads(toml: &str, keys: &[&str]) {
         "ccci-run refuses the module's configuration file:\n{toml}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let settings: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let settings: Vec<Value> = serde_json::from_value(shown["settings"].clone()).unwrap();
     for key in keys {
         let setting = settings
             .iter()

@@ -1,6 +1,7 @@
 //! What ships around the binary: the Drone step, the systemd units, the Nix files, completions,
 //! the man page, the CLI reference, and run-dir retention.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -391,7 +392,8 @@ fn every_nix_file_parses_and_the_helpers_evaluate() {
     // The file's docker_host is in force only where the environment names no engine.
     cmd.env_remove("DOCKER_HOST");
     let out = succeeds(cmd.arg("--config").arg(&file).args(["config", "--json"]));
-    let settings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let settings: serde_json::Value =
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["settings"].clone();
     let setting = |key: &str| {
         settings
             .as_array()
@@ -736,13 +738,87 @@ fn cli_reference_matches_help() {
         ));
     }
     let path = repo().join("docs/cli.md");
-    if std::env::var("CCCI_UPDATE_DOCS").as_deref() == Ok("1") {
-        std::fs::write(&path, &expected).unwrap();
-    }
     let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    // What follows the marker is written by hand (the JSON documents), and kept.
+    let (generated, by_hand) = match actual.split_once(JSON_MARKER) {
+        Some((generated, rest)) => (generated.to_owned(), format!("{JSON_MARKER}{rest}")),
+        None => (actual.clone(), String::new()),
+    };
+    if std::env::var("CCCI_UPDATE_DOCS").as_deref() == Ok("1") {
+        std::fs::write(&path, format!("{expected}{by_hand}")).unwrap();
+    }
     assert!(
-        actual == expected,
+        generated == expected,
         "docs/cli.md differs from --help; regenerate it with CCCI_UPDATE_DOCS=1 cargo test cli_reference"
+    );
+}
+
+/// Where docs/cli.md's generated part ends and its JSON documents begin.
+const JSON_MARKER: &str = "\n<!-- The JSON documents: written by hand, checked by a test. -->\n";
+
+/// Every `--json` has one envelope, `{"version": 1, <its report>, "errors": [...]}`, and
+/// docs/cli.md shows each command's document with an example whose top-level keys are the ones
+/// the command prints.
+#[test]
+fn every_json_document_has_the_envelope_docs_cli_md_shows() {
+    let docs = std::fs::read_to_string(repo().join("docs/cli.md")).unwrap();
+    let (_, by_hand) = docs
+        .split_once(JSON_MARKER)
+        .expect("docs/cli.md has its JSON section");
+    // Each example: the heading's command, and its document.
+    let mut examples: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let mut heading = String::new();
+    let mut block: Option<String> = None;
+    for line in by_hand.lines() {
+        if let Some(h) = line.strip_prefix("### `") {
+            heading = h.trim_end_matches('`').to_owned();
+        } else if line == "```json" {
+            block = Some(String::new());
+        } else if line == "```" {
+            if let Some(text) = block.take() {
+                let value: serde_json::Value = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{heading}: the example is no JSON ({e})"));
+                examples.insert(heading.clone(), value);
+            }
+        } else if let Some(text) = block.as_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    let sandbox = Sandbox::new();
+    run(sandbox.run_sh("42", &["--pr", "1"], "true")).assert_code(0);
+    let commands: [(&str, &[&str]); 6] = [
+        ("ccci-run runs --json", &["runs", "--json"]),
+        ("ccci-run runs RUN_ID --json", &["runs", "42", "--json"]),
+        ("ccci-run locks --json", &["locks", "--json"]),
+        (
+            "ccci-run janitor --json",
+            &["janitor", "--dry-run", "--json"],
+        ),
+        ("ccci-run doctor --json", &["doctor", "--json"]),
+        ("ccci-run config --json", &["config", "--json"]),
+    ];
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    for (title, args) in commands {
+        let mut cmd = sandbox.ccci();
+        cmd.args(args);
+        let out = cmd.output().unwrap();
+        let printed: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{title}: no JSON ({e})"));
+        assert_eq!(printed["version"], 1, "{title}: {printed:#}");
+        assert!(printed["errors"].is_array(), "{title}: {printed:#}");
+        let example = examples
+            .get(title)
+            .unwrap_or_else(|| panic!("docs/cli.md shows no example of {title}"));
+        assert_eq!(keys(example), keys(&printed), "{title}");
+    }
+    assert!(
+        examples.contains_key("ccci-run converge --json"),
+        "docs/cli.md shows no example of converge --json"
     );
 }
 
