@@ -32,7 +32,7 @@ pub(crate) mod trust;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 use nix::unistd::Pid;
 use tracing_subscriber::EnvFilter;
 
@@ -177,7 +177,7 @@ pub fn main() -> ExitCode {
     // parent-death signal is armed.
     let start_ppid = nix::unistd::getppid();
     // The matches are kept: they say whether a setting came from a flag or the environment.
-    let parsed = Cli::command()
+    let parsed = cli::command()
         .try_get_matches()
         .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
     let (cli, matches) = match parsed {
@@ -476,7 +476,7 @@ impl run::Sweeper for RunSweeper {
 
 /// `ccci-run man`: one page on stdout, or every page into a directory.
 fn man_pages(command: Option<&str>, dir: Option<&std::path::Path>) -> Result<u8, Error> {
-    let pages = man::pages(Cli::command()).map_err(Error::Output)?;
+    let pages = man::pages(cli::command()).map_err(Error::Output)?;
     if let Some(dir) = dir {
         let written = std::fs::create_dir_all(dir).and_then(|()| {
             pages

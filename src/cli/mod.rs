@@ -47,12 +47,12 @@ pub(crate) use runs::{RunsArgs, StopArgs};
         A run can never outlive its CI step or its hard deadline, gets its own ABRA_DIR, \
         serialises with other runs of the same app domain through a kernel flock (or, across \
         hosts, an etcd lease), and leaves nothing behind that a later janitor sweep would not reap.",
-    after_help = "Exit codes: the command's own status (128+N when signal N killed it); \
-        2 invalid input; 75 lock not acquired in time; 125 ccci-run failed; \
-        126/127 command not executable / not found; 129/130/131/143 SIGHUP/SIGINT/SIGQUIT/SIGTERM \
-        after teardown (143 also when the parent or the --tie-to process died); \
-        142 hard deadline after teardown; 76 the lock was lost while held (etcd: its lease \
-        lost, its key deleted or replaced, the cluster wiped or restored) after teardown."
+    after_help = "Exit codes (each subcommand's --help gives its own): 0 success; 1 a failure \
+        the command reports (a failed check, an incomplete reap, no such run); 2 invalid input; \
+        75 a lock not acquired in time (or a wait not over: stop, converge); 76 a lock lost \
+        while held; 125 ccci-run failed; for run and lock, the command's own status (128+N \
+        when signal N killed it), 126/127 command not executable / not found, 129/130/131/143 \
+        SIGHUP/SIGINT/SIGQUIT/SIGTERM after teardown, 142 the hard deadline after teardown."
 )]
 pub(crate) struct Cli {
     #[command(flatten)]
@@ -446,6 +446,118 @@ pub(crate) fn log_format_before_parsing(
         }
     }
     (format, config)
+}
+
+/// Each subcommand's exit codes, as its `--help` ends with them.
+const EXIT_CODES: &[(&str, &str)] = &[
+    (
+        "run",
+        "Exit codes: the command's own status (128+N when signal N killed it); 2 invalid input; \
+         75 lock not acquired in time; 76 the lock was lost while held, after teardown; 125 \
+         ccci-run failed; 126/127 command not executable / not found; 129/130/131/143 \
+         SIGHUP/SIGINT/SIGQUIT/SIGTERM after teardown (143 also when the parent or the --tie-to \
+         process died); 142 hard deadline after teardown.",
+    ),
+    (
+        "janitor",
+        "Exit codes: 0 swept (or, with --dry-run, looked); 1 something could not be done (a reap \
+         incomplete, an unreadable lock, a directory that failed); 2 invalid input.",
+    ),
+    (
+        "locks",
+        "Exit codes: 0 listed (an empty or missing lock dir lists nothing); 1 the locks could \
+         not be read; 2 invalid input.",
+    ),
+    (
+        "lock",
+        "Exit codes: the command's own status (128+N when signal N killed it); 2 invalid input; \
+         75 not acquired in time (-w) or at once (-n), or -E's code; 76 the lock was lost while \
+         held; 125 ccci-run failed; 126/127 command not executable / not found.",
+    ),
+    (
+        "runs",
+        "Exit codes: 0 listed; 1 the runs dir cannot be read, or no record names RUN_ID; 2 \
+         invalid input.",
+    ),
+    (
+        "stop",
+        "Exit codes: 0 stopped (the record finished); 1 no such live run (unknown, finished, \
+         dead, not yours to read, or not to be judged from here); 2 a run id that is not one; \
+         75 the run still runs after --wait (ask again with --kill).",
+    ),
+    (
+        "app-domain",
+        "Exit codes: 0 printed; 1 with --names-in, a name of the recipe over a Docker limit; 2 \
+         invalid input.",
+    ),
+    ("completions", "Exit codes: 0 printed; 2 invalid input."),
+    (
+        "man",
+        "Exit codes: 0 printed or written; 1 a page could not be written; 2 invalid input.",
+    ),
+    (
+        "config",
+        "Exit codes: 0 shown; 2 an invalid setting (named with where it came from).",
+    ),
+    (
+        "doctor",
+        "Exit codes: 0 every check ok or warn; 1 a check failed; 2 invalid input.",
+    ),
+];
+
+/// The command line as it is parsed and shown: each subcommand's `--help` gives its own
+/// options, then the global options by reference (they are taken all the same, before or
+/// after the subcommand's name; `ccci-run --help` describes them), then its exit codes.
+pub(crate) fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let globals: Vec<clap::Id> = cmd
+        .get_arguments()
+        .filter(|a| a.get_help_heading() == Some("Global options"))
+        .map(|a| a.get_id().clone())
+        .collect();
+    let names: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| a.get_help_heading() == Some("Global options"))
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    let mut cmd = cmd;
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    for name in subcommands {
+        let globals = globals.clone();
+        let reference = format!(
+            "Global options: {} (before or after the subcommand; most also a CCCI_* variable \
+             or a key of the configuration file: `ccci-run --help` describes each).",
+            names.join(", ")
+        );
+        let exit = EXIT_CODES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, text)| *text);
+        cmd = cmd.mut_subcommand(&name, move |mut sub| {
+            let mut takes_globals = false;
+            for id in &globals {
+                if sub.get_arguments().any(|a| a.get_id() == id) {
+                    takes_globals = true;
+                    sub = sub.mut_arg(id, |a| a.hide(true));
+                }
+            }
+            let mut after: Vec<String> = Vec::new();
+            match (sub.get_after_help(), exit) {
+                (Some(existing), _) => after.push(existing.to_string()),
+                (None, Some(exit)) => after.push(exit.to_owned()),
+                (None, None) => {}
+            }
+            if takes_globals {
+                after.push(reference);
+            }
+            sub.after_help(after.join("\n\n"))
+        });
+    }
+    cmd
 }
 
 #[cfg(test)]

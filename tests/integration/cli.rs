@@ -119,10 +119,42 @@ fn help_lists_the_exit_codes() {
     let done = run(cmd);
     done.assert_code(0);
     assert!(
-        done.out.join("\n").contains("142 hard deadline"),
+        done.out.join("\n").contains("142 the hard deadline"),
         "{}",
         done.transcript()
     );
+    // Every subcommand's own help ends with its exit codes.
+    for sub in [
+        "run",
+        "janitor",
+        "locks",
+        "lock",
+        "runs",
+        "stop",
+        "app-domain",
+        "converge",
+        "completions",
+        "man",
+        "config",
+        "doctor",
+    ] {
+        let mut cmd = sandbox.ccci();
+        cmd.args([sub, "--help"]);
+        let done = run(cmd);
+        done.assert_code(0);
+        let text = done.out.join("\n");
+        assert!(
+            text.contains("Exit codes: 0 ")
+                || text.contains("Exit codes: the command's own status"),
+            "{sub}: {text}"
+        );
+        assert!(
+            text.contains("2 invalid input")
+                || text.contains("2 a run id")
+                || text.contains("2 an invalid setting"),
+            "{sub}: {text}"
+        );
+    }
 }
 
 /// One source of configuration: flag > environment > file > default, each value's origin shown
@@ -308,8 +340,9 @@ fn colour_only_on_a_terminal_and_each_v_shows_more() {
     assert!(!plain.is_empty() && !plain.contains('\u{1b}'), "{plain:?}");
 }
 
-/// Help keeps a command's own options apart from the global ones, and commands that use no
-/// global option (completions, man) list none.
+/// Help keeps a command's own options apart from the global ones, which a subcommand names
+/// once, by reference, after its own; commands that use no global option (completions, man)
+/// list none.
 #[test]
 fn help_separates_global_options_and_lists_only_what_a_command_uses() {
     let help = |args: &[&str]| {
@@ -331,6 +364,12 @@ fn help_separates_global_options_and_lists_only_what_a_command_uses() {
     );
     assert!(
         global.contains("--runs-dir") && !global.contains("--deadline"),
+        "{run_help}"
+    );
+    // By reference: one line, not each option's whole text again.
+    assert!(
+        !run_help.contains("Directory of the per-run directories")
+            && run_help.lines().count() < 120,
         "{run_help}"
     );
     for sub in ["completions", "man"] {
