@@ -1,7 +1,7 @@
 //! Durations (and the one way an instant is written, [`timestamp`]): one syntax for every flag,
 //! environment variable and configuration key that takes one. A bare number is seconds,
-//! fractions allowed (`90`, `1.5`); otherwise whole numbers with units, one or several
-//! (`90s`, `500ms`, `5m`, `1h30m`, `14d`, `2w`), read by humantime. Only [`UNITS`] are units:
+//! fractions allowed (`90`, `1.5`); otherwise numbers with units, one or several
+//! (`90s`, `500ms`, `5m`, `1h30m`, `1.5h`, `14d`, `2w`), read by humantime. Only [`UNITS`] are units:
 //! humantime also reads `1hour`, `90min`, `1M` (a month of 30.44 days, a trap for "one minute")
 //! and `1y`, which are refused before it sees them. Each setting has its own bounds ([`Spec`]);
 //! a value outside them is refused, never clamped.
@@ -150,9 +150,9 @@ fn too_long(text: &str, spec: &Spec) -> String {
 }
 
 /// A duration as it is shown back (`ccci-run config`, errors): days, hours, minutes, seconds
-/// and milliseconds (`365d`, `1h30m`, `1s500ms`), the units [`parse`] reads again ([`parse`]
-/// refuses anything finer than a millisecond). (humantime's
-/// own form counts months and years of 30.44 and 365.25 days: `365d` would not read as such.)
+/// and milliseconds (`365d`, `1h30m`, `1s500ms`), the units [`parse`] reads again; nothing finer
+/// is shown, as nothing finer is read. (humantime's own form counts months and years of 30.44
+/// and 365.25 days: `365d` would not read as such.)
 pub(crate) fn show(value: Duration) -> String {
     if value.is_zero() {
         return "0s".to_owned();
@@ -190,6 +190,7 @@ mod tests {
     #[case("1h 30m", 5_400_000)]
     #[case("14d", 14 * 86_400_000)]
     #[case("2w", 14 * 86_400_000)]
+    #[case("1.5h", 5_400_000)]
     #[case("1w 2d 3h 4m 5s 6ms", 788_645_006)]
     #[case("365d", 365 * 86_400_000)]
     fn accepted_forms(#[case] text: &str, #[case] millis: u64) {

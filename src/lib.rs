@@ -618,9 +618,13 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
         Ok(locks) => locks,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(source) => {
-            return Err(Error::LockDir {
-                store: backend.describe_store(),
-                source,
+            // The etcd backend's own error names its endpoints already: said once.
+            return Err(match source.downcast::<lock::LockError>() {
+                Ok(err) => Error::Locks(err),
+                Err(source) => Error::LockDir {
+                    store: backend.describe_store(),
+                    source,
+                },
             });
         }
     };

@@ -147,22 +147,26 @@ impl EtcdSettings {
             return Ok(None);
         }
         for endpoint in &endpoints {
+            // The setting's value is named by the caller: one endpoint of several is named here.
+            let which = if endpoints.len() > 1 {
+                format!("endpoint {endpoint:?}: ")
+            } else {
+                String::new()
+            };
             let Some(rest) = endpoint.strip_prefix("http://") else {
                 let why = if endpoint.contains("://") {
                     "its scheme is not http://"
                 } else {
                     "the scheme is missing"
                 };
-                return Err(format!("{endpoint:?}: {why}: {ENDPOINT_FORM}"));
+                return Err(format!("{which}{why}: {ENDPOINT_FORM}"));
             };
             let (host, port) = rest
                 .trim_end_matches('/')
                 .rsplit_once(':')
-                .ok_or_else(|| format!("{endpoint:?}: the port is missing: {ENDPOINT_FORM}"))?;
+                .ok_or_else(|| format!("{which}the port is missing: {ENDPOINT_FORM}"))?;
             if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-                return Err(format!(
-                    "{endpoint:?}: {ENDPOINT_FORM} with a port in 1-65535"
-                ));
+                return Err(format!("{which}{ENDPOINT_FORM} with a port in 1-65535"));
             }
         }
         if !LEASE_TTL_RANGE.contains(&lease_ttl) {

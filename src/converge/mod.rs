@@ -87,7 +87,7 @@ fn recipe_timeout(
             Ok(timeout) => Some(timeout),
             Err(why) => {
                 report::line(&format!(
-                    "ccci-run converge: warning: service {}'s label {label}={value:?} is not a \
+                    "ccci-run: warning: converge: service {}'s label {label}={value:?} is not a \
                      timeout ({why}); ignored",
                     crate::names::visible(&s.name)
                 ));

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io;
 
 use crate::config::dirs::{self, Dir};
-use crate::config::{Global, SweepOptions};
+use crate::config::{Global, Hunt, SweepOptions};
 use crate::janitor::report::SweepReport;
 use crate::names::RunId;
 use crate::rundir::{self, Liveness};
@@ -25,9 +25,12 @@ pub(super) fn tidy_state_files(
     let entries = match std::fs::read_dir(&global.state_dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
-            report
-                .warnings
-                .push(dirs::missing_line(Dir::State, &global.state_dir));
+            // A run's own sweep comes before it makes the state dir: only the janitor says so.
+            if opts.hunt == Hunt::Everywhere {
+                report
+                    .warnings
+                    .push(dirs::missing_line(Dir::State, &global.state_dir));
+            }
             return;
         }
         Err(err) => {

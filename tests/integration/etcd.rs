@@ -288,9 +288,19 @@ fn an_unreachable_etcd_fails_the_run_and_the_janitor_and_never_falls_back_to_flo
 
 /// An endpoint without its scheme (`10.0.0.1:2379`) is refused when the configuration is read,
 /// by every command, naming the one form; so are https:// (no TLS here) and a missing port.
+/// Among several, the one refused is named.
 #[test]
 fn an_etcd_endpoint_without_its_scheme_is_refused_naming_the_form() {
     let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.args([
+        "--etcd-endpoints",
+        "http://10.0.0.1:2379,10.0.0.2:2379",
+        "locks",
+    ]);
+    let done = run(cmd);
+    done.assert_code(2);
+    done.assert_stderr_has("endpoint \"10.0.0.2:2379\": the scheme is missing");
     for (endpoint, why) in [
         ("10.0.0.1:2379", "the scheme is missing"),
         ("https://10.0.0.1:2379", "its scheme is not http://"),
@@ -309,6 +319,13 @@ fn an_etcd_endpoint_without_its_scheme_is_refused_naming_the_form() {
                 "\"{endpoint}\": {why}: write each endpoint as http://HOST:PORT (https:// is not \
                  supported by this build)"
             ));
+            assert!(
+                !done
+                    .stderr()
+                    .contains(&format!("\"{endpoint}\": \"{endpoint}\"")),
+                "{}",
+                done.transcript()
+            );
         }
     }
 }
