@@ -19,12 +19,15 @@
 //! only, never a positional argument's values (`ccci-run completions <TAB>` offered file
 //! names): the repair adds a line for each positional with a fixed set of values.
 //!
+//! What no static script knows is asked of ccci-run itself, through its hidden `__complete`
+//! subcommand, at the moment Tab is pressed: the run ids after `runs`, the live ones after
+//! `stop`, the named locks after `lock`. Each shell's script gets a few lines that do so, only
+//! at that positional argument (not after an option that takes a value, not after `--`); bash
+//! passes on the `--config`, `--runs-dir` and `--lock-dir` typed on the line.
+//!
 //! Floor: entry (docs/architecture.md): the top floor, imported by nothing but the entry.
 
-use clap::CommandFactory;
 use clap_complete::Shell;
-
-use crate::cli::Cli;
 
 /// The name the scripts complete, as installed.
 const BIN_NAME: &str = "ccci-run";
@@ -32,18 +35,137 @@ const BIN_NAME: &str = "ccci-run";
 /// The completion script for `shell`.
 pub(crate) fn script(shell: Shell) -> Vec<u8> {
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), BIN_NAME, &mut out);
+    clap_complete::generate(shell, &mut crate::cli::base(), BIN_NAME, &mut out);
     // The generator writes the help texts it was given, which are Rust strings: UTF-8.
     let text = String::from_utf8_lossy(&out);
     match shell {
-        Shell::Bash => repair_bash(&text, BIN_NAME).into_bytes(),
+        Shell::Bash => {
+            let text = repair_bash(&text, BIN_NAME);
+            bash_dynamic(&text, &value_options(&crate::cli::base())).into_bytes()
+        }
         Shell::Fish => {
             let mut text = repair_fish(&text, BIN_NAME);
-            text.push_str(&fish_positional_values(&Cli::command(), BIN_NAME));
+            text.push_str(&fish_positional_values(&crate::cli::base(), BIN_NAME));
+            text.push_str(FISH_DYNAMIC);
             text.into_bytes()
         }
+        Shell::Zsh => zsh_dynamic(&text).into_bytes(),
         _ => out,
     }
+}
+
+/// Which `__complete` list each subcommand's first positional argument takes.
+const DYNAMIC: [(&str, &str); 3] = [
+    ("stop", "live-run-ids"),
+    ("runs", "run-ids"),
+    ("lock", "lock-names"),
+];
+
+/// Every option, of any subcommand, that takes a value: `--lock-dir`, `-w`, ...
+fn value_options(cmd: &clap::Command) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![cmd];
+    while let Some(cmd) = stack.pop() {
+        for arg in cmd.get_arguments() {
+            if arg.is_positional() || !arg.get_action().takes_values() {
+                continue;
+            }
+            found.extend(arg.get_long().map(|l| format!("--{l}")));
+            found.extend(arg.get_short().map(|c| format!("-{c}")));
+            for alias in arg.get_all_aliases().into_iter().flatten() {
+                found.push(format!("--{alias}"));
+            }
+        }
+        stack.extend(cmd.get_subcommands());
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The bash script with a function in front of the generated one: at the first positional
+/// argument of `stop`, `runs` or `lock` it offers what `ccci-run __complete` lists; anywhere
+/// else it hands over to the generated function.
+fn bash_dynamic(script: &str, value_options: &[String]) -> String {
+    let generated = format!("_{}", BIN_NAME.replace('-', "__"));
+    let cases: String = DYNAMIC
+        .iter()
+        .map(|(sub, what)| format!("{sub}) what={what} ;; "))
+        .collect();
+    let function = format!(
+        r#"
+# The run ids after `runs`, the live ones after `stop`, the named locks after `lock`: asked of
+# ccci-run itself when Tab is pressed, with the --config, --runs-dir and --lock-dir typed so far.
+_ccci_run_dynamic() {{
+    local cur=${{COMP_WORDS[COMP_CWORD]}} sub= n=0 i w what=
+    local -a given=()
+    for (( i = 1; i < COMP_CWORD; i++ )); do
+        w=${{COMP_WORDS[i]}}
+        case $w in
+            --) n=1; break ;;
+            --config|--runs-dir|--lock-dir) given+=("$w" "${{COMP_WORDS[i+1]}}"); (( i++ )) ;;
+            {values}) (( i++ )) ;;
+            -*) ;;
+            *) if [[ -z $sub ]]; then sub=$w; else (( n++ )); fi ;;
+        esac
+    done
+    if (( i == COMP_CWORD && n == 0 )) && [[ $cur != -* ]]; then
+        case $sub in {cases}esac
+        if [[ -n $what ]]; then
+            COMPREPLY=( $(compgen -W "$(command {bin} "${{given[@]}}" __complete "$what" 2>/dev/null)" -- "$cur") )
+            return 0
+        fi
+    fi
+    {generated} "$@"
+}}
+"#,
+        values = value_options.join("|"),
+        bin = BIN_NAME,
+    );
+    let registered = script.replace(
+        &format!("complete -F {generated} "),
+        "complete -F _ccci_run_dynamic ",
+    );
+    format!("{registered}{function}")
+}
+
+/// fish: the same lists at the same places (not after `--`).
+const FISH_DYNAMIC: &str = r#"
+# The run ids after `runs`, the live ones after `stop`, the named locks after `lock`: asked of
+# ccci-run itself when Tab is pressed.
+complete -c ccci-run -n "__fish_ccci_run_using_subcommand stop" -f -a "(command ccci-run __complete live-run-ids 2>/dev/null)"
+complete -c ccci-run -n "__fish_ccci_run_using_subcommand runs" -f -a "(command ccci-run __complete run-ids 2>/dev/null)"
+complete -c ccci-run -n "__fish_ccci_run_using_subcommand lock; and not contains -- -- (commandline -opc)" -f -a "(command ccci-run __complete lock-names 2>/dev/null)"
+"#;
+
+/// zsh: the positional arguments' `_default` actions become a function that adds what
+/// `ccci-run __complete` lists.
+fn zsh_dynamic(script: &str) -> String {
+    const FUNCTION: &str = "\n# The run ids after `runs`, the live ones after `stop`, the named locks after `lock`:\n\
+        # asked of ccci-run itself when Tab is pressed.\n\
+        # _arguments calls it with compadd's options first and the list's name last.\n\
+        _ccci_run_dynamic() {\n    local -a found\n    \
+        found=(${(f)\"$(command ccci-run __complete ${@[-1]} 2>/dev/null)\"})\n    \
+        compadd \"${@[1,-2]}\" -a found\n}\n";
+    let mut out = String::new();
+    for line in script.lines() {
+        let mut line = line.to_owned();
+        for (prefix, what) in [
+            ("':run_id -- ", "live-run-ids"),
+            ("'::run_id -- ", "run-ids"),
+            ("':name -- The lock", "lock-names"),
+        ] {
+            if line.starts_with(prefix) && line.contains(":_default'") {
+                line = line.replace(":_default'", &format!(":_ccci_run_dynamic {what}'"));
+            }
+        }
+        out.push_str(&line);
+        out.push('\n');
+        if line == "autoload -U is-at-least" {
+            out.push_str(FUNCTION);
+        }
+    }
+    out
 }
 
 /// Make the fish script's "needs a subcommand" test answer yes when the words before the cursor
@@ -149,7 +271,7 @@ mod tests {
     #[test]
     fn every_state_of_the_bash_script_has_its_arm() {
         let mut generated = Vec::new();
-        clap_complete::generate(Shell::Bash, &mut Cli::command(), BIN_NAME, &mut generated);
+        clap_complete::generate(Shell::Bash, &mut crate::cli::base(), BIN_NAME, &mut generated);
         let generated = String::from_utf8(generated).unwrap();
         let repaired = String::from_utf8(script(Shell::Bash)).unwrap();
         assert_eq!(states_without_arm(&repaired), Vec::<String>::new());
@@ -158,7 +280,7 @@ mod tests {
             assert_eq!(repaired, generated);
         }
         // Every subcommand, and the top level, has its state.
-        for sub in Cli::command().get_subcommands() {
+        for sub in crate::cli::base().get_subcommands() {
             let state = format!(
                 "ccci__run__subcmd__{}",
                 sub.get_name().replace('-', "__subcmd__")

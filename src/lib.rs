@@ -331,6 +331,7 @@ fn command(
         Command::Doctor(args) => doctor(&args, inputs),
         Command::Config(args) => show_config(&args, resolved),
         Command::Completions { shell } => emit(&completions::script(shell)).map(|()| 0),
+        Command::Complete { what } => complete(&what, global),
         Command::Man { command, dir } => man_pages(command.as_deref(), dir.as_deref()),
         Command::AppDomain(args) => {
             let identity = args.identity.validate(&global.suffix)?;
@@ -491,8 +492,8 @@ fn man_pages(command: Option<&str>, dir: Option<&std::path::Path>) -> Result<u8,
         return emit(names.concat().as_bytes()).map(|()| 0);
     }
     let wanted = match command {
+        None | Some("ccci-run") => "ccci-run.1".to_owned(),
         Some(command) => format!("ccci-run-{command}.1"),
-        None => "ccci-run.1".to_owned(),
     };
     match pages.iter().find(|(name, _)| *name == wanted) {
         Some((_, page)) => emit(page).map(|()| 0),
@@ -502,6 +503,39 @@ fn man_pages(command: Option<&str>, dir: Option<&std::path::Path>) -> Result<u8,
             rule: "no such command; see ccci-run --help".to_owned(),
         })),
     }
+}
+
+/// `ccci-run __complete WHAT`: the names a shell completes, one a line; what cannot be read is
+/// left out without a word (a completion must never print an error into the line).
+fn complete(what: &str, global: &Global) -> Result<u8, Error> {
+    let names: Vec<String> = match what {
+        "run-ids" | "live-run-ids" => {
+            let all = what == "run-ids";
+            let mut listing = run::list::list(&global.runs_dir, all, std::time::SystemTime::now())
+                .unwrap_or(run::list::Listing {
+                    runs: Vec::new(),
+                    warnings: Vec::new(),
+                });
+            if !all {
+                run::list::only_live(&mut listing);
+            }
+            listing.runs.into_iter().map(|r| r.run_id).collect()
+        }
+        _ => lock::backend(global)
+            .ok()
+            .and_then(|b| b.list(global.timings.value(config::Timing::LongHeld)).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|l| l.kind == lock::list::LockKind::Named)
+            .map(|l| l.name)
+            .collect(),
+    };
+    let text: String = names
+        .iter()
+        .filter(|n| names::RunId::parse(n).is_ok())
+        .map(|n| format!("{n}\n"))
+        .collect();
+    emit(text.as_bytes()).map(|()| 0)
 }
 
 /// `ccci-run config`: each setting with where it came from.

@@ -169,6 +169,13 @@ pub(crate) enum Command {
     },
     /// Print the effective configuration: each setting and where it came from.
     Config(ConfigArgs),
+    /// What a shell completes here, one a line: the run ids (`runs`), the live ones (`stop`),
+    /// the named locks (`lock`). For the completion scripts; prints nothing it cannot read.
+    #[command(name = "__complete", hide = true)]
+    Complete {
+        #[arg(value_parser = ["run-ids", "live-run-ids", "lock-names"])]
+        what: String,
+    },
     /// Check this host: configuration, directories, cgroups, the runner unit, Docker, etcd,
     /// inotify and the step's PATH; one line per check (exit 1 when any fails).
     ///
@@ -326,7 +333,7 @@ impl Command {
             Self::Converge(a) => Some(&a.global),
             Self::Config(a) => Some(&a.global),
             Self::Doctor(a) => Some(&a.global),
-            Self::Completions { .. } | Self::Man { .. } => None,
+            Self::Completions { .. } | Self::Man { .. } | Self::Complete { .. } => None,
         }
     }
 }
@@ -448,6 +455,25 @@ pub(crate) fn log_format_before_parsing(
     (format, config)
 }
 
+/// The command line as the completion scripts know it: `man`'s COMMAND takes the name of a
+/// subcommand (or `ccci-run`), so shells complete those.
+pub(crate) fn base() -> clap::Command {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let pages: Vec<String> = std::iter::once("ccci-run".to_owned())
+        .chain(
+            cmd.get_subcommands()
+                .filter(|s| !s.is_hide_set())
+                .map(|s| s.get_name().to_owned()),
+        )
+        .collect();
+    cmd.mut_subcommand("man", move |man| {
+        man.mut_arg("command", move |a| {
+            a.value_parser(clap::builder::PossibleValuesParser::new(pages))
+        })
+    })
+}
+
 /// Each subcommand's exit codes, as its `--help` ends with them.
 const EXIT_CODES: &[(&str, &str)] = &[
     (
@@ -509,8 +535,7 @@ const EXIT_CODES: &[(&str, &str)] = &[
 /// options, then the global options by reference (they are taken all the same, before or
 /// after the subcommand's name; `ccci-run --help` describes them), then its exit codes.
 pub(crate) fn command() -> clap::Command {
-    use clap::CommandFactory;
-    let cmd = Cli::command();
+    let cmd = base();
     let globals: Vec<clap::Id> = cmd
         .get_arguments()
         .filter(|a| a.get_help_heading() == Some("Global options"))

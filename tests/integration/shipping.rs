@@ -483,6 +483,11 @@ fn completion_script(dir: &Path, shell: &str) -> PathBuf {
 /// What bash offers at the end of `line`: the script sourced, the function that
 /// `complete -F` registered for ccci-run called as readline calls it.
 fn bash_offers(script: &Path, line: &str) -> Vec<String> {
+    bash_offers_in(script, line, &[])
+}
+
+/// What bash offers at the end of `line`, with `env` set (the completion may ask ccci-run).
+fn bash_offers_in(script: &Path, line: &str, env: &[(&str, String)]) -> Vec<String> {
     const DRIVER: &str = r#"
 source "$1" || exit 3
 spec=$(complete -p ccci-run) || exit 4
@@ -498,6 +503,7 @@ printf '%s\n' "${COMPREPLY[@]}"
 "#;
     let out = succeeds(
         Command::new("bash")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .args(["--norc", "--noprofile", "-c", DRIVER, "bash"])
             .arg(script)
             .arg(line),
@@ -507,8 +513,13 @@ printf '%s\n' "${COMPREPLY[@]}"
 
 /// What fish offers at the end of `line` (`complete -C`), the script sourced.
 fn fish_offers(script: &Path, line: &str) -> Vec<String> {
+    fish_offers_in(script, line, &[])
+}
+
+fn fish_offers_in(script: &Path, line: &str, env: &[(&str, String)]) -> Vec<String> {
     let out = succeeds(
         Command::new("fish")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .args([
                 "--no-config",
                 "-c",
@@ -524,6 +535,10 @@ fn fish_offers(script: &Path, line: &str) -> Vec<String> {
 /// (zpty) with compinit and the script loaded; `compadd` is wrapped to print each match it
 /// adds.
 fn zsh_offers(script: &Path, line: &str) -> Vec<String> {
+    zsh_offers_in(script, line, &[])
+}
+
+fn zsh_offers_in(script: &Path, line: &str, env: &[(&str, String)]) -> Vec<String> {
     const DRIVER: &str = r#"
 zmodload zsh/zpty || exit 3
 zpty z zsh -f -i
@@ -541,6 +556,7 @@ print -r -- "$out"
 "#;
     let out = succeeds(
         Command::new("timeout")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .args(["60", "zsh", "-f", "-c", DRIVER, "zsh"])
             .arg(script)
             .arg(line),
@@ -1294,4 +1310,82 @@ fn the_module_offers_every_key_the_binary_reads() {
             "nix/module.nix declares no option {option}"
         );
     }
+}
+
+/// What no static script knows is asked of ccci-run at Tab, in a real bash, fish and zsh: the
+/// run ids after `runs`, only the live ones after `stop`, the named locks after `lock`, and the
+/// pages after `man`; nothing of the kind after an option that takes a value.
+#[test]
+fn every_shell_completes_run_ids_lock_names_and_man_pages() {
+    let sandbox = Sandbox::new();
+    run(sandbox.run_sh("done-1", &["--pr", "1"], "true")).assert_code(0);
+    let mut live =
+        Proc::spawn(sandbox.run_sh("live-1", &["--pr", "2"], "echo ready $$; exec sleep 100000"));
+    live.wait_ready();
+    let mut lock = sandbox.ccci();
+    lock.args(["lock", "deploy-queue", "--", "true"]);
+    run(lock).assert_code(0);
+    let bin_dir = Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let env = [
+        ("PATH", path),
+        ("CCCI_CONFIG", "/dev/null".to_owned()),
+        ("CCCI_RUNS_DIR", sandbox.runs().display().to_string()),
+        ("CCCI_APP_LOCK_DIR", sandbox.locks().display().to_string()),
+        ("CCCI_STATE_DIR", sandbox.state().display().to_string()),
+        ("CCCI_DOCKER", "off".to_owned()),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    type Offers = fn(&Path, &str, &[(&str, String)]) -> Vec<String>;
+    let shells: [(&str, Offers); 3] = [
+        ("bash", bash_offers_in),
+        ("fish", fish_offers_in),
+        ("zsh", zsh_offers_in),
+    ];
+    for (shell, offers) in shells {
+        if !need(shell) {
+            continue;
+        }
+        let script = completion_script(dir.path(), shell);
+        let words = |line: &str| -> Vec<String> {
+            offers(&script, line, &env)
+                .into_iter()
+                .map(|o| o.split('\t').next().unwrap_or_default().to_owned())
+                .collect()
+        };
+        let runs = words("ccci-run runs ");
+        assert!(
+            runs.contains(&"done-1".to_owned()) && runs.contains(&"live-1".to_owned()),
+            "{shell}: runs: {runs:?}"
+        );
+        let stop = words("ccci-run stop ");
+        assert!(
+            stop.contains(&"live-1".to_owned()),
+            "{shell}: stop: {stop:?}"
+        );
+        assert!(
+            !stop.contains(&"done-1".to_owned()),
+            "{shell}: stop: {stop:?}"
+        );
+        let locks = words("ccci-run lock ");
+        assert!(
+            locks.contains(&"deploy-queue".to_owned()),
+            "{shell}: lock: {locks:?}"
+        );
+        let pages = words("ccci-run man ");
+        for page in ["ccci-run", "run", "janitor", "stop"] {
+            assert!(pages.contains(&page.to_owned()), "{shell}: man: {pages:?}");
+        }
+        let after_wait = words("ccci-run stop --wait ");
+        assert!(
+            !after_wait.contains(&"live-1".to_owned()),
+            "{shell}: stop --wait: {after_wait:?}"
+        );
+    }
+    signal(live.pid(), Signal::SIGTERM);
+    live.finish();
 }
