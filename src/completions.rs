@@ -271,7 +271,12 @@ mod tests {
     #[test]
     fn every_state_of_the_bash_script_has_its_arm() {
         let mut generated = Vec::new();
-        clap_complete::generate(Shell::Bash, &mut crate::cli::base(), BIN_NAME, &mut generated);
+        clap_complete::generate(
+            Shell::Bash,
+            &mut crate::cli::base(),
+            BIN_NAME,
+            &mut generated,
+        );
         let generated = String::from_utf8(generated).unwrap();
         let repaired = String::from_utf8(script(Shell::Bash)).unwrap();
         assert_eq!(states_without_arm(&repaired), Vec::<String>::new());

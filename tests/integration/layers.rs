@@ -366,3 +366,106 @@ fn the_import_reader_reads_what_rustc_reads() {
         "{code}"
     );
 }
+
+/// The README's Layout names every entry of the tree that a reader meets: each file and folder
+/// of `src/`, each top-level folder and file of the repository but the build's own (Cargo's,
+/// git's, the linters'), each folder of `tests/`; and every path it names exists.
+#[test]
+fn the_readme_layout_matches_the_tree() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let layout = readme
+        .split("## Layout")
+        .nth(1)
+        .and_then(|rest| rest.split("```").nth(1))
+        .expect("README.md has a Layout block");
+    // Every word of the block that names a path, with its folder carried over a comma list
+    // (`src/duration.rs, exit.rs` names src/exit.rs).
+    let mut named: Vec<String> = Vec::new();
+    for line in layout.lines() {
+        let mut folder = String::new();
+        for word in line.split_whitespace() {
+            let word = word.trim_matches(|c: char| ",;:()`".contains(c));
+            let looks_like_path = word.ends_with('/')
+                || word.ends_with(".rs")
+                || word.ends_with(".yml")
+                || word == ".ci/run";
+            if !looks_like_path || word.contains("..") {
+                continue;
+            }
+            if let Some((dir, _)) = word.rsplit_once('/') {
+                if !dir.is_empty() {
+                    folder = format!("{dir}/");
+                }
+                named.push(word.to_owned());
+            } else if !folder.is_empty() && line.trim_start().starts_with(&folder) {
+                named.push(format!("{folder}{word}"));
+            } else {
+                named.push(word.to_owned());
+            }
+        }
+    }
+    let has = |path: &str| named.iter().any(|n| n == path);
+    // What is named is there.
+    for path in named
+        .iter()
+        .filter(|n| n.contains('/') && !n.ends_with('/'))
+    {
+        assert!(
+            repo().join(path).exists() || repo().join("src").join(path).exists(),
+            "README.md's Layout names {path}, which is not in the tree"
+        );
+    }
+    let mut missing = Vec::new();
+    let entries = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                if e.file_type().unwrap().is_dir() {
+                    format!("{name}/")
+                } else {
+                    name
+                }
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    for name in entries(&repo().join("src")) {
+        if !has(&format!("src/{name}")) {
+            missing.push(format!("src/{name}"));
+        }
+    }
+    for name in entries(&repo().join("tests")) {
+        if name.ends_with('/') && !has(&format!("tests/{name}")) {
+            missing.push(format!("tests/{name}"));
+        }
+    }
+    // The build's own files, not the project's.
+    const TOOLING: [&str; 9] = [
+        ".git/",
+        ".gitignore",
+        ".yamllint",
+        "Cargo.toml",
+        "Cargo.lock",
+        "README.md",
+        "clippy.toml",
+        "target/",
+        ".ci/",
+    ];
+    for name in entries(&repo()) {
+        let under = named
+            .iter()
+            .any(|n| n.starts_with(&name) && name.ends_with('/'));
+        if !TOOLING.contains(&name.as_str()) && !name.starts_with(".cargo") && !has(&name) && !under
+        {
+            missing.push(name);
+        }
+    }
+    assert!(has(".ci/run"), "README.md's Layout does not name .ci/run");
+    assert!(
+        missing.is_empty(),
+        "README.md's Layout leaves out {missing:?}"
+    );
+}
