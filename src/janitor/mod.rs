@@ -218,6 +218,9 @@ impl Sweep<'_> {
         if let Some(scope) = scope {
             self.report.dead_cgroups =
                 reap_dead_runs_cgroups(scope, &mut self.report.errors, self.opts.dry_run, nearby);
+            if !self.opts.dry_run {
+                crate::janitor::reap::mark_runs_swept(self.global, &self.report.dead_cgroups);
+            }
             if !nearby {
                 self.report.leftover_processes =
                     reap_leftovers(scope, &mut self.report.errors, self.opts.dry_run);

@@ -121,6 +121,9 @@ pub(crate) struct RunInfo {
     pub record: PathBuf,
     /// When a janitor reaped the app a dead run left.
     pub reaped: Option<String>,
+    /// What a janitor killed of a dead run's processes (its cgroup), and when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swept: Option<crate::rundir::record::Swept>,
     /// What to make of it in a few words: what it holds or waits for, what is left of a dead
     /// run and what a janitor did with it, why it cannot be judged, how it ended.
     pub note: Option<String>,
@@ -288,6 +291,10 @@ fn describe(
             .reaped
             .as_deref()
             .map(|r| escape_outside(r.as_bytes())),
+        swept: record.swept.clone().map(|s| crate::rundir::record::Swept {
+            at: escape_outside(s.at.as_bytes()),
+            killed: s.killed,
+        }),
         note: note.map(|n| escape_outside(n.as_bytes())),
         phases: Vec::new(),
         error: None,
@@ -305,6 +312,21 @@ fn describe(
 fn dead_note(record: &RunRecord, processes: Option<usize>) -> String {
     match (&record.reaped, processes) {
         (Some(at), _) => format!("supervisor gone; a janitor reaped its app at {at}"),
+        (None, None | Some(0)) if record.swept.is_some() => {
+            let swept = record.swept.as_ref().expect("checked");
+            match swept.killed {
+                0 => format!(
+                    "supervisor gone; a janitor found nothing of it running and removed its \
+                     cgroup at {}",
+                    swept.at
+                ),
+                n => format!(
+                    "supervisor gone; a janitor killed its {n} process{} at {}",
+                    if n == 1 { "" } else { "es" },
+                    swept.at
+                ),
+            }
+        }
         (None, Some(n)) if n > 0 => format!(
             "supervisor gone; {n} process{} left for the janitor",
             if n == 1 { "" } else { "es" }
@@ -621,6 +643,15 @@ pub(crate) fn render_one(r: &RunInfo) -> String {
     }
     if let Some(error) = &r.error {
         put("error", error.clone());
+    }
+    if let Some(swept) = &r.swept {
+        put(
+            "janitor",
+            format!(
+                "killed {} process(es) left in its cgroup and removed it at {}",
+                swept.killed, swept.at
+            ),
+        );
     }
     if let Some(at) = &r.reaped {
         put("janitor", format!("reaped its app at {at}"));

@@ -79,8 +79,19 @@ pub(crate) struct RunRecord {
     pub fencing_token: Option<i64>,
     /// Set by a later janitor that reaped this run's leftovers.
     pub reaped: Option<String>,
+    /// Set by a later janitor that killed what this dead run left running in its cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swept: Option<Swept>,
     /// Why the run failed before its command could run, if it did.
     pub error: Option<String>,
+}
+
+/// What a janitor did with a dead run's processes, and when.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct Swept {
+    pub at: String,
+    /// How many processes its cgroup still held, killed.
+    pub killed: usize,
 }
 
 /// `tied_to` as any version wrote it: a list, one pid, or null.

@@ -94,6 +94,22 @@ fn runs_lists_live_finished_and_dead_runs_and_stop_stops_only_the_live_one() {
             .starts_with("supervisor gone; "),
         "{dead_run:#}"
     );
+    // Its cgroup stayed until the next run's sweep emptied and removed it: the record says
+    // what that sweep killed (its command, unless the fence had ended it first), and when.
+    if sandbox.record("dead")["cgroup"].is_string() {
+        let record = sandbox.record("dead");
+        let swept = &record["swept"];
+        let at = swept["at"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not swept: {record:#}"));
+        let note = dead_run["note"].as_str().unwrap();
+        let said = match swept["killed"].as_u64().unwrap() {
+            0 => format!("a janitor found nothing of it running and removed its cgroup at {at}"),
+            1 => format!("a janitor killed its 1 process at {at}"),
+            n => format!("a janitor killed its {n} processes at {at}"),
+        };
+        assert_eq!(note, format!("supervisor gone; {said}"), "{record:#}");
+    }
     let live_run = the_run(&listing, "live");
     assert_eq!(live_run["state"], "live", "{live_run:#}");
     assert_eq!(live_run["phase"], "command");
