@@ -307,23 +307,37 @@ fn describe(
     }
 }
 
+/// An instant of a record, short for a note: `14:36:30Z` on the day it is now (UTC), else
+/// `2026-12-01 14:36Z`; as written when it does not parse.
+fn short_time(at: &str) -> String {
+    let today = crate::duration::timestamp(SystemTime::now());
+    match (at.get(..10), at.get(11..19), at.get(11..16)) {
+        (Some(day), Some(time), _) if today.starts_with(day) => format!("{time}Z"),
+        (Some(day), _, Some(minutes)) => format!("{day} {minutes}Z"),
+        _ => at.to_owned(),
+    }
+}
+
 /// What is left of a dead run (its supervisor gone, its record unfinished), and what a janitor
 /// did with it. Whether its app is left is told by the locks ([`add_holders`]).
 fn dead_note(record: &RunRecord, processes: Option<usize>) -> String {
     match (&record.reaped, processes) {
-        (Some(at), _) => format!("supervisor gone; a janitor reaped its app at {at}"),
+        (Some(at), _) => format!(
+            "supervisor gone; a janitor reaped its app at {}",
+            short_time(at)
+        ),
         (None, None | Some(0)) if record.swept.is_some() => {
             let swept = record.swept.as_ref().expect("checked");
             match swept.killed {
                 0 => format!(
                     "supervisor gone; a janitor found nothing of it running and removed its \
                      cgroup at {}",
-                    swept.at
+                    short_time(&swept.at)
                 ),
                 n => format!(
                     "supervisor gone; a janitor killed its {n} process{} at {}",
                     if n == 1 { "" } else { "es" },
-                    swept.at
+                    short_time(&swept.at)
                 ),
             }
         }
@@ -647,10 +661,16 @@ pub(crate) fn render_one(r: &RunInfo) -> String {
     if let Some(swept) = &r.swept {
         put(
             "janitor",
-            format!(
-                "killed {} process(es) left in its cgroup and removed it at {}",
-                swept.killed, swept.at
-            ),
+            match swept.killed {
+                0 => format!(
+                    "found nothing of it running, removed its cgroup at {}",
+                    swept.at
+                ),
+                n => format!(
+                    "killed {n} process(es) left in its cgroup, removed it at {}",
+                    swept.at
+                ),
+            },
         );
     }
     if let Some(at) = &r.reaped {
