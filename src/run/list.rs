@@ -318,34 +318,30 @@ fn short_time(at: &str) -> String {
     }
 }
 
-/// What is left of a dead run (its supervisor gone, its record unfinished), and what a janitor
-/// did with it. Whether its app is left is told by the locks ([`add_holders`]).
+/// What is left of a dead run (its supervisor gone, its record unfinished: its state says so),
+/// and what a janitor did with it. Whether its app is left is told by the locks ([`add_holders`]).
 fn dead_note(record: &RunRecord, processes: Option<usize>) -> String {
     match (&record.reaped, processes) {
-        (Some(at), _) => format!(
-            "supervisor gone; a janitor reaped its app at {}",
-            short_time(at)
-        ),
+        (Some(at), _) => format!("a janitor reaped its app at {}", short_time(at)),
         (None, None | Some(0)) if record.swept.is_some() => {
             let swept = record.swept.as_ref().expect("checked");
             match swept.killed {
                 0 => format!(
-                    "supervisor gone; a janitor found nothing of it running and removed its \
-                     cgroup at {}",
+                    "a janitor removed its cgroup at {} (nothing of it still ran)",
                     short_time(&swept.at)
                 ),
                 n => format!(
-                    "supervisor gone; a janitor killed its {n} process{} at {}",
+                    "a janitor killed its {n} process{} at {}",
                     if n == 1 { "" } else { "es" },
                     short_time(&swept.at)
                 ),
             }
         }
         (None, Some(n)) if n > 0 => format!(
-            "supervisor gone; {n} process{} left for the janitor",
+            "{n} process{} left for the janitor",
             if n == 1 { "" } else { "es" }
         ),
-        (None, _) => "supervisor gone; no process of it is left".to_owned(),
+        (None, _) => "nothing of it is left running".to_owned(),
     }
 }
 
@@ -408,7 +404,7 @@ pub(crate) fn add_holders(listing: &mut Listing, locks: &[LockInfo]) {
             });
             if left && run.reaped.is_none() {
                 run.note = Some(format!(
-                    "supervisor gone; its app {} is left for the janitor",
+                    "its app {} is left for the janitor",
                     short_domain(&run.domain)
                 ));
             }
