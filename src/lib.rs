@@ -326,6 +326,16 @@ fn command(
     inputs: &config::Inputs,
     start_ppid: Pid,
 ) -> Result<u8, Error> {
+    // A system directory as the runs dir is refused first, whether it exists or not (a path
+    // such as `/var/lib/x/..` names one without existing).
+    let keeps_runs = match &command {
+        Command::Run(_) => true,
+        Command::Janitor(_) => global.timings.get(config::Timing::KeepRuns).is_some(),
+        _ => false,
+    };
+    if keeps_runs {
+        janitor::retention::check_runs_dir(&global.runs_dir)?;
+    }
     check_dirs(&command, global)?;
     match command {
         Command::Doctor(args) => doctor(&args, inputs),
