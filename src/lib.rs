@@ -522,10 +522,7 @@ fn complete(what: &str, global: &Global) -> Result<u8, Error> {
         "run-ids" | "live-run-ids" => {
             let all = what == "run-ids";
             let mut listing = run::list::list(&global.runs_dir, all, std::time::SystemTime::now())
-                .unwrap_or(run::list::Listing {
-                    runs: Vec::new(),
-                    warnings: Vec::new(),
-                });
+                .unwrap_or_default();
             if !all {
                 run::list::only_live(&mut listing);
             }
@@ -718,17 +715,23 @@ fn runs(args: &RunsArgs, global: &Global) -> Result<u8, Error> {
         }
     }
     if let Some(id) = one {
-        let Some(found) = run::list::one(listing, id.as_str()) else {
+        let Some(found) = listing.runs.iter().find(|r| r.run_id == id.as_str()) else {
             return Err(Error::NoSuchRun {
                 run_id: id.as_str().to_owned(),
                 runs_dir: global.runs_dir.clone(),
             });
         };
         let text = if args.json() {
-            let one = OneRun { run: &found };
+            let one = OneRun {
+                run: run::list::Whole {
+                    run: found,
+                    phases: &found.phases,
+                    error: found.error.as_deref(),
+                },
+            };
             format!("{}\n", json(&report::Envelope::new(&one, errors)))
         } else {
-            run::list::render_one(&found)
+            run::list::render_one(found)
         };
         return emit(text.as_bytes()).map(|()| 0);
     }
@@ -764,7 +767,7 @@ struct Locks<'a> {
 /// `runs RUN_ID --json`: the run, in the envelope.
 #[derive(serde::Serialize)]
 struct OneRun<'a> {
-    run: &'a run::list::RunInfo,
+    run: run::list::Whole<'a>,
 }
 
 /// Pretty JSON of a report made of plain data.

@@ -562,6 +562,15 @@ pub(crate) fn cgroup_name(kind: &str, label: &str, owner: &str) -> String {
     format!("{CGROUP_PREFIX}{kind}-{label}-{owner}")
 }
 
+/// The run id in the name of a run's cgroup (`ccci-run-<run id>-<owner>`), unparsed.
+pub(crate) fn run_of_cgroup(name: &str) -> Option<&str> {
+    let owner = cgroup_owner(name)?;
+    name.strip_prefix(CGROUP_PREFIX)?
+        .strip_prefix("run-")?
+        .strip_suffix(owner)?
+        .strip_suffix('-')
+}
+
 /// The owner part of a cgroup name of ours (its last four `-`-separated fields), unparsed.
 pub(crate) fn cgroup_owner(name: &str) -> Option<&str> {
     let rest = name.strip_prefix(CGROUP_PREFIX)?;
@@ -750,6 +759,16 @@ mod tests {
     #[case("ccci-", None)]
     fn group_names_name_their_owner(#[case] name: &str, #[case] want: Option<&str>) {
         assert_eq!(cgroup_owner(name), want);
+    }
+
+    #[test]
+    fn a_run_s_cgroup_names_its_run() {
+        let owner = "7-99-4026531836-c1.2";
+        assert_eq!(
+            run_of_cgroup(&cgroup_name("run", "pr-12", owner)),
+            Some("pr-12")
+        );
+        assert_eq!(run_of_cgroup(&cgroup_name("lock", "deploy", owner)), None);
     }
 
     #[test]

@@ -37,6 +37,16 @@ impl StackResources {
             .flat_map(|kind| kind.of(self).iter().map(move |r| (kind.noun(), r)))
             .collect()
     }
+
+    /// Every resource's name by kind: what a removal of the stack would remove.
+    pub(crate) fn names(&self) -> RemovedNames {
+        let mut names = RemovedNames::default();
+        for kind in Kind::REMOVAL_ORDER {
+            kind.names_mut(&mut names)
+                .extend(kind.of(self).iter().map(|r| r.name.clone()));
+        }
+        names
+    }
 }
 
 /// `<kind> <name>` of every resource.

@@ -51,6 +51,17 @@ pub(crate) struct Candidate {
     pub docker: Option<StackResources>,
 }
 
+impl Candidate {
+    /// The candidate of `domain` in `found`, a new one (no source yet) if it is not there.
+    fn of(found: &mut BTreeMap<AppDomain, Candidate>, domain: AppDomain) -> &mut Candidate {
+        found.entry(domain.clone()).or_insert_with(|| Candidate {
+            domain,
+            sources: BTreeSet::new(),
+            docker: None,
+        })
+    }
+}
+
 /// Run-app domains from `<abra-home>/servers/*/<domain>.env`, filtered by `RUN_APP_RE`.
 /// Unreadable server directories are reported, odd names skipped; a linked server directory is
 /// followed only as [`crate::app::server_dirs`] allows, and one that is not is named.
@@ -101,13 +112,7 @@ pub(crate) fn discover_env(
                 .to_str()
                 .and_then(|n| global.pattern.domain_of_env_file(n))
             {
-                found
-                    .entry(domain.clone())
-                    .or_insert_with(|| Candidate {
-                        domain,
-                        sources: BTreeSet::new(),
-                        docker: None,
-                    })
+                Candidate::of(&mut found, domain)
                     .sources
                     .insert(Source::Env);
             }
@@ -294,13 +299,7 @@ impl Sweep<'_> {
                         else {
                             continue;
                         };
-                        candidates
-                            .entry(domain.clone())
-                            .or_insert_with(|| Candidate {
-                                domain,
-                                sources: BTreeSet::new(),
-                                docker: None,
-                            })
+                        Candidate::of(&mut candidates, domain)
                             .sources
                             .insert(Source::Lock);
                     }
@@ -319,13 +318,7 @@ impl Sweep<'_> {
         match seam.discover(&self.global.pattern) {
             Ok(stacks) => {
                 for (domain, resources) in stacks {
-                    let candidate = candidates
-                        .entry(domain.clone())
-                        .or_insert_with(|| Candidate {
-                            domain,
-                            sources: BTreeSet::new(),
-                            docker: None,
-                        });
+                    let candidate = Candidate::of(&mut candidates, domain);
                     candidate.sources.insert(Source::Docker);
                     candidate.docker = Some(resources);
                 }
@@ -541,22 +534,16 @@ impl Sweep<'_> {
             (Probe::Foreign(why) | Probe::Unreadable(why), _) => why.clone(),
         });
         if line.decision == Decision::WouldReap {
-            let mut would = RemovedResources::default();
-            for (kind, r) in candidate.docker.iter().flat_map(StackResources::listed) {
-                let names = match kind {
-                    "service" => &mut would.docker.services,
-                    "container" => &mut would.docker.containers,
-                    "network" => &mut would.docker.networks,
-                    "volume" => &mut would.docker.volumes,
-                    "secret" => &mut would.docker.secrets,
-                    _ => &mut would.docker.configs,
-                };
-                names.push(r.name.clone());
-            }
-            would.env_files =
-                crate::app::env_files(&self.global.abra_home, domain).unwrap_or_default();
-            would.lock_file = matches!(probe, Probe::Acquired { .. });
-            line.would_remove = Some(would);
+            line.would_remove = Some(RemovedResources {
+                docker: candidate
+                    .docker
+                    .as_ref()
+                    .map(StackResources::names)
+                    .unwrap_or_default(),
+                env_files: crate::app::env_files(&self.global.abra_home, domain)
+                    .unwrap_or_default(),
+                lock_file: matches!(probe, Probe::Acquired { .. }),
+            });
         }
         tracing::debug!(%domain, ?probe, decision = line.decision.as_str(), "probed");
         match (&probe, line.decision, elsewhere) {

@@ -186,54 +186,59 @@ pub(crate) fn reap_leftovers(
 }
 
 /// Note in each dead run's `run.json` whose cgroup a sweep emptied and removed what it killed
-/// (perhaps nothing: the fence often ends a dead supervisor's command first) and when — only in the record of the very run whose cgroup it was (its supervisor's marker),
-/// unfinished, and while holding the run's guard, so no run with that id is live meanwhile.
+/// (perhaps nothing: the fence often ends a dead supervisor's command first) and when — only in
+/// the record of the very run whose cgroup it was (its supervisor's marker), unfinished.
 pub(super) fn mark_runs_swept(global: &Global, cgroups: &[DeadCgroup]) {
     for found in cgroups.iter().filter(|c| c.removed) {
-        let Some(name) = found.path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        let run_id = crate::names::cgroup_owner(name).and_then(|owner| {
-            name.strip_prefix(crate::names::CGROUP_PREFIX)?
-                .strip_prefix("run-")?
-                .strip_suffix(owner)?
-                .strip_suffix('-')
-        });
+        let run_id = found
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(crate::names::run_of_cgroup);
         let Some(Ok(run_id)) = run_id.map(RunId::parse) else {
             continue;
         };
-        let dir = global.runs_dir.join(run_id.as_str());
-        let Liveness::Free { guard: _guard, .. } = rundir::probe(&dir, false) else {
-            continue;
-        };
-        let path = dir.join(crate::names::RUN_RECORD_FILE);
-        let Ok(mut record) = RunRecord::read(&path) else {
-            continue;
-        };
-        if record.exit_code.is_some()
-            || record.swept.is_some()
-            || record.marker.as_deref() != Some(found.supervisor.as_str())
-        {
-            continue;
-        }
-        record.swept = Some(crate::rundir::record::Swept {
-            at: crate::duration::timestamp(SystemTime::now()),
-            killed: found.processes,
+        note_in_record(global, &run_id, "swept", |record| {
+            let ours = record.exit_code.is_none()
+                && record.swept.is_none()
+                && record.marker.as_deref() == Some(found.supervisor.as_str());
+            if ours {
+                record.swept = Some(crate::rundir::record::Swept {
+                    at: crate::duration::timestamp(SystemTime::now()),
+                    killed: found.processes,
+                });
+            }
+            ours
         });
-        if let Err(err) = record.write(&path) {
-            tracing::warn!(path = %path.display(), "failed to mark run record swept: {err}");
-        }
     }
 }
 
 /// Note in the dead run's `run.json` that its app was reaped — only if that record is really
-/// the holder's (same pid and domain) and no run with that id is live now.
+/// the holder's (same pid and domain).
 fn mark_run_reaped(global: &Global, holder: &Holder, domain: &AppDomain) {
     let Ok(run_id) = RunId::parse(&holder.run_id) else {
         return;
     };
+    note_in_record(global, &run_id, "reaped", |record| {
+        let ours =
+            record.pid == holder.pid && record.domain == domain.as_str() && record.reaped.is_none();
+        if ours {
+            record.reaped = Some(crate::duration::timestamp(SystemTime::now()));
+        }
+        ours
+    });
+}
+
+/// Write into the record of run `run_id` what `note` sets, when `note` finds it the record it
+/// means, holding the run's guard: no run with that id is live meanwhile, and no new one writes
+/// its record under ours.
+fn note_in_record(
+    global: &Global,
+    run_id: &RunId,
+    what: &str,
+    note: impl FnOnce(&mut RunRecord) -> bool,
+) {
     let dir = global.runs_dir.join(run_id.as_str());
-    // Holding the run's guard keeps a new run with the same id from writing meanwhile.
     let Liveness::Free { guard: _guard, .. } = rundir::probe(&dir, false) else {
         return;
     };
@@ -241,11 +246,9 @@ fn mark_run_reaped(global: &Global, holder: &Holder, domain: &AppDomain) {
     let Ok(mut record) = RunRecord::read(&path) else {
         return;
     };
-    if record.pid != holder.pid || record.domain != domain.as_str() || record.reaped.is_some() {
-        return;
-    }
-    record.reaped = Some(crate::duration::timestamp(SystemTime::now()));
-    if let Err(err) = record.write(&path) {
-        tracing::warn!(path = %path.display(), "failed to mark run record reaped: {err}");
+    if note(&mut record) {
+        if let Err(err) = record.write(&path) {
+            tracing::warn!(path = %path.display(), "failed to mark run record {what}: {err}");
+        }
     }
 }

@@ -127,24 +127,30 @@ pub(crate) struct RunInfo {
     /// What to make of it in a few words: what it holds or waits for, what is left of a dead
     /// run and what a janitor did with it, why it cannot be judged, how it ended.
     pub note: Option<String>,
-    /// Its phases with their times (`runs RUN_ID` only).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// Its phases with their times (shown by `runs RUN_ID`: [`Whole`]).
+    #[serde(skip)]
     pub phases: Vec<crate::rundir::record::Phase>,
-    /// Why the run failed before its command could run (`runs RUN_ID` only).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Why the run failed before its command could run (shown by `runs RUN_ID`).
+    #[serde(skip)]
     pub error: Option<String>,
     /// When it ended (its last phase), for the 24 h window.
     #[serde(skip)]
     ended: Option<SystemTime>,
-    /// The record's own phases, kept for `runs RUN_ID`.
-    #[serde(skip)]
-    record_phases: Vec<crate::rundir::record::Phase>,
-    #[serde(skip)]
-    record_error: Option<String>,
+}
+
+/// One run as `runs RUN_ID --json` shows it: the listing's fields, its phases and its error.
+#[derive(Debug, Serialize)]
+pub(crate) struct Whole<'a> {
+    #[serde(flatten)]
+    pub run: &'a RunInfo,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub phases: &'a [crate::rundir::record::Phase],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
 }
 
 /// `{"runs": [...]}` (in the envelope every `--json` has)
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub(crate) struct Listing {
     pub runs: Vec<RunInfo>,
     /// Run directories that could not be listed, and why.
@@ -296,14 +302,22 @@ fn describe(
             killed: s.killed,
         }),
         note: note.map(|n| escape_outside(n.as_bytes())),
-        phases: Vec::new(),
-        error: None,
+        phases: record
+            .phases
+            .iter()
+            .map(|p| crate::rundir::record::Phase {
+                name: escape_outside(p.name.as_bytes()),
+                at: escape_outside(p.at.as_bytes()),
+            })
+            .collect(),
+        error: record
+            .error
+            .as_deref()
+            .map(|e| escape_outside(e.as_bytes())),
         ended: match state {
             RunState::Finished | RunState::Dead => last.and_then(|p| parse_time(&p.at)),
             _ => None,
         },
-        record_phases: record.phases.clone(),
-        record_error: record.error.clone(),
     }
 }
 
@@ -454,23 +468,6 @@ fn short_domain(domain: &str) -> &str {
 /// Keep only live runs (`runs --live`).
 pub(crate) fn only_live(listing: &mut Listing) {
     listing.runs.retain(|r| r.state == RunState::Live);
-}
-
-/// The run `run_id`, with its phases and error, for `runs RUN_ID`; None when no record names it.
-pub(crate) fn one(listing: Listing, run_id: &str) -> Option<RunInfo> {
-    let mut run = listing.runs.into_iter().find(|r| r.run_id == run_id)?;
-    run.phases = std::mem::take(&mut run.record_phases)
-        .into_iter()
-        .map(|p| crate::rundir::record::Phase {
-            name: escape_outside(p.name.as_bytes()),
-            at: escape_outside(p.at.as_bytes()),
-        })
-        .collect();
-    run.error = run
-        .record_error
-        .take()
-        .map(|e| escape_outside(e.as_bytes()));
-    Some(run)
 }
 
 /// The width the default table fits.

@@ -124,22 +124,11 @@ fn help_lists_the_exit_codes() {
         done.transcript()
     );
     // Every subcommand's own help ends with its exit codes.
-    for sub in [
-        "run",
-        "janitor",
-        "locks",
-        "lock",
-        "runs",
-        "stop",
-        "app-domain",
-        "converge",
-        "completions",
-        "man",
-        "config",
-        "doctor",
-    ] {
+    let subcommands = crate::shipping::subcommands();
+    assert!(subcommands.len() >= 12, "{subcommands:?}");
+    for sub in subcommands.iter().filter(|s| *s != "help") {
         let mut cmd = sandbox.ccci();
-        cmd.args([sub, "--help"]);
+        cmd.args([sub.as_str(), "--help"]);
         let done = run(cmd);
         done.assert_code(0);
         let text = done.out.join("\n");

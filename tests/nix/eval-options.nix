@@ -16,6 +16,15 @@ let
     type = types.listOf types.str;
     default = [ ];
   };
+  # What every unit has.
+  unitOptions = {
+    description = mkOption {
+      type = types.str;
+      default = "";
+    };
+    documentation = strings;
+    wantedBy = strings;
+  };
   fakePackage = name: {
     type = "derivation";
     inherit name;
@@ -59,15 +68,9 @@ let
         systemd.services = mkOption {
           type = types.attrsOf (
             types.submodule {
-              options = {
-                description = mkOption {
-                  type = types.str;
-                  default = "";
-                };
-                documentation = strings;
+              options = unitOptions // {
                 after = strings;
                 wants = strings;
-                wantedBy = strings;
                 path = mkOption {
                   type = types.listOf types.package;
                   default = [ ];
@@ -92,13 +95,7 @@ let
         systemd.timers = mkOption {
           type = types.attrsOf (
             types.submodule {
-              options = {
-                description = mkOption {
-                  type = types.str;
-                  default = "";
-                };
-                documentation = strings;
-                wantedBy = strings;
+              options = unitOptions // {
                 timerConfig = mkOption {
                   type = types.attrsOf types.anything;
                   default = { };
