@@ -30,6 +30,7 @@ use serde_json::Value;
 use crate::docker::{Cleanup, assert_gone_now, compose_file};
 use crate::util::{
     BIN, Proc, Sandbox, Stream, pids_by_prefix, process_alive, sh_quote, signal, wait_exited,
+    wait_removed,
 };
 
 fn repo() -> PathBuf {
@@ -756,8 +757,9 @@ fn assert_nothing_of_the_run_left(sandbox: &Sandbox, build: &BuildInfo, pids: &[
         "{:?}",
         sandbox.state_files()
     );
+    // The runner removes it a moment after the cancel, on a timer of its own: wait for that.
     assert!(
-        !build.workspace.exists(),
+        wait_removed(&build.workspace),
         "the runner removes the workspace"
     );
     record

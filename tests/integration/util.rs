@@ -751,6 +751,49 @@ pub fn wait_exited(pid: i32) -> bool {
     matches!(nix::poll::poll(&mut fds, timeout), Ok(n) if n > 0)
 }
 
+/// Wait until `path` is removed (it or a directory above it), through inotify: the kernel tells
+/// us, no polling. True at once when it is already gone; false if it is still there after
+/// [`PATIENCE`].
+pub fn wait_removed(path: &Path) -> bool {
+    use inotify::{Inotify, WatchMask};
+    use std::os::fd::AsFd;
+    let mut inotify = Inotify::init().unwrap();
+    // Watch the path itself: its removal (or a move out of the way) is the event. A path that
+    // is gone before the watch is set is gone.
+    if inotify
+        .watches()
+        .add(path, WatchMask::DELETE_SELF | WatchMask::MOVE_SELF)
+        .is_err()
+    {
+        return !path.exists();
+    }
+    let deadline = Instant::now() + PATIENCE;
+    let mut buf = [0u8; 4096];
+    loop {
+        // A removal between the watch and this look left an event in the queue too.
+        if std::fs::symlink_metadata(path).is_err() {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut fds = [nix::poll::PollFd::new(
+            inotify.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let timeout = nix::poll::PollTimeout::try_from(left).unwrap();
+        match nix::poll::poll(&mut fds, timeout) {
+            Ok(n) if n > 0 => {
+                let _ = inotify.read_events(&mut buf);
+            }
+            Ok(_) => return !path.exists(),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => panic!("poll on inotify: {e}"),
+        }
+    }
+}
+
 /// True while process `pid` is running (a zombie waiting for its reaper is dead).
 pub fn process_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
