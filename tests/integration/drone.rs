@@ -882,7 +882,7 @@ fn a_cancelled_build_tears_its_run_down_with_its_log_gone() {
     assert_eq!(record["tied_pid_died"], build.info.shell);
     assert_eq!(record["exit_code"], 143);
     let entry = journal.wait_for(
-        "run 93: torn down after tied-pid-died, exit 143, nothing left",
+        "run coop-cloud.custom-html.93: torn down after tied-pid-died, exit 143, nothing left",
         crate::util::PATIENCE,
     );
     assert_eq!(entry["SYSLOG_IDENTIFIER"], "ccci-run", "{entry:?}");
@@ -983,7 +983,7 @@ fn a_successful_build_exits_0_and_leaves_nothing() {
     assert!(
         done.out
             .iter()
-            .any(|l| l.contains("== run 96: finished, exit 0")),
+            .any(|l| l.contains("== run coop-cloud.custom-html.96: finished, exit 0")),
         "the build log has the run's own lines\n{}",
         done.transcript()
     );
