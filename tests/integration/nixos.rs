@@ -1303,3 +1303,90 @@ fn nixos_module_core_offers_every_key_and_refuses_bad_values() {
         );
     }
 }
+
+/// One duration grammar: the module's rule (nix/lib.nix, which every duration option is built
+/// from) and the binary take and refuse the same values, and read the same length from each.
+/// Needs only nix-instantiate: lib.nix is free of nixpkgs.
+#[test]
+fn the_module_and_the_binary_read_every_duration_alike() {
+    if !crate::util::need("nix-instantiate") {
+        return;
+    }
+    let table = [
+        "0", "90", "1.5", "0.001", "90s", "13.5s", "1.5m", "1.5h", "1.5d", "2.25w", "500ms",
+        "5m", "1h30m", "1h 30m", "1 m", "1.5 m", "1s1s", "1m1h", "14d", "365d", "2w", ".5", "1.",
+        "0.5ms", "1.25ms", "1.0001", "0.0001s", "366d", "1y", "1M", "5S", "90min", "1hour",
+        "1h30", "1e3", "-1", "", "10 parsecs", "3days",
+    ];
+    let exprs: Vec<String> = table
+        .iter()
+        .map(|v| {
+            format!(
+                "(let r = (l.durationRule {{ min = \"0s\"; max = \"365d\"; }}).check {v:?}; in \
+                 if r then l.durationMillis {v:?} else null)"
+            )
+        })
+        .collect();
+    let expr = format!("let l = import ./nix/lib.nix; in [ {} ]", exprs.join(" "));
+    let out = Command::new("nix-instantiate")
+        .current_dir(repo())
+        .args(["--eval", "--strict", "--json", "-E", &expr])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let module: Vec<Option<u64>> = serde_json::from_slice(&out.stdout).unwrap();
+    // The binary's reading of the same value, as `config --json` shows it, in milliseconds.
+    let millis = |shown: &str| -> u64 {
+        let mut total = 0;
+        let mut number = String::new();
+        let mut chars = shown.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c.is_ascii_digit() {
+                number.push(c);
+                continue;
+            }
+            let mut unit = c.to_string();
+            while chars.peek().is_some_and(|c| c.is_alphabetic()) {
+                unit.push(chars.next().unwrap());
+            }
+            let n: u64 = number.parse().unwrap();
+            number.clear();
+            total += n * match unit.as_str() {
+                "ms" => 1,
+                "s" => 1000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                "d" => 86_400_000,
+                "w" => 7 * 86_400_000,
+                other => panic!("unit {other:?} in {shown:?}"),
+            };
+        }
+        total
+    };
+    let mut differ = Vec::new();
+    for (value, module) in table.iter().zip(module) {
+        let done = Command::new(crate::util::BIN)
+            .env("CCCI_CONFIG", "/dev/null")
+            .env("CCCI_KILL_GRACE", value)
+            .args(["config", "--json"])
+            .output()
+            .unwrap();
+        let binary = done.status.success().then(|| {
+            let json: Value = serde_json::from_slice(&done.stdout).unwrap();
+            let shown = json["settings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["key"] == "kill_grace")
+                .unwrap()["value"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            millis(&shown)
+        });
+        if binary != module {
+            differ.push(format!("{value:?}: binary {binary:?} ms, module {module:?} ms"));
+        }
+    }
+    assert!(differ.is_empty(), "the module and the binary differ: {differ:#?}");
+}
