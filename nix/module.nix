@@ -162,9 +162,20 @@ let
   # Whether the host's capacity lives in a file (the runner's own, or an EnvironmentFile=):
   # the module then gives the unit none.
   capacityInAFile = fileCapacity != null || envFileCapacities != [ ];
-  runnerUser = if runner == null then "root" else runnerService.serviceConfig.User or "root";
+  # The user the runs run as: services.ccci-run.runnerUser, else the runner's unit's User=.
+  unitUser = if runner == null then null else runnerService.serviceConfig.User or null;
+  runnerUser =
+    if cfg.runnerUser != null then cfg.runnerUser
+    else if unitUser != null then unitUser
+    else "root";
+  # Its group as the host declares the user (users.users.<u>.group), never guessed from its name.
+  declaredGroup = config.users.users.${runnerUser}.group or "";
   runnerGroup =
-    if runner == null then "root" else runnerService.serviceConfig.Group or (if runnerUser == "root" then "root" else runnerUser);
+    if runnerUser == "root" then "root"
+    else if runner != null && runnerService.serviceConfig ? Group then runnerService.serviceConfig.Group
+    else if declaredGroup != "" then declaredGroup
+    else runnerUser;
+  dynamicRunner = runner != null && (runnerService.serviceConfig.DynamicUser or false) == true;
   hostStop = if runner == null then null else runnerService.serviceConfig.TimeoutStopSec or null;
   hostStopNanos = if builtins.isString hostStop then helpers.timespanNanos hostStop else null;
 
@@ -500,6 +511,15 @@ in
       '';
     };
 
+    runnerUser = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "drone";
+      description = ''
+        The user the runner's runs run as; null takes the runner's unit's User= (root without
+        one). The janitor runs as this user too, and the runs, state and lock dirs are its.
+      '';
+    };
     droneRunnerService = mkOption {
       type = types.nullOr (ruleType "ccci-run-service-name" helpers.isServiceName helpers.serviceNameRule);
       default = "drone-runner-exec";
@@ -537,7 +557,7 @@ in
             recipeUrlTemplate
             ;
           inherit settings;
-          # The janitor runs as root: the runner's user's files are its own too.
+          # An operator's root shell becomes the runner's user before it writes anything.
           runnerUser = if runnerUser == "root" then null else runnerUser;
         };
 
@@ -548,7 +568,8 @@ in
           "d ${cfg.stateDir} 0700 ${runnerUser} ${runnerGroup} -"
         ]
         ++ lib.optional (cfg.lockDir != defaults.lockDir) "d ${cfg.lockDir} 0755 ${runnerUser} ${runnerGroup} -"
-        ++ lib.optional (metricsDir != null) "d ${metricsDir} 0755 root root -";
+        # The janitor writes the metrics as the runner's user.
+        ++ lib.optional (metricsDir != null) "d ${metricsDir} 0755 ${runnerUser} ${runnerGroup} -";
 
         warnings =
           lib.optional (cfg.janitor.keepRunsDays != null && !keepRunsGiven) ''
@@ -584,6 +605,8 @@ in
             }
             // {
               Type = "oneshot";
+              # One user runs the runs and sweeps them: what the janitor makes is the runner's.
+              User = runnerUser;
               Nice = 10;
               ExecStart = utils.escapeSystemdExecArgs (
                 [ (lib.getExe cfg.package) ]
@@ -591,10 +614,44 @@ in
                   inherit (cfg.janitor) longHeld keepRuns metricsFile;
                 }
               );
-            };
+            }
+            // lib.optionalAttrs (runnerUser != "root") { Group = runnerGroup; };
         };
 
         assertions = [
+          {
+            assertion = !dynamicRunner || cfg.runnerUser != null;
+            message = ''
+              systemd.services.${toString runner} has DynamicUser=true: its user exists only while
+              it runs, so no directory can be made its own and the janitor cannot run as it. Give
+              the runner a user of its own (users.users.drone, User = "drone",
+              DynamicUser = false) and set services.ccci-run.runnerUser = "drone".
+            '';
+          }
+          {
+            assertion = runner != null || cfg.runnerUser != null;
+            message = ''
+              services.ccci-run.droneRunnerService is null, so the module cannot read which user
+              the runner runs as: set services.ccci-run.runnerUser ("root" for a runner as root,
+              else its own user), or name the runner's service.
+            '';
+          }
+          {
+            assertion = runnerUser == "root" || cfg.lockDir != defaults.lockDir;
+            message = ''
+              The runner runs as ${runnerUser}, which cannot create lock files in
+              ${defaults.lockDir} (root's, 0755): set services.ccci-run.lockDir to a directory of
+              its own, such as "/run/ccci-run" (the module creates it for that user).
+            '';
+          }
+          {
+            assertion = runnerUser == "root" || cfg.runsDir != (config.users.users.${runnerUser}.home or null);
+            message = ''
+              services.ccci-run.runsDir is ${cfg.runsDir}, the home of ${runnerUser}: the binary
+              refuses a home as its runs dir. Set runsDir to a directory of its own, such as
+              "/var/lib/cc-ci-runs".
+            '';
+          }
           {
             assertion = cfg.janitor.keepRunsDays == null || !keepRunsGiven;
             message = ''
@@ -686,11 +743,6 @@ in
             would win over services.ccci-run.runnerCapacity (${toString cfg.runnerCapacity}),
             since systemd reads EnvironmentFile= after Environment=. Keep the capacity in one
             place.
-          ''
-          ++ lib.optional (runnerUser != "root" && cfg.lockDir == defaults.lockDir) ''
-            systemd.services.${runner} runs as ${runnerUser}, which cannot create lock files
-            in ${defaults.lockDir} (root's, 0755): set services.ccci-run.lockDir to a directory
-            of its own, such as /run/ccci-run (created for that user).
           ''
           ++ lib.optional (runnerUser != "root" && lib.hasPrefix "/root/" cfg.abraHome) ''
             systemd.services.${runner} runs as ${runnerUser}, which cannot read the abra home

@@ -641,7 +641,40 @@ fn nixos_module_merges_with_the_hosts_runner() {
             r#"systemd.services.drone-runner-exec.serviceConfig = {
               User = "drone"; Group = "drone"; Restart = "always"; KillMode = "mixed";
               TimeoutStopSec = "30s"; Delegate = true;
-            };"#,
+            };
+            services.ccci-run.lockDir = "/run/ccci-run";"#,
+        ),
+        // Host set-ups that would not work: refused, naming what to set.
+        host(
+            "runner_user_in_run_lock",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig.User = "drone";"#,
+        ),
+        host(
+            "runner_dynamic_user",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig = {
+              User = "drone"; DynamicUser = true;
+            };
+            services.ccci-run.lockDir = "/run/ccci-run";"#,
+        ),
+        host(
+            "runner_home_as_runs_dir",
+            true,
+            r#"users.users.drone = { isSystemUser = true; group = "users"; home = "/var/lib/drone"; };
+            systemd.services.drone-runner-exec.serviceConfig.User = "drone";
+            services.ccci-run = { lockDir = "/run/ccci-run"; runsDir = "/var/lib/drone"; };"#,
+        ),
+        host(
+            "runner_user_of_group_users",
+            true,
+            r#"users.users.drone = { isSystemUser = true; group = "users"; };
+            services.ccci-run = { runnerUser = "drone"; lockDir = "/run/ccci-run"; };"#,
+        ),
+        host(
+            "runner_left_alone_of_its_own_user",
+            false,
+            "services.ccci-run.droneRunnerService = null;",
         ),
         host(
             "runner_settings_that_fit",
@@ -657,7 +690,11 @@ fn nixos_module_merges_with_the_hosts_runner() {
             r#"services.ccci-run.droneRunnerService = "ci-runner";
             systemd.services.ci-runner.script = "exec sleep infinity";"#,
         ),
-        host("runner_left_alone", false, "services.ccci-run.droneRunnerService = null;"),
+        host(
+            "runner_left_alone",
+            false,
+            r#"services.ccci-run = { droneRunnerService = null; runnerUser = "root"; };"#,
+        ),
         host("no_runner_unit", false, ""),
         host(
             "runner_not_delegated",
@@ -749,7 +786,6 @@ fn nixos_module_merges_with_the_hosts_runner() {
     let warnings = messages(&results["runner_settings"], "warnings");
     for words in [
         "TimeoutStopSec is 30s, shorter than the 6min",
-        "runs as drone, which cannot create lock files in /run/lock",
         "runs as drone, which cannot read the abra home /root/.abra",
     ] {
         assert!(
@@ -757,6 +793,33 @@ fn nixos_module_merges_with_the_hosts_runner() {
             "{words}: {warnings:?}"
         );
     }
+    for (name, words) in [
+        ("runner_user_in_run_lock", "cannot create lock files in /run/lock"),
+        ("runner_dynamic_user", "DynamicUser=true"),
+        ("runner_home_as_runs_dir", "the home of drone"),
+        ("runner_left_alone_of_its_own_user", "set services.ccci-run.runnerUser"),
+    ] {
+        let failed = messages(&results[name], "failedAssertions");
+        assert!(
+            failed.iter().any(|m| m.contains(words)),
+            "{name}: {words}: {failed:?}"
+        );
+    }
+    // The runner's user's own group, as the host declares it; the janitor runs as that user.
+    let users = ok("runner_user_of_group_users");
+    let tmpfiles: Vec<&str> = users["tmpfiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        tmpfiles.contains(&"d /var/lib/cc-ci-runs 0755 drone users -"),
+        "{tmpfiles:?}"
+    );
+    let janitor = text(users, "janitorService");
+    has_line_once(janitor, "User=drone");
+    has_line_once(janitor, "Group=users");
     let fit = ok("runner_settings_that_fit");
     assert_eq!(fit["warnings"], serde_json::json!([]));
     assert_eq!(fit["runnerServiceConfig"]["Delegate"], "yes");
