@@ -159,9 +159,10 @@ let
   capacityGiven = options.services.ccci-run.runnerCapacity.highestPrio < (mkOptionDefault null).priority;
   keepRunsGiven = options.services.ccci-run.janitor.keepRuns.highestPrio < (mkOptionDefault null).priority;
   capacityInUnit = if runner == null then null else runnerService.environment.DRONE_RUNNER_CAPACITY or null;
-  # Whether the host's capacity lives in a file (the runner's own, or an EnvironmentFile=):
-  # the module then gives the unit none.
-  capacityInAFile = fileCapacity != null || envFileCapacities != [ ];
+  # Whether the host's capacity lives in a file (the runner's own, or an EnvironmentFile=), or
+  # in the unit's serviceConfig.Environment: the module then gives the unit none (two
+  # Environment= lines would let the later win, silently).
+  capacityInAFile = fileCapacity != null || envFileCapacities != [ ] || serviceEnvCapacities != [ ];
   # The user the runs run as: services.ccci-run.runnerUser, else the runner's unit's User=.
   unitUser = if runner == null then null else runnerService.serviceConfig.User or null;
   runnerUser =
@@ -213,6 +214,19 @@ let
     lib.optional (value != null) { inherit path value; }
   ) runnerEnvFiles;
   unreadEnvFiles = lib.filter (path: etcText path == null) runnerEnvFiles;
+  # DRONE_RUNNER_CAPACITY in the unit's serviceConfig.Environment (a string or a list of
+  # `NAME=value` assignments, each maybe quoted), which systemd reads as Environment= lines.
+  serviceEnvCapacities =
+    if runner == null then
+      [ ]
+    else
+      lib.concatMap (
+        e:
+        let
+          m = builtins.match "[\"']?DRONE_RUNNER_CAPACITY=([^\"' ]*)[\"']?" (toString e);
+        in
+        lib.optional (m != null) (lib.head m)
+      ) (lib.concatMap (e: lib.splitString " " (toString e)) (lib.toList (runnerService.serviceConfig.Environment or [ ])));
   # Whether the host defined DRONE_RUNNER_CAPACITY in the unit's environment itself.
   unitCapacityFromHost =
     runner != null
@@ -234,6 +248,10 @@ let
       place = "DRONE_RUNNER_CAPACITY=${toString capacityInUnit} in systemd.services.${runner}.environment (the unit's Environment=)";
       value = toString capacityInUnit;
     }
+    ++ map (value: {
+      place = "DRONE_RUNNER_CAPACITY=${value} in systemd.services.${runner}.serviceConfig.Environment (an Environment= line of its own, after the unit's environment)";
+      inherit value;
+    }) serviceEnvCapacities
     ++ map (f: {
       place = "DRONE_RUNNER_CAPACITY=${f.value} in ${f.path} (the unit's EnvironmentFile=, which systemd reads after Environment=)";
       inherit (f) value;
@@ -241,7 +259,7 @@ let
   # The place in force: the last EnvironmentFile=, else the host's Environment=, else the
   # option (given to the unit only while no file sets a capacity), else the runner's file.
   capacityInForce =
-    if envFileCapacities != [ ] then
+    if envFileCapacities != [ ] || serviceEnvCapacities != [ ] then
       lib.last capacityPlaces
     else if unitCapacityFromHost then
       lib.findFirst (p: lib.hasInfix ".environment" p.place) null capacityPlaces

@@ -634,6 +634,17 @@ fn nixos_module_merges_with_the_hosts_runner() {
             )),
         ),
         host("capacity_option", true, "services.ccci-run.runnerCapacity = 5;"),
+        host(
+            "capacity_in_service_environment",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig.Environment = [ "DRONE_RUNNER_CAPACITY=4" ];"#,
+        ),
+        host(
+            "capacity_in_service_environment_and_the_option",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig.Environment = "DRONE_RUNNER_CAPACITY=4";
+            services.ccci-run.runnerCapacity = 3;"#,
+        ),
         host("capacity_left_alone", true, "services.ccci-run.runnerCapacity = null;"),
         host(
             "runner_settings",
@@ -746,6 +757,11 @@ fn nixos_module_merges_with_the_hosts_runner() {
     // The file's capacity is the one in force: the unit sets none that would hide it.
     assert_eq!(capacity("capacity_in_the_runners_file"), Value::Null);
     assert!(!text(&results["capacity_in_the_runners_file"], "runnerUnit").contains("CAPACITY"));
+    // A capacity in serviceConfig.Environment is the one place: the module adds no second line.
+    assert_eq!(
+        ok("capacity_in_service_environment")["runnerEnvironment"]["DRONE_RUNNER_CAPACITY"],
+        Value::Null
+    );
     for name in [
         "capacity_in_the_file_and_the_option",
         "capacity_in_the_file_and_the_unit",
@@ -758,6 +774,16 @@ fn nixos_module_merges_with_the_hosts_runner() {
             "{name}: {failed:?}"
         );
     }
+    let failed = messages(
+        &results["capacity_in_service_environment_and_the_option"],
+        "failedAssertions",
+    );
+    assert!(
+        failed.len() == 1
+            && failed[0].contains("capacity is set in 2 places")
+            && failed[0].contains("serviceConfig.Environment"),
+        "{failed:?}"
+    );
     assert_eq!(capacity("capacity_option"), "5");
     assert_eq!(capacity("capacity_left_alone"), Value::Null);
 
