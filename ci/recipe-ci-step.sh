@@ -13,6 +13,11 @@
 # process group. --expect-parent closes the start race (a shell that died before ccci-run armed
 # its guards).
 #
+# The run id is ccci-run's default: the build's repository and number from DRONE_REPO and
+# DRONE_BUILD_NUMBER (`coop-cloud.custom-html.120`). One runner serves every recipe repository
+# and each numbers its builds from 1, so the number alone would make two repositories' builds
+# share one run directory.
+#
 # Whatever ccci-run needs beyond the PR (its directories, Docker, etcd, its bounds) comes from
 # its configuration file: the runner passes only PATH, USER, HOME and DRONE_*/CI_* to a step.
 set -eu

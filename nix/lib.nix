@@ -45,7 +45,11 @@ let
     let
       nine = substring 0 9 (ds + "000000000");
     in
-    times (digits nine) unit / secondNs;
+    # Units of whole seconds (all but ms and us) first divided, so that nothing overflows.
+    if unit >= secondNs then
+      times (digits nine) (unit / secondNs)
+    else
+      times (digits nine) unit / secondNs;
 
   sum = foldl' (a: b: if a >= tooLarge - b then tooLarge else a + b) 0;
 
@@ -94,7 +98,7 @@ let
 
   # `{ nanos; units; }` for a bare number of seconds ("90", "1.5") or a sequence of numbers with
   # units ("90s", "1h30m", "1h 30m"), else null. `fractions`: whether a number with a unit may
-  # have a fractional part (systemd's spans may; the run settings take whole numbers there).
+  # have a fractional part (systemd's spans and ccci-run's durations may: "1.5m").
   parseSpan =
     units: fractions: text:
     let
@@ -131,7 +135,8 @@ let
     else
       null;
 
-  nanosOf = text: (parseSpan durationUnits false text).nanos;
+  # The binary's grammar (src/duration.rs): fractions with a unit too ("1.5m", "13.5s").
+  nanosOf = text: (parseSpan durationUnits true text).nanos;
 in
 rec {
   # The host's settings when the module's options are left alone; systemd/ carries the same.
@@ -250,7 +255,7 @@ rec {
       check =
         text:
         let
-          span = parseSpan durationUnits false text;
+          span = parseSpan durationUnits true text;
         in
         span != null
         && (span.units || !unitRequired)
@@ -310,6 +315,8 @@ rec {
 
   # Seconds (rounded up) of a ccci-run duration the rules above accepted.
   durationSeconds = text: (nanosOf text + secondNs - 1) / secondNs;
+  # Milliseconds of a ccci-run duration the rules above accepted (the binary's own step).
+  durationMillis = text: nanosOf text / 1000000;
 
   # What a stop of the runner must wait for before systemd's SIGKILL: a run's kill grace and
   # teardown timeout, and a margin for the janitor-like tidying at its end; in systemd's words.

@@ -159,12 +159,24 @@ let
   capacityGiven = options.services.ccci-run.runnerCapacity.highestPrio < (mkOptionDefault null).priority;
   keepRunsGiven = options.services.ccci-run.janitor.keepRuns.highestPrio < (mkOptionDefault null).priority;
   capacityInUnit = if runner == null then null else runnerService.environment.DRONE_RUNNER_CAPACITY or null;
-  # Whether the host's capacity lives in a file (the runner's own, or an EnvironmentFile=):
-  # the module then gives the unit none.
-  capacityInAFile = fileCapacity != null || envFileCapacities != [ ];
-  runnerUser = if runner == null then "root" else runnerService.serviceConfig.User or "root";
+  # Whether the host's capacity lives in a file (the runner's own, or an EnvironmentFile=), or
+  # in the unit's serviceConfig.Environment: the module then gives the unit none (two
+  # Environment= lines would let the later win, silently).
+  capacityInAFile = fileCapacity != null || envFileCapacities != [ ] || serviceEnvCapacities != [ ];
+  # The user the runs run as: services.ccci-run.runnerUser, else the runner's unit's User=.
+  unitUser = if runner == null then null else runnerService.serviceConfig.User or null;
+  runnerUser =
+    if cfg.runnerUser != null then cfg.runnerUser
+    else if unitUser != null then unitUser
+    else "root";
+  # Its group as the host declares the user (users.users.<u>.group), never guessed from its name.
+  declaredGroup = config.users.users.${runnerUser}.group or "";
   runnerGroup =
-    if runner == null then "root" else runnerService.serviceConfig.Group or (if runnerUser == "root" then "root" else runnerUser);
+    if runnerUser == "root" then "root"
+    else if runner != null && runnerService.serviceConfig ? Group then runnerService.serviceConfig.Group
+    else if declaredGroup != "" then declaredGroup
+    else runnerUser;
+  dynamicRunner = runner != null && (runnerService.serviceConfig.DynamicUser or false) == true;
   hostStop = if runner == null then null else runnerService.serviceConfig.TimeoutStopSec or null;
   hostStopNanos = if builtins.isString hostStop then helpers.timespanNanos hostStop else null;
 
@@ -202,6 +214,19 @@ let
     lib.optional (value != null) { inherit path value; }
   ) runnerEnvFiles;
   unreadEnvFiles = lib.filter (path: etcText path == null) runnerEnvFiles;
+  # DRONE_RUNNER_CAPACITY in the unit's serviceConfig.Environment (a string or a list of
+  # `NAME=value` assignments, each maybe quoted), which systemd reads as Environment= lines.
+  serviceEnvCapacities =
+    if runner == null then
+      [ ]
+    else
+      lib.concatMap (
+        e:
+        let
+          m = builtins.match "[\"']?DRONE_RUNNER_CAPACITY=([^\"' ]*)[\"']?" (toString e);
+        in
+        lib.optional (m != null) (lib.head m)
+      ) (lib.concatMap (e: lib.splitString " " (toString e)) (lib.toList (runnerService.serviceConfig.Environment or [ ])));
   # Whether the host defined DRONE_RUNNER_CAPACITY in the unit's environment itself.
   unitCapacityFromHost =
     runner != null
@@ -223,6 +248,10 @@ let
       place = "DRONE_RUNNER_CAPACITY=${toString capacityInUnit} in systemd.services.${runner}.environment (the unit's Environment=)";
       value = toString capacityInUnit;
     }
+    ++ map (value: {
+      place = "DRONE_RUNNER_CAPACITY=${value} in systemd.services.${runner}.serviceConfig.Environment (an Environment= line of its own, after the unit's environment)";
+      inherit value;
+    }) serviceEnvCapacities
     ++ map (f: {
       place = "DRONE_RUNNER_CAPACITY=${f.value} in ${f.path} (the unit's EnvironmentFile=, which systemd reads after Environment=)";
       inherit (f) value;
@@ -230,7 +259,7 @@ let
   # The place in force: the last EnvironmentFile=, else the host's Environment=, else the
   # option (given to the unit only while no file sets a capacity), else the runner's file.
   capacityInForce =
-    if envFileCapacities != [ ] then
+    if envFileCapacities != [ ] || serviceEnvCapacities != [ ] then
       lib.last capacityPlaces
     else if unitCapacityFromHost then
       lib.findFirst (p: lib.hasInfix ".environment" p.place) null capacityPlaces
@@ -500,6 +529,15 @@ in
       '';
     };
 
+    runnerUser = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "drone";
+      description = ''
+        The user the runner's runs run as; null takes the runner's unit's User= (root without
+        one). The janitor runs as this user too, and the runs, state and lock dirs are its.
+      '';
+    };
     droneRunnerService = mkOption {
       type = types.nullOr (ruleType "ccci-run-service-name" helpers.isServiceName helpers.serviceNameRule);
       default = "drone-runner-exec";
@@ -537,7 +575,7 @@ in
             recipeUrlTemplate
             ;
           inherit settings;
-          # The janitor runs as root: the runner's user's files are its own too.
+          # An operator's root shell becomes the runner's user before it writes anything.
           runnerUser = if runnerUser == "root" then null else runnerUser;
         };
 
@@ -548,7 +586,8 @@ in
           "d ${cfg.stateDir} 0700 ${runnerUser} ${runnerGroup} -"
         ]
         ++ lib.optional (cfg.lockDir != defaults.lockDir) "d ${cfg.lockDir} 0755 ${runnerUser} ${runnerGroup} -"
-        ++ lib.optional (metricsDir != null) "d ${metricsDir} 0755 root root -";
+        # The janitor writes the metrics as the runner's user.
+        ++ lib.optional (metricsDir != null) "d ${metricsDir} 0755 ${runnerUser} ${runnerGroup} -";
 
         warnings =
           lib.optional (cfg.janitor.keepRunsDays != null && !keepRunsGiven) ''
@@ -584,6 +623,8 @@ in
             }
             // {
               Type = "oneshot";
+              # One user runs the runs and sweeps them: what the janitor makes is the runner's.
+              User = runnerUser;
               Nice = 10;
               ExecStart = utils.escapeSystemdExecArgs (
                 [ (lib.getExe cfg.package) ]
@@ -591,10 +632,44 @@ in
                   inherit (cfg.janitor) longHeld keepRuns metricsFile;
                 }
               );
-            };
+            }
+            // lib.optionalAttrs (runnerUser != "root") { Group = runnerGroup; };
         };
 
         assertions = [
+          {
+            assertion = !dynamicRunner || cfg.runnerUser != null;
+            message = ''
+              systemd.services.${toString runner} has DynamicUser=true: its user exists only while
+              it runs, so no directory can be made its own and the janitor cannot run as it. Give
+              the runner a user of its own (users.users.drone, User = "drone",
+              DynamicUser = false) and set services.ccci-run.runnerUser = "drone".
+            '';
+          }
+          {
+            assertion = runner != null || cfg.runnerUser != null;
+            message = ''
+              services.ccci-run.droneRunnerService is null, so the module cannot read which user
+              the runner runs as: set services.ccci-run.runnerUser ("root" for a runner as root,
+              else its own user), or name the runner's service.
+            '';
+          }
+          {
+            assertion = runnerUser == "root" || cfg.lockDir != defaults.lockDir;
+            message = ''
+              The runner runs as ${runnerUser}, which cannot create lock files in
+              ${defaults.lockDir} (root's, 0755): set services.ccci-run.lockDir to a directory of
+              its own, such as "/run/ccci-run" (the module creates it for that user).
+            '';
+          }
+          {
+            assertion = runnerUser == "root" || cfg.runsDir != (config.users.users.${runnerUser}.home or null);
+            message = ''
+              services.ccci-run.runsDir is ${cfg.runsDir}, the home of ${runnerUser}: the binary
+              refuses a home as its runs dir. Set runsDir to a directory of its own, such as
+              "/var/lib/cc-ci-runs".
+            '';
+          }
           {
             assertion = cfg.janitor.keepRunsDays == null || !keepRunsGiven;
             message = ''
@@ -686,11 +761,6 @@ in
             would win over services.ccci-run.runnerCapacity (${toString cfg.runnerCapacity}),
             since systemd reads EnvironmentFile= after Environment=. Keep the capacity in one
             place.
-          ''
-          ++ lib.optional (runnerUser != "root" && cfg.lockDir == defaults.lockDir) ''
-            systemd.services.${runner} runs as ${runnerUser}, which cannot create lock files
-            in ${defaults.lockDir} (root's, 0755): set services.ccci-run.lockDir to a directory
-            of its own, such as /run/ccci-run (created for that user).
           ''
           ++ lib.optional (runnerUser != "root" && lib.hasPrefix "/root/" cfg.abraHome) ''
             systemd.services.${runner} runs as ${runnerUser}, which cannot read the abra home

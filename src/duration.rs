@@ -112,8 +112,18 @@ fn check_units(text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A plain number of seconds; fractions allowed.
+/// A plain number of seconds; fractions allowed, with digits on both sides of the point (`1.5`,
+/// never `.5` or `1.`), as the NixOS module reads it.
 fn bare_seconds(text: &str, spec: &Spec) -> Result<Duration, String> {
+    let well_formed = match text.split_once('.') {
+        None => !text.is_empty(),
+        Some((whole, part)) => {
+            !whole.is_empty() && !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit())
+        }
+    };
+    if !well_formed {
+        return Err(format!("{text:?} is not a duration: write {FORMS}"));
+    }
     let secs: f64 = text
         .parse()
         .map_err(|_| format!("{text:?} is not a duration: write {FORMS}"))?;

@@ -83,6 +83,8 @@ enum Error {
     },
     #[error(transparent)]
     Dir(#[from] config::dirs::ParentMissing),
+    #[error(transparent)]
+    Switch(#[from] trust::SwitchError),
     /// An error about a path under a configured directory, with the setting that names it.
     #[error("{source} (the directory is set by {setting})")]
     Located {
@@ -105,7 +107,7 @@ impl Error {
         match self {
             Self::Invalid(_) | Self::Dir(_) => exit::USAGE,
             Self::Run(e) => e.exit_code(),
-            Self::NamedLock(_) | Self::Converge(_) => exit::INTERNAL,
+            Self::NamedLock(_) | Self::Converge(_) | Self::Switch(_) => exit::INTERNAL,
             Self::Metrics { .. }
             | Self::LockDir { .. }
             | Self::Locks(_)
@@ -314,6 +316,16 @@ fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8,
     docker::endpoint::choose(global.docker_host.as_ref());
     // Whose files are ours: the runner's user's too, when we are root and the file says so.
     trust::set_runner(global.runner);
+    // One user runs the runs and sweeps them: a command that writes becomes the runner's user
+    // before it touches any run, lock, state or server file.
+    let writes = match &cli.command {
+        Command::Run(_) | Command::Lock(_) | Command::Stop(_) | Command::Converge(_) => true,
+        Command::Janitor(args) => !args.dry_run,
+        _ => false,
+    };
+    if writes {
+        trust::become_runner()?;
+    }
     command(cli.command, &global, &resolved, &inputs, start_ppid)
         .map_err(|err| err.located(&global))
 }

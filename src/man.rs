@@ -92,7 +92,11 @@ fn extra(command: &str) -> Extra {
             environment: &[
                 (
                     "DRONE_BUILD_NUMBER",
-                    "The run id when --run-id is not given.",
+                    "With DRONE_REPO, the run id when --run-id is not given: <owner>.<name>.<number>.",
+                ),
+                (
+                    "DRONE_REPO",
+                    "owner/name of the build's repository (else DRONE_REPO_OWNER and DRONE_REPO_NAME): in the default run id and the run's record.",
                 ),
                 (
                     "CCCI_SKIP_FETCH",

@@ -158,20 +158,97 @@ impl GitRef {
     }
 }
 
+/// What Drone says of the build a step belongs to: its repository and its number.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct DroneBuild {
+    /// `owner/name`: `DRONE_REPO`, else `DRONE_REPO_OWNER` and `DRONE_REPO_NAME`.
+    pub repo: Option<String>,
+    /// `DRONE_BUILD_NUMBER`: numbered per repository, so it repeats across repositories.
+    pub number: Option<String>,
+}
+
+impl DroneBuild {
+    /// Read from the step's environment.
+    pub(crate) fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let repo = var("DRONE_REPO").or_else(|| {
+            var("DRONE_REPO_OWNER")
+                .zip(var("DRONE_REPO_NAME"))
+                .map(|(owner, name)| format!("{owner}/{name}"))
+        });
+        Self {
+            repo,
+            number: var("DRONE_BUILD_NUMBER"),
+        }
+    }
+}
+
+/// The part of a repository's name kept readable in a run id: its characters within the run id
+/// rule, others as `-`.
+fn id_safe(part: &str) -> String {
+    part.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
 impl RunId {
     pub(crate) fn parse(value: &str) -> Result<Self, NameError> {
         RUN_ID.check(value).map(|()| Self(value.to_owned()))
     }
 
-    /// The contract's order: `--run-id`, else `DRONE_BUILD_NUMBER`, else `manual-<pid>`.
-    pub(crate) fn resolve(
-        flag: Option<&str>,
-        drone_build: Option<&str>,
-    ) -> Result<Self, NameError> {
-        match flag.or(drone_build) {
-            Some(value) => Self::parse(value),
-            None => Self::parse(&format!("manual-{}", std::process::id())),
+    /// The contract's order: `--run-id`, else the build's repository and number, else
+    /// `manual-<pid>`.
+    ///
+    /// One runner serves many repositories, each numbering its builds from 1, so the number
+    /// alone names no build: the default id is `<owner>.<name>.<number>` (`coop-cloud.lemp.120`)
+    /// when the owner and name keep to `[A-Za-z0-9_-]` and it fits the rule's 64 characters;
+    /// otherwise the readable part is shortened and a hash of the whole `owner/name` keeps it
+    /// apart (`<owner-name…>.<hash8>.<number>`). A build number without a repository (a runner
+    /// older than Drone 1, a hand-made environment) is the id alone, as before.
+    pub(crate) fn resolve(flag: Option<&str>, drone: &DroneBuild) -> Result<Self, NameError> {
+        if let Some(value) = flag {
+            return Self::parse(value);
         }
+        let Some(number) = drone.number.as_deref() else {
+            return Self::parse(&format!("manual-{}", std::process::id()));
+        };
+        // The number is checked on its own first, so a bad one is named as given.
+        Self::parse(number)?;
+        let Some(repo) = drone.repo.as_deref() else {
+            return Self::parse(number);
+        };
+        let plain = repo.split_once('/').and_then(|(owner, name)| {
+            let ok = |p: &str| {
+                !p.is_empty()
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                    && p.starts_with(|c: char| c.is_ascii_alphanumeric())
+            };
+            (ok(owner) && ok(name)).then(|| format!("{owner}.{name}.{number}"))
+        });
+        if let Some(id) = plain.filter(|id| id.len() <= 64) {
+            return Self::parse(&id);
+        }
+        let hash = hex::encode(Sha1::digest(repo.as_bytes()));
+        // `<readable>.<hash8>.<number>` within 64: the readable part gets what is left.
+        let room = 64usize.saturating_sub(number.len() + 8 + 2);
+        let readable: String = id_safe(&repo.replace('/', "-"))
+            .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+            .chars()
+            .take(room)
+            .collect();
+        let readable = if readable.is_empty() {
+            "repo".to_owned()
+        } else {
+            readable
+        };
+        Self::parse(&format!("{readable}.{}.{number}", &hash[..8]))
     }
 }
 
@@ -705,10 +782,69 @@ mod tests {
 
     #[test]
     fn run_id_falls_back_to_manual_pid() {
-        let id = RunId::resolve(None, None).unwrap();
+        let id = RunId::resolve(None, &DroneBuild::default()).unwrap();
         assert_eq!(id.as_str(), format!("manual-{}", std::process::id()));
-        assert_eq!(RunId::resolve(Some("7"), Some("9")).unwrap().as_str(), "7");
-        assert_eq!(RunId::resolve(None, Some("9")).unwrap().as_str(), "9");
+        let build = |repo: Option<&str>, number: &str| DroneBuild {
+            repo: repo.map(str::to_owned),
+            number: Some(number.to_owned()),
+        };
+        assert_eq!(
+            RunId::resolve(Some("7"), &build(Some("a/b"), "9"))
+                .unwrap()
+                .as_str(),
+            "7"
+        );
+        assert_eq!(RunId::resolve(None, &build(None, "9")).unwrap().as_str(), "9");
+    }
+
+    #[rstest]
+    #[case("coop-cloud/lemp", "120", "coop-cloud.lemp.120")]
+    #[case("coop-cloud/custom-html", "120", "coop-cloud.custom-html.120")]
+    #[case("Some_Org/Rec_1", "3", "Some_Org.Rec_1.3")]
+    fn run_id_carries_the_repository(#[case] repo: &str, #[case] n: &str, #[case] id: &str) {
+        let drone = DroneBuild {
+            repo: Some(repo.to_owned()),
+            number: Some(n.to_owned()),
+        };
+        assert_eq!(RunId::resolve(None, &drone).unwrap().as_str(), id);
+    }
+
+    #[test]
+    fn run_ids_of_repositories_that_read_alike_differ() {
+        let id = |repo: &str| {
+            RunId::resolve(
+                None,
+                &DroneBuild {
+                    repo: Some(repo.to_owned()),
+                    number: Some("120".to_owned()),
+                },
+            )
+            .unwrap()
+            .to_string()
+        };
+        let long = format!("coop-cloud/{}", "x".repeat(80));
+        let longer = format!("{long}y");
+        let all = [
+            id("a.b/c"),
+            id("a/b.c"),
+            id("a/b-c"),
+            id(&long),
+            id(&longer),
+            id("ü/x"),
+        ];
+        for (i, a) in all.iter().enumerate() {
+            RunId::parse(a).unwrap();
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert!(all[0].ends_with(".120") && all[0].starts_with("a-b-c."), "{}", all[0]);
+        let bad = DroneBuild {
+            repo: Some("a/b".to_owned()),
+            number: Some("bad/../id".to_owned()),
+        };
+        let err = RunId::resolve(None, &bad).unwrap_err();
+        assert_eq!(err.value, "bad/../id");
     }
 
     proptest! {

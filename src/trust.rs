@@ -3,19 +3,19 @@
 //! dir, the lock files and the run directories are the runner's, and root must neither refuse
 //! them nor leave behind files the runner cannot open.
 //!
-//! The rule, configured and never guessed: the files of the user ccci-run runs as are its own;
-//! when it runs as root and the configuration names the runner's user (`runner_user`), that
-//! user's files are its own too, and what it creates where both work (the lock dir: lock files,
-//! queue tickets and counters, the last-wait records, directories it makes there) it hands to
-//! that user at once, so that the runner's next run opens them as its own. Without
-//! `runner_user`, or when ccci-run is not root, nothing changes: a file of another user is
-//! refused by name.
+//! The rule, configured and never guessed: one user runs the runs and sweeps them. The files of
+//! the user ccci-run runs as are its own. When it runs as root and the configuration names the
+//! runner's user (`runner_user`), a command that writes (`run`, `lock`, `stop`, `converge`, a
+//! `janitor` that is no dry run) first becomes that user ([`become_runner`]), before it touches
+//! a run, lock, state or server file: what it makes is then the runner's by construction, and no
+//! file is ever handed over (no chown). Root's read-only commands (`runs`, `locks`,
+//! `janitor --dry-run`, `doctor`) stay root and take the runner's files as their own to read.
+//! Without `runner_user`, or when ccci-run is not root, nothing changes: a file of another user
+//! is refused by name.
 //!
 //! Floor: mechanisms (docs/architecture.md): imports the ground and the mechanisms, nothing
 //! above.
 
-use std::os::fd::AsFd;
-use std::path::Path;
 use std::sync::OnceLock;
 
 use nix::unistd::{Gid, Uid};
@@ -55,32 +55,45 @@ pub(crate) fn who() -> String {
     }
 }
 
-/// Hand a file root just made to the runner's user (a no-op without one, or when the file is
-/// not root's): the runner's runs open it as their own.
-pub(crate) fn adopt(file: &impl AsFd) -> std::io::Result<()> {
-    let Some((uid, gid)) = runner() else {
-        return Ok(());
-    };
-    let meta = nix::sys::stat::fstat(file.as_fd())?;
-    if meta.st_uid != 0 {
-        return Ok(());
-    }
-    nix::unistd::fchown(
-        file.as_fd(),
-        Some(Uid::from_raw(uid)),
-        Some(Gid::from_raw(gid)),
-    )?;
-    Ok(())
+/// Why ccci-run could not become the runner's user.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot act as the runner's user (uid {uid}, runner_user): {what} failed: {source}; a \
+     command that writes runs, locks or state files runs as the runner's user (start it as that \
+     user, or as root with CAP_SETUID and CAP_SETGID)"
+)]
+pub(crate) struct SwitchError {
+    uid: u32,
+    what: &'static str,
+    #[source]
+    source: nix::Error,
 }
 
-/// [`adopt`] for a directory root just made, by its path (never following a link).
-pub(crate) fn adopt_dir(dir: &Path) -> std::io::Result<()> {
+/// Become the runner's user for good, when we are root and the configuration names one: its
+/// groups first (all of them, so its Docker group keeps the engine's socket), then its group,
+/// then its user, real, effective and saved alike. From then on everything this process makes is
+/// the runner's by construction, and nothing of root's is left where the runner works. A no-op
+/// when we are not root or no runner's user is named.
+pub(crate) fn become_runner() -> Result<(), SwitchError> {
     let Some((uid, gid)) = runner() else {
         return Ok(());
     };
-    let meta = std::fs::symlink_metadata(dir)?;
-    if !meta.is_dir() || std::os::unix::fs::MetadataExt::uid(&meta) != 0 {
-        return Ok(());
+    let fail = |what: &'static str| move |source: nix::Error| SwitchError { uid, what, source };
+    let user = nix::unistd::User::from_uid(Uid::from_raw(uid))
+        .map_err(fail("looking the user up"))?
+        .ok_or_else(|| fail("looking the user up")(nix::Error::ENOENT))?;
+    let name = std::ffi::CString::new(user.name.clone())
+        .map_err(|_| fail("naming the user")(nix::Error::EINVAL))?;
+    let gid = Gid::from_raw(gid);
+    nix::unistd::initgroups(&name, gid).map_err(fail("setgroups"))?;
+    nix::unistd::setresgid(gid, gid, gid).map_err(fail("setresgid"))?;
+    let uid_ = Uid::from_raw(uid);
+    nix::unistd::setresuid(uid_, uid_, uid_).map_err(fail("setresuid"))?;
+    // Proved by the kernel, not assumed: every id is the runner's now.
+    let ids = nix::unistd::getresuid().map_err(fail("getresuid"))?;
+    if [ids.real, ids.effective, ids.saved] != [uid_; 3] {
+        return Err(fail("setresuid")(nix::Error::EPERM));
     }
-    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))
+    tracing::debug!(uid, gid = gid.as_raw(), user = %user.name, "acting as the runner's user");
+    Ok(())
 }

@@ -20,7 +20,7 @@ use crate::config::{
     CgroupMode, Choice, DockerMode, Fetch, Given, Global, Identity, Inputs, LockConfig, LogFormat,
     Origin, RunConfig, SweepOptions, Timing,
 };
-use crate::names::{DomainSuffix, LockName, NameError, RunId, StackName};
+use crate::names::{DomainSuffix, DroneBuild, LockName, NameError, RunId, StackName};
 
 mod converge;
 mod doctor;

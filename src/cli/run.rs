@@ -32,7 +32,8 @@ pub(crate) struct IdentityArgs {
 pub(crate) struct RunArgs {
     #[command(flatten)]
     pub identity: IdentityArgs,
-    /// Run id [default: $DRONE_BUILD_NUMBER, else manual-<pid>].
+    /// Run id [default: <owner>.<name>.<number> of $DRONE_REPO and $DRONE_BUILD_NUMBER, else
+    /// manual-<pid>].
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
     /// Hard deadline for the whole run [env: CCCI_DEADLINE; file: deadline; default: 1h].
@@ -99,8 +100,8 @@ impl IdentityArgs {
 impl RunArgs {
     pub(crate) fn validate(&self, global: &Global) -> Result<RunConfig, NameError> {
         let identity = self.identity.validate(&global.suffix)?;
-        let drone_build = std::env::var("DRONE_BUILD_NUMBER").ok();
-        let run_id = RunId::resolve(self.run_id.as_deref(), drone_build.as_deref())?;
+        let drone = DroneBuild::from_env();
+        let run_id = RunId::resolve(self.run_id.as_deref(), &drone)?;
         let fetch = Fetch::choose(
             self.no_fetch,
             self.skip_fetch,
@@ -115,6 +116,7 @@ impl RunArgs {
         Ok(RunConfig {
             identity,
             run_id,
+            repo: drone.repo,
             deadline: t.value(Timing::Deadline),
             kill_grace: t.value(Timing::KillGrace),
             teardown_timeout: t.value(Timing::TeardownTimeout),

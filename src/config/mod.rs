@@ -286,6 +286,8 @@ impl Identity {
 pub(crate) struct RunConfig {
     pub identity: Identity,
     pub run_id: RunId,
+    /// The Drone repository (`owner/name`) the run's build belongs to, when a step says so.
+    pub repo: Option<String>,
     pub deadline: Duration,
     pub kill_grace: Duration,
     pub teardown_timeout: Duration,

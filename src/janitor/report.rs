@@ -128,13 +128,15 @@ pub(crate) struct SweepReport {
 }
 
 impl SweepReport {
-    /// True when a reap (or the sweep itself) failed: exit 1. Skipped candidates (unreadable,
-    /// foreign) carry their reason in `error` but are not failures.
+    /// True when a reap (or the sweep itself) failed, or a candidate could not be acted on (an
+    /// unreadable lock file: its app stays, its runs fail): exit 1. Foreign candidates (not ours
+    /// by design: a link, a directory, another user's file) carry their reason in `error` but
+    /// are not failures.
     pub(crate) fn failed(&self) -> bool {
         !self.errors.is_empty()
             || self.candidates.iter().any(|c| {
                 (c.error.is_some() && matches!(c.decision, Decision::Reap | Decision::WouldReap))
-                    || c.decision == Decision::ReapIncomplete
+                    || matches!(c.decision, Decision::ReapIncomplete | Decision::Unreadable)
             })
     }
 

@@ -112,7 +112,6 @@ impl LockError {
 /// under the usual umask), in its parent only: a missing parent is a setting to fix
 /// (`config::dirs`), never made.
 pub(crate) fn prepare_dir(dir: &Path) -> Result<(), LockError> {
-    let existed = dir.exists();
     match std::fs::DirBuilder::new().create(dir) {
         Ok(()) => {}
         Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
@@ -122,12 +121,6 @@ pub(crate) fn prepare_dir(dir: &Path) -> Result<(), LockError> {
                 why: format!("cannot create it: {err}"),
             });
         }
-    }
-    if !existed {
-        crate::trust::adopt_dir(dir).map_err(|err| LockError::UnsafeDir {
-            path: dir.to_owned(),
-            why: format!("cannot hand it to the runner's user: {err}"),
-        })?;
     }
     check_dir(dir)
 }
@@ -140,8 +133,7 @@ pub(crate) fn prepare_private_dir(dir: &Path) -> Result<(), LockError> {
         why,
     };
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => crate::trust::adopt_dir(dir)
-            .map_err(|e| unsafe_dir(format!("cannot hand it to the runner's user: {e}")))?,
+        Ok(()) => {}
         Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
         Err(err) => return Err(unsafe_dir(format!("cannot create it: {err}"))),
     }
@@ -284,14 +276,6 @@ impl LockFile {
                 path: path.to_owned(),
             });
         }
-        // Made just now by root for the runner (a janitor's probe, an operator's `lock`): the
-        // runner's runs must open it too.
-        if create && meta.uid() == 0 {
-            crate::trust::adopt(&file).map_err(|err| LockError::io("hand over", path, err))?;
-        }
-        let meta = file
-            .metadata()
-            .map_err(|err| LockError::io("inspect", path, err))?;
         let us = Uid::effective().as_raw();
         if !crate::trust::ours(meta.uid()) {
             return Err(LockError::ForeignOwner {

@@ -99,6 +99,8 @@ pub(crate) struct LockUse {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RunInfo {
     pub run_id: String,
+    /// The Drone repository (`owner/name`) of the run's build, when its step named one.
+    pub repo: Option<String>,
     pub recipe: String,
     pub pr: Option<String>,
     #[serde(rename = "ref")]
@@ -270,6 +272,7 @@ fn describe(
     };
     RunInfo {
         run_id: escape_outside(record.run_id.as_bytes()),
+        repo: record.repo.as_deref().map(|r| escape_outside(r.as_bytes())),
         recipe: escape_outside(record.recipe.as_bytes()),
         pr: record.pr.as_deref().map(|p| escape_outside(p.as_bytes())),
         git_ref: record
@@ -483,6 +486,16 @@ fn fit(text: &str, width: usize) -> String {
     cut
 }
 
+/// [`fit`] keeping the end: `…ustom-html.120`.
+fn fit_tail(text: &str, width: usize) -> String {
+    let count = text.chars().count();
+    if count <= width {
+        return text.to_owned();
+    }
+    let tail: String = text.chars().skip(count + 1 - width.max(1)).collect();
+    format!("…{tail}")
+}
+
 fn pr_ref(r: &RunInfo) -> String {
     match (&r.pr, &r.git_ref) {
         (Some(pr), _) => format!("#{pr}"),
@@ -510,7 +523,9 @@ fn short_age(secs: Option<u64>) -> String {
 /// adds the domain, the cgroup and the record, and cuts nothing.
 pub(crate) fn render_table(runs: &[RunInfo], wide: bool) -> String {
     let headers = ["RUN", "RECIPE", "PR/REF", "STATE", "PHASE", "AGE", "EXIT"];
-    let caps = [16, 16, 10, 12, 10, 6, 4];
+    // A run id carries its repository and build (`coop-cloud.custom-html.120`): cut, it keeps
+    // its end, where the build number is.
+    let caps = [24, 14, 10, 12, 10, 6, 4];
     let rows: Vec<[String; 7]> = runs
         .iter()
         .map(|r| {
@@ -540,6 +555,8 @@ pub(crate) fn render_table(runs: &[RunInfo], wide: bool) -> String {
     let cell = |i: usize, text: &str| {
         let text = if wide {
             text.to_owned()
+        } else if i == 0 {
+            fit_tail(text, widths[i])
         } else {
             fit(text, widths[i])
         };
@@ -572,7 +589,8 @@ pub(crate) fn render_table(runs: &[RunInfo], wide: bool) -> String {
         let front = line(row);
         let note = r.note.clone().unwrap_or_default();
         let line = if wide {
-            let mut more: Vec<String> = [note, r.domain.clone()]
+            let repo = r.repo.as_ref().map(|repo| format!("repo {repo}"));
+            let mut more: Vec<String> = [note, repo.unwrap_or_default(), r.domain.clone()]
                 .into_iter()
                 .filter(|m| !m.is_empty())
                 .collect();
@@ -602,6 +620,9 @@ pub(crate) fn render_one(r: &RunInfo) -> String {
         let _ = writeln!(out, "{key:<10} {}", crate::names::visible(&value));
     };
     put("run", r.run_id.clone());
+    if let Some(repo) = &r.repo {
+        put("repo", repo.clone());
+    }
     put(
         "state",
         match &r.note {

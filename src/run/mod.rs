@@ -49,7 +49,7 @@ use crate::report;
 use crate::run::state::{StateError, StateFiles};
 use crate::rundir::phase::Phase;
 use crate::rundir::record::RunRecord;
-use crate::rundir::{RunDir, RunDirError};
+use crate::rundir::{Claimant, RunDir, RunDirError};
 use crate::supervise::Supervisor;
 use crate::supervise::cgroup::{self, Cgroups};
 use crate::supervise::fence::{self, Fence};
@@ -175,7 +175,13 @@ pub(crate) fn run(
     }
     let holder = Holder::this_process(cfg.run_id.as_str());
     let locks = crate::lock::backend(global)?;
-    let run_dir = RunDir::claim(&global.runs_dir, &cfg.run_id, &holder.to_line())?;
+    let claimant = Claimant {
+        run_id: &cfg.run_id,
+        repo: cfg.repo.as_deref(),
+        recipe: cfg.identity.recipe.as_str(),
+        holder: &holder.to_line(),
+    };
+    let run_dir = RunDir::claim(&global.runs_dir, &claimant)?;
     // The runs dir exists now: it names the configuration every process of the run works for.
     let owner = Owner::establish(&global.runs_dir)?;
     funnel.accept_stop_requests(run_dir.stop_request_path(), owner.process.clone());
@@ -196,6 +202,7 @@ fn first_record(cfg: &RunConfig, holder: &Holder) -> RunRecord {
     let identity = &cfg.identity;
     let mut record = RunRecord {
         run_id: cfg.run_id.to_string(),
+        repo: cfg.repo.clone(),
         recipe: identity.recipe.to_string(),
         pr: identity.pr.as_ref().map(ToString::to_string),
         git_ref: identity.git_ref.as_ref().map(ToString::to_string),

@@ -36,12 +36,25 @@ const PROBE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RunDirError {
     #[error(
-        "run {run_id} is already live ({holder}); refusing to share or wipe its directory {dir}"
+        "run {run_id} is already live ({theirs}; {holder}); refusing to share or wipe its \
+         directory {dir} for this run ({ours})"
     )]
     Live {
         run_id: RunId,
         dir: PathBuf,
         holder: String,
+        theirs: String,
+        ours: String,
+    },
+    #[error(
+        "run {run_id}'s directory {dir} keeps the record of another repository's run \
+         ({theirs}); refusing to reuse it for this run ({ours}): give this run another --run-id"
+    )]
+    Taken {
+        run_id: RunId,
+        dir: PathBuf,
+        theirs: String,
+        ours: String,
     },
     #[error("refusing run directory {dir}: {why}")]
     Unsafe { dir: PathBuf, why: String },
@@ -62,6 +75,30 @@ fn io_err<'p>(what: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> R
         path: path.to_owned(),
         source,
     }
+}
+
+/// Who claims a run directory: the run id and what tells one run of it from another's.
+#[derive(Debug)]
+pub(crate) struct Claimant<'a> {
+    pub run_id: &'a RunId,
+    /// The Drone repository (`owner/name`) of the run's build, when known.
+    pub repo: Option<&'a str>,
+    pub recipe: &'a str,
+    /// The guard's holder line.
+    pub holder: &'a str,
+}
+
+/// How a run is named in a refusal: its repository (or none) and recipe.
+fn describe(repo: Option<&str>, recipe: &str) -> String {
+    match repo {
+        Some(repo) => format!("repository {repo}, recipe {recipe}"),
+        None => format!("no repository, recipe {recipe}"),
+    }
+}
+
+/// The record in `dir`, when there is one that reads.
+fn record_in(dir: &Path) -> Option<record::RunRecord> {
+    record::RunRecord::read(&dir.join(crate::names::RUN_RECORD_FILE)).ok()
 }
 
 /// A run directory we own for as long as this value lives.
@@ -196,11 +233,12 @@ impl RunDir {
     /// A guard held by someone who names no live run is a janitor's probe (retention, the
     /// record of a reap), held for moments: wait for it rather than refuse. If retention removed
     /// the directory meanwhile, the lock we got is on an unlinked file: start over.
-    pub(crate) fn claim(
-        runs_dir: &Path,
-        run_id: &RunId,
-        holder: &str,
-    ) -> Result<Self, RunDirError> {
+    ///
+    /// A directory whose record names another repository is never reused, live or not: the id
+    /// was given twice (`--run-id`), and that run's record stays as it was.
+    pub(crate) fn claim(runs_dir: &Path, claimant: &Claimant<'_>) -> Result<Self, RunDirError> {
+        let run_id = claimant.run_id;
+        let ours = describe(claimant.repo, claimant.recipe);
         let dir = runs_dir.join(run_id.as_str());
         check_runs_dir(runs_dir)?;
         // The runs dir and the run's are each made in their parent only: a missing parent of
@@ -229,7 +267,18 @@ impl RunDir {
             match liveness {
                 Liveness::Free { current: false, .. } | Liveness::NoGuard => continue,
                 Liveness::Free { mut guard, .. } => {
-                    guard.write_holder(holder)?;
+                    // Under the guard: no run of this id writes its record meanwhile.
+                    if let Some(theirs) = record_in(&dir) {
+                        if theirs.repo.as_deref() != claimant.repo {
+                            return Err(RunDirError::Taken {
+                                run_id: run_id.clone(),
+                                dir,
+                                theirs: describe(theirs.repo.as_deref(), &theirs.recipe),
+                                ours,
+                            });
+                        }
+                    }
+                    guard.write_holder(claimant.holder)?;
                     return Ok(Self { dir, _guard: guard });
                 }
                 Liveness::Unreadable(err) => {
@@ -244,10 +293,16 @@ impl RunDir {
                         std::thread::sleep(PROBE_POLL);
                         continue;
                     }
+                    let theirs = record_in(&dir).map_or_else(
+                        || "its record not written yet".to_owned(),
+                        |r| describe(r.repo.as_deref(), &r.recipe),
+                    );
                     return Err(RunDirError::Live {
                         run_id: run_id.clone(),
                         dir,
                         holder: held_by,
+                        theirs,
+                        ours,
                     });
                 }
             }

@@ -27,6 +27,10 @@ pub(crate) struct Phase {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub(crate) struct RunRecord {
     pub run_id: String,
+    /// The Drone repository (`owner/name`) whose build this run is, when the step named one: a
+    /// run id is kept by the run of one repository only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
     pub recipe: String,
     pub pr: Option<String>,
     #[serde(rename = "ref")]

@@ -494,7 +494,8 @@ struct Build {
 /// What a test knows of a build besides its log.
 #[derive(Debug, Clone)]
 struct BuildInfo {
-    build: String,
+    /// The run's id: the repository and the build number (`coop-cloud.custom-html.7`).
+    run_id: String,
     /// The runner stand-in's pid (the step shell's parent).
     runner: i32,
     /// The step shell's pid.
@@ -687,7 +688,7 @@ fn start_build_of(
     Build {
         step,
         info: BuildInfo {
-            build: build.to_owned(),
+            run_id: format!("coop-cloud.{recipe_repo}.{build}"),
             runner,
             shell,
             workspace,
@@ -708,7 +709,7 @@ fn sandbox_maybe_docker() -> (Sandbox, bool) {
 /// `abra` and its daemon.
 fn running_build(sandbox: &Sandbox, build: &mut Build) -> (Value, Vec<i32>) {
     let pids = pids_by_prefix(&mut build.step, &["deploying ", "daemon "]);
-    let record = sandbox.record(&build.info.build);
+    let record = sandbox.record(&build.info.run_id);
     let supervisor = record["pid"].as_i64().unwrap() as i32;
     (record, vec![supervisor, pids[0], pids[1]])
 }
@@ -720,7 +721,7 @@ fn assert_nothing_of_the_run_left(sandbox: &Sandbox, build: &BuildInfo, pids: &[
     for pid in pids {
         assert!(wait_exited(*pid), "process {pid} of the run outlived it");
     }
-    let record = sandbox.record(&build.build);
+    let record = sandbox.record(&build.run_id);
     let phases = record["phases"].as_array().unwrap();
     assert_eq!(
         phases.last().unwrap()["name"],
@@ -883,7 +884,7 @@ fn a_cancelled_build_tears_its_run_down_with_its_log_gone() {
     assert_eq!(record["tied_pid_died"], build.info.shell);
     assert_eq!(record["exit_code"], 143);
     let entry = journal.wait_for(
-        "run 93: torn down after tied-pid-died, exit 143, nothing left",
+        "run coop-cloud.custom-html.93: torn down after tied-pid-died, exit 143, nothing left",
         crate::util::PATIENCE,
     );
     assert_eq!(entry["SYSLOG_IDENTIFIER"], "ccci-run", "{entry:?}");
@@ -984,7 +985,7 @@ fn a_successful_build_exits_0_and_leaves_nothing() {
     assert!(
         done.out
             .iter()
-            .any(|l| l.contains("== run 96: finished, exit 0")),
+            .any(|l| l.contains("== run coop-cloud.custom-html.96: finished, exit 0")),
         "the build log has the run's own lines\n{}",
         done.transcript()
     );
@@ -1104,7 +1105,7 @@ fn the_recipe_fixture_is_reaped_whole_after_its_supervisor_dies_and_redeploys_at
     let first = build.step.wait_for(Stream::Out, "mark ");
     let env = server_repo.join(format!("{domain}.env"));
     assert!(env.exists(), "the app's .env is not behind the link");
-    let supervisor = sandbox.record("41")["pid"].as_i64().unwrap() as i32;
+    let supervisor = sandbox.record("coop-cloud.lemp.41")["pid"].as_i64().unwrap() as i32;
     signal(supervisor, Signal::SIGKILL);
     assert!(wait_exited(supervisor));
 

@@ -634,6 +634,17 @@ fn nixos_module_merges_with_the_hosts_runner() {
             )),
         ),
         host("capacity_option", true, "services.ccci-run.runnerCapacity = 5;"),
+        host(
+            "capacity_in_service_environment",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig.Environment = [ "DRONE_RUNNER_CAPACITY=4" ];"#,
+        ),
+        host(
+            "capacity_in_service_environment_and_the_option",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig.Environment = "DRONE_RUNNER_CAPACITY=4";
+            services.ccci-run.runnerCapacity = 3;"#,
+        ),
         host("capacity_left_alone", true, "services.ccci-run.runnerCapacity = null;"),
         host(
             "runner_settings",
@@ -641,7 +652,40 @@ fn nixos_module_merges_with_the_hosts_runner() {
             r#"systemd.services.drone-runner-exec.serviceConfig = {
               User = "drone"; Group = "drone"; Restart = "always"; KillMode = "mixed";
               TimeoutStopSec = "30s"; Delegate = true;
-            };"#,
+            };
+            services.ccci-run.lockDir = "/run/ccci-run";"#,
+        ),
+        // Host set-ups that would not work: refused, naming what to set.
+        host(
+            "runner_user_in_run_lock",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig.User = "drone";"#,
+        ),
+        host(
+            "runner_dynamic_user",
+            true,
+            r#"systemd.services.drone-runner-exec.serviceConfig = {
+              User = "drone"; DynamicUser = true;
+            };
+            services.ccci-run.lockDir = "/run/ccci-run";"#,
+        ),
+        host(
+            "runner_home_as_runs_dir",
+            true,
+            r#"users.users.drone = { isSystemUser = true; group = "users"; home = "/var/lib/drone"; };
+            systemd.services.drone-runner-exec.serviceConfig.User = "drone";
+            services.ccci-run = { lockDir = "/run/ccci-run"; runsDir = "/var/lib/drone"; };"#,
+        ),
+        host(
+            "runner_user_of_group_users",
+            true,
+            r#"users.users.drone = { isSystemUser = true; group = "users"; };
+            services.ccci-run = { runnerUser = "drone"; lockDir = "/run/ccci-run"; };"#,
+        ),
+        host(
+            "runner_left_alone_of_its_own_user",
+            false,
+            "services.ccci-run.droneRunnerService = null;",
         ),
         host(
             "runner_settings_that_fit",
@@ -657,7 +701,11 @@ fn nixos_module_merges_with_the_hosts_runner() {
             r#"services.ccci-run.droneRunnerService = "ci-runner";
             systemd.services.ci-runner.script = "exec sleep infinity";"#,
         ),
-        host("runner_left_alone", false, "services.ccci-run.droneRunnerService = null;"),
+        host(
+            "runner_left_alone",
+            false,
+            r#"services.ccci-run = { droneRunnerService = null; runnerUser = "root"; };"#,
+        ),
         host("no_runner_unit", false, ""),
         host(
             "runner_not_delegated",
@@ -709,6 +757,11 @@ fn nixos_module_merges_with_the_hosts_runner() {
     // The file's capacity is the one in force: the unit sets none that would hide it.
     assert_eq!(capacity("capacity_in_the_runners_file"), Value::Null);
     assert!(!text(&results["capacity_in_the_runners_file"], "runnerUnit").contains("CAPACITY"));
+    // A capacity in serviceConfig.Environment is the one place: the module adds no second line.
+    assert_eq!(
+        ok("capacity_in_service_environment")["runnerEnvironment"]["DRONE_RUNNER_CAPACITY"],
+        Value::Null
+    );
     for name in [
         "capacity_in_the_file_and_the_option",
         "capacity_in_the_file_and_the_unit",
@@ -721,6 +774,16 @@ fn nixos_module_merges_with_the_hosts_runner() {
             "{name}: {failed:?}"
         );
     }
+    let failed = messages(
+        &results["capacity_in_service_environment_and_the_option"],
+        "failedAssertions",
+    );
+    assert!(
+        failed.len() == 1
+            && failed[0].contains("capacity is set in 2 places")
+            && failed[0].contains("serviceConfig.Environment"),
+        "{failed:?}"
+    );
     assert_eq!(capacity("capacity_option"), "5");
     assert_eq!(capacity("capacity_left_alone"), Value::Null);
 
@@ -749,7 +812,6 @@ fn nixos_module_merges_with_the_hosts_runner() {
     let warnings = messages(&results["runner_settings"], "warnings");
     for words in [
         "TimeoutStopSec is 30s, shorter than the 6min",
-        "runs as drone, which cannot create lock files in /run/lock",
         "runs as drone, which cannot read the abra home /root/.abra",
     ] {
         assert!(
@@ -757,6 +819,33 @@ fn nixos_module_merges_with_the_hosts_runner() {
             "{words}: {warnings:?}"
         );
     }
+    for (name, words) in [
+        ("runner_user_in_run_lock", "cannot create lock files in /run/lock"),
+        ("runner_dynamic_user", "DynamicUser=true"),
+        ("runner_home_as_runs_dir", "the home of drone"),
+        ("runner_left_alone_of_its_own_user", "set services.ccci-run.runnerUser"),
+    ] {
+        let failed = messages(&results[name], "failedAssertions");
+        assert!(
+            failed.iter().any(|m| m.contains(words)),
+            "{name}: {words}: {failed:?}"
+        );
+    }
+    // The runner's user's own group, as the host declares it; the janitor runs as that user.
+    let users = ok("runner_user_of_group_users");
+    let tmpfiles: Vec<&str> = users["tmpfiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        tmpfiles.contains(&"d /var/lib/cc-ci-runs 0755 drone users -"),
+        "{tmpfiles:?}"
+    );
+    let janitor = text(users, "janitorService");
+    has_line_once(janitor, "User=drone");
+    has_line_once(janitor, "Group=users");
     let fit = ok("runner_settings_that_fit");
     assert_eq!(fit["warnings"], serde_json::json!([]));
     assert_eq!(fit["runnerServiceConfig"]["Delegate"], "yes");
@@ -1302,4 +1391,91 @@ fn nixos_module_core_offers_every_key_and_refuses_bad_values() {
             "{name}: {error}"
         );
     }
+}
+
+/// One duration grammar: the module's rule (nix/lib.nix, which every duration option is built
+/// from) and the binary take and refuse the same values, and read the same length from each.
+/// Needs only nix-instantiate: lib.nix is free of nixpkgs.
+#[test]
+fn the_module_and_the_binary_read_every_duration_alike() {
+    if !crate::util::need("nix-instantiate") {
+        return;
+    }
+    let table = [
+        "0", "90", "1.5", "0.001", "90s", "13.5s", "1.5m", "1.5h", "1.5d", "2.25w", "500ms",
+        "5m", "1h30m", "1h 30m", "1 m", "1.5 m", "1s1s", "1m1h", "14d", "365d", "2w", ".5", "1.",
+        "0.5ms", "1.25ms", "1.0001", "0.0001s", "366d", "1y", "1M", "5S", "90min", "1hour",
+        "1h30", "1e3", "-1", "", "10 parsecs", "3days",
+    ];
+    let exprs: Vec<String> = table
+        .iter()
+        .map(|v| {
+            format!(
+                "(let r = (l.durationRule {{ min = \"0s\"; max = \"365d\"; }}).check {v:?}; in \
+                 if r then l.durationMillis {v:?} else null)"
+            )
+        })
+        .collect();
+    let expr = format!("let l = import ./nix/lib.nix; in [ {} ]", exprs.join(" "));
+    let out = Command::new("nix-instantiate")
+        .current_dir(repo())
+        .args(["--eval", "--strict", "--json", "-E", &expr])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let module: Vec<Option<u64>> = serde_json::from_slice(&out.stdout).unwrap();
+    // The binary's reading of the same value, as `config --json` shows it, in milliseconds.
+    let millis = |shown: &str| -> u64 {
+        let mut total = 0;
+        let mut number = String::new();
+        let mut chars = shown.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c.is_ascii_digit() {
+                number.push(c);
+                continue;
+            }
+            let mut unit = c.to_string();
+            while chars.peek().is_some_and(|c| c.is_alphabetic()) {
+                unit.push(chars.next().unwrap());
+            }
+            let n: u64 = number.parse().unwrap();
+            number.clear();
+            total += n * match unit.as_str() {
+                "ms" => 1,
+                "s" => 1000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                "d" => 86_400_000,
+                "w" => 7 * 86_400_000,
+                other => panic!("unit {other:?} in {shown:?}"),
+            };
+        }
+        total
+    };
+    let mut differ = Vec::new();
+    for (value, module) in table.iter().zip(module) {
+        let done = Command::new(crate::util::BIN)
+            .env("CCCI_CONFIG", "/dev/null")
+            .env("CCCI_KILL_GRACE", value)
+            .args(["config", "--json"])
+            .output()
+            .unwrap();
+        let binary = done.status.success().then(|| {
+            let json: Value = serde_json::from_slice(&done.stdout).unwrap();
+            let shown = json["settings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["key"] == "kill_grace")
+                .unwrap()["value"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            millis(&shown)
+        });
+        if binary != module {
+            differ.push(format!("{value:?}: binary {binary:?} ms, module {module:?} ms"));
+        }
+    }
+    assert!(differ.is_empty(), "the module and the binary differ: {differ:#?}");
 }

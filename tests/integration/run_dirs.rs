@@ -267,3 +267,96 @@ fn retention_racing_starting_runs_never_refuses_or_wipes_them() {
     assert!(sweeps > 0);
     assert!(ager.join().unwrap() > 0);
 }
+
+/// One runner serves many repositories, each numbering its builds from 1: two repositories'
+/// build 120 run side by side, each in its own directory with its own record, and a given run
+/// id already used by another repository's run is refused naming both, live or not.
+#[test]
+fn two_repositories_builds_of_one_number_each_keep_their_own_run() {
+    let sandbox = Sandbox::new();
+    let step = |recipe: &str, drone: &[(&str, &str)], run_id: Option<&str>, script: &str| {
+        let mut cmd = sandbox.ccci();
+        cmd.args(["run", "--recipe", recipe, "--no-fetch"]);
+        if let Some(id) = run_id {
+            cmd.args(["--run-id", id]);
+        }
+        cmd.args(["--", "sh", "-c", script]).envs(drone.iter().copied());
+        cmd
+    };
+    let live = "echo \"run=$CCCI_RUN_ID\"; echo ready $$; read line || :";
+    let html = [
+        ("DRONE_REPO", "coop-cloud/custom-html"),
+        ("DRONE_BUILD_NUMBER", "120"),
+    ];
+    // The other form a step may have: owner and name apart.
+    let lemp = [
+        ("DRONE_REPO_OWNER", "coop-cloud"),
+        ("DRONE_REPO_NAME", "lemp"),
+        ("DRONE_BUILD_NUMBER", "120"),
+    ];
+    let mut a = Proc::spawn(step("custom-html", &html, None, live));
+    let mut b = Proc::spawn(step("lemp", &lemp, None, live));
+    a.wait_ready();
+    b.wait_ready();
+    assert!(a.out.iter().any(|l| l == "run=coop-cloud.custom-html.120"), "{:?}", a.out);
+    assert!(b.out.iter().any(|l| l == "run=coop-cloud.lemp.120"), "{:?}", b.out);
+    let ccci = |args: &[&str]| {
+        let mut cmd = sandbox.ccci();
+        cmd.args(args);
+        run(cmd)
+    };
+    let listed = ccci(&["runs", "--json"]);
+    listed.assert_code(0);
+    let json: serde_json::Value = serde_json::from_str(&listed.out.join("\n")).unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    let repos: Vec<(&str, &str, &str)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap(),
+                r["repo"].as_str().unwrap(),
+                r["state"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        repos.contains(&("coop-cloud.custom-html.120", "coop-cloud/custom-html", "live"))
+            && repos.contains(&("coop-cloud.lemp.120", "coop-cloud/lemp", "live")),
+        "{repos:?}"
+    );
+    let one = ccci(&["runs", "coop-cloud.lemp.120"]);
+    assert!(
+        one.out.iter().any(|l| l.starts_with("repo") && l.ends_with("coop-cloud/lemp")),
+        "{}",
+        one.transcript()
+    );
+    a.close_stdin();
+    b.close_stdin();
+    a.finish().assert_code(0);
+    b.finish().assert_code(0);
+
+    // A later build of lemp with that number (a rerun by hand) replaces lemp's record only.
+    run(step("lemp", &lemp, None, "echo again")).assert_code(0);
+    let html_record = sandbox.record("coop-cloud.custom-html.120");
+    assert_eq!(html_record["repo"], "coop-cloud/custom-html");
+    assert_eq!(html_record["recipe"], "custom-html");
+    assert_eq!(sandbox.record("coop-cloud.lemp.120")["recipe"], "lemp");
+
+    // One --run-id given to two repositories' runs: refused while the first is live, naming
+    // both, and after it ended too; the first keeps its record.
+    let mut first = Proc::spawn(step("custom-html", &html, Some("shared"), live));
+    first.wait_ready();
+    let second = run(step("lemp", &lemp, Some("shared"), "echo second-ran"));
+    second.assert_code(125);
+    second.assert_stderr_has("run shared is already live (repository coop-cloud/custom-html");
+    second.assert_stderr_has("this run (repository coop-cloud/lemp, recipe lemp)");
+    first.close_stdin();
+    first.finish().assert_code(0);
+    let later = run(step("lemp", &lemp, Some("shared"), "echo later-ran"));
+    later.assert_code(125);
+    later.assert_stderr_has("keeps the record of another repository's run (repository coop-cloud/custom-html");
+    assert!(!later.out.iter().any(|l| l == "later-ran"));
+    let kept = sandbox.record("shared");
+    assert_eq!(kept["repo"], "coop-cloud/custom-html");
+    assert_eq!(kept["exit_code"], 0);
+}

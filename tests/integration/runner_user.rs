@@ -1,8 +1,8 @@
 //! A runner with a user of its own (`drone`, as the NixOS module advises), and root for the
 //! janitor's timer and the operator: the configuration names the runner's user
-//! (`runner_user`), and root takes that user's lock dir, lock files and run directories as its
-//! own, and hands it what it creates in the lock dir. Steps run as one user, the janitor as
-//! another, on real files.
+//! (`runner_user`), and root becomes that user before it writes anything, so what it makes is
+//! the runner's by construction; root's read-only commands stay root. Steps run as the runner's
+//! user, the janitor is started as root, on real files.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -176,6 +176,30 @@ fn a_root_janitor_sweeps_retains_and_reaps_a_runner_of_its_own_user() {
     );
     let lock = std::fs::metadata(sandbox.locks().join("ccci-shared.lock")).unwrap();
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&lock), RUNNER);
+    // The dead run's record, noted by the janitor, keeps its owner and mode: the runner's own
+    // `runs` still reads it.
+    let record = std::fs::metadata(sandbox.runs().join("d1/run.json")).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&record), RUNNER);
+    let listed = run(as_runner(&with_config(
+        &sandbox,
+        &with_user,
+        &["runs", "--all", "--json"],
+    )));
+    listed.assert_code(0);
+    assert!(
+        listed.out.join("\n").contains("\"d1\""),
+        "{}",
+        listed.transcript()
+    );
+    // Root's read-only commands keep working as root, and make nothing.
+    for args in [
+        &["runs", "--all"][..],
+        &["locks"],
+        &["janitor", "--dry-run"],
+    ] {
+        run(with_config(&sandbox, &with_user, args)).assert_code(0);
+    }
+    assert_nothing_of_root_s(&sandbox);
     // And the runner's next run of the reaped domain starts as usual.
     run(as_runner(&with_config(
         &sandbox,
@@ -194,4 +218,118 @@ fn a_root_janitor_sweeps_retains_and_reaps_a_runner_of_its_own_user() {
         ],
     )))
     .assert_code(0);
+    assert_nothing_of_root_s(&sandbox);
+}
+
+/// Everything under the lock, runs and state dirs is the runner's.
+#[track_caller]
+fn assert_nothing_of_root_s(sandbox: &Sandbox) {
+    fn walk(dir: &Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if std::os::unix::fs::MetadataExt::uid(&meta) != RUNNER {
+                found.push(path.display().to_string());
+            }
+            if meta.is_dir() {
+                walk(&path, found);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for dir in [sandbox.locks(), sandbox.runs(), sandbox.state()] {
+        if dir.exists() {
+            walk(&dir, &mut found);
+        }
+    }
+    assert!(found.is_empty(), "not the runner's: {found:?}");
+}
+
+/// After a reboot the lock dir is gone and a dead run's `.env` is left: a janitor started as
+/// root makes the lock dir the runner's, reaps the app, and the runner's next run of that domain
+/// starts. A lock file the janitor cannot open (root's, 0600) is a candidate it could not act
+/// on: exit 1, and the metrics say the sweep failed.
+#[test]
+fn after_a_reboot_a_root_janitor_leaves_the_runner_a_lock_dir_of_its_own() {
+    if !nix::unistd::Uid::effective().is_root() {
+        crate::util::skip(
+            "needs root",
+            "run the suite as root to switch to another user",
+        );
+        return;
+    }
+    let sandbox = Sandbox::new();
+    // The lock dir's parent is the runner's (as a tmpfs of its own would be, or /run/lock,
+    // sticky and open to all): after a reboot the lock dir is gone.
+    give_to_runner(sandbox.path());
+    let servers = sandbox.abra_home().join("servers/ci");
+    std::fs::create_dir_all(&servers).unwrap();
+    std::fs::create_dir_all(sandbox.runs()).unwrap();
+    std::fs::create_dir_all(sandbox.state()).unwrap();
+    for dir in [
+        sandbox.runs(),
+        sandbox.state(),
+        sandbox.abra_home(),
+        sandbox.abra_home().join("servers"),
+        servers.clone(),
+    ] {
+        give_to_runner(&dir);
+    }
+    // The configuration stays where only root could replace it.
+    let etc = tempfile::tempdir().unwrap();
+    let with_user = etc.path().join("config.toml");
+    std::fs::write(&with_user, "runner_user = \"nobody\"\n").unwrap();
+    let domain = sandbox.domain("custom-html", Some("8"));
+    let env = servers.join(format!("{domain}.env"));
+    std::fs::write(&env, "x\n").unwrap();
+    give_to_runner(&env);
+    assert!(!sandbox.locks().exists());
+    let metrics = sandbox.path().join("metrics");
+    std::fs::create_dir(&metrics).unwrap();
+    give_to_runner(&metrics);
+    let prom = metrics.join("ccci-run.prom");
+    let swept = run(with_config(
+        &sandbox,
+        &with_user,
+        &["janitor", "--json", "--metrics-file", prom.to_str().unwrap()],
+    ));
+    swept.assert_code(0);
+    assert!(!env.exists(), "{}", swept.transcript());
+    let locks = std::fs::metadata(sandbox.locks()).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&locks), RUNNER);
+    assert!(std::fs::read_to_string(&prom).unwrap().contains("ccci_janitor_sweep_failed 0"));
+    run(as_runner(&with_config(
+        &sandbox,
+        &with_user,
+        &[
+            "run", "--recipe", "custom-html", "--pr", "8", "--run-id", "r8", "--no-fetch", "--",
+            "true",
+        ],
+    )))
+    .assert_code(0);
+    assert_nothing_of_root_s(&sandbox);
+
+    // A lock file of root's, closed to the runner (as an older janitor left them).
+    let stuck = sandbox.domain("custom-html", Some("9"));
+    let stuck_env = servers.join(format!("{stuck}.env"));
+    std::fs::write(&stuck_env, "x\n").unwrap();
+    let lock = sandbox.locks().join(format!("cc-ci-app-{stuck}.lock"));
+    std::fs::write(&lock, "").unwrap();
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let failed = run(with_config(
+        &sandbox,
+        &with_user,
+        &["janitor", "--json", "--metrics-file", prom.to_str().unwrap()],
+    ));
+    failed.assert_code(1);
+    let report: serde_json::Value = serde_json::from_str(&failed.out.join("\n"))
+        .unwrap_or_else(|e| panic!("no JSON ({e})\n{}", failed.transcript()));
+    let decision = crate::util::candidate(&report, &stuck)["decision"].clone();
+    assert!(
+        decision == "unreadable" || decision == "foreign",
+        "{report:#}"
+    );
+    assert!(stuck_env.exists());
+    let text = std::fs::read_to_string(&prom).unwrap();
+    assert!(text.contains("ccci_janitor_sweep_failed 1"), "{text}");
 }

@@ -35,6 +35,7 @@ fn drone_step(sandbox: &Sandbox, build: &str) -> Command {
         .arg("ci/recipe-ci-step.sh")
         .args(["sh", "-c", "echo ready $$; exec sleep 1000"])
         .env("CCCI_BIN", BIN)
+        .env("DRONE_REPO", "coop-cloud/custom-html")
         .env("DRONE_REPO_NAME", "custom-html")
         .env("DRONE_PULL_REQUEST", "5")
         .env("DRONE_BUILD_NUMBER", build)
@@ -91,7 +92,7 @@ fn drone_step_shell_term_tears_the_run_down() {
     let done = step.finish();
     done.assert_code(143);
     done.assert_stderr_has("== SIGTERM received — tearing down ==");
-    let record = sandbox.record("91");
+    let record = sandbox.record("coop-cloud.custom-html.91");
     assert_eq!(record["exit_code"], 143);
     assert_eq!(record["pr"], "5");
 }
@@ -1004,7 +1005,7 @@ fn custom_builds_run_their_pr_or_are_refused() {
     step.wait_ready();
     signal(step.pid(), Signal::SIGTERM);
     step.finish();
-    let record = sandbox.record("61");
+    let record = sandbox.record("coop-cloud.custom-html.61");
     assert_eq!(record["pr"], "7", "{record:#}");
     assert_eq!(record["domain"], sandbox.domain("custom-html", Some("7")));
 

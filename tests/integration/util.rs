@@ -129,7 +129,7 @@ impl Sandbox {
         let mut cmd = Command::new(BIN);
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
-            if key.starts_with("CCCI_") || key == "DRONE_BUILD_NUMBER" || key == "RUST_LOG" {
+            if key.starts_with("CCCI_") || key.starts_with("DRONE_") || key == "RUST_LOG" {
                 cmd.env_remove(&*key);
             }
         }

@@ -211,11 +211,7 @@ impl Queue {
             .create_new(true)
             .mode(0o600)
             .open(self.path(&ticket))
-            .and_then(|mut file| {
-                // The runner's own waiters remove it when its owner is dead.
-                crate::trust::adopt(&file)?;
-                file.write_all(format!("{identity}\n").as_bytes())
-            })
+            .and_then(|mut file| file.write_all(format!("{identity}\n").as_bytes()))
             .map_err(self.io_err("publish a ticket"))?;
         drop(held);
         Ok(Some(ticket))

@@ -74,7 +74,6 @@ pub(crate) fn record_last_wait(
                     crate::files::kind_name(kind)
                 )));
             }
-            crate::trust::adopt(&file)?;
             file.write_all_at(line.as_bytes(), 0)
         })
 }
