@@ -77,6 +77,55 @@ fn hanging_teardown_hook_is_killed_and_the_run_ends_within_its_bound() {
     );
 }
 
+/// A run ends with its supervisor: SIGKILLed (as the OOM killer does) while its command left a
+/// setsid daemon holding the step's output, a double-forked orphan and a background child, the
+/// run's own dead-man kills every one of them within a second, with no janitor — so whoever
+/// reads the output (a Drone runner reads it until EOF) sees its end at once. With cgroups
+/// (`cgroup.kill`) and without (the processes carry their supervisor's marker).
+#[rstest::rstest]
+#[case::cgroup("auto")]
+#[case::no_cgroup("off")]
+fn a_sigkilled_supervisor_takes_its_whole_run_with_it_within_a_second(#[case] cgroup: &str) {
+    let sandbox = Sandbox::new();
+    let script = "setsid sh -c 'echo daemon $$; exec sleep 100000' & \
+        (sh -c 'echo orphan $$; exec sleep 100000' &) ; \
+        sleep 100000 & echo child $!; \
+        echo ready $$; exec sleep 100000";
+    let mut cmd = sandbox.run_sh("dm", &[], script);
+    cmd.env("CCCI_CGROUP", cgroup);
+    let mut proc = Proc::spawn(cmd);
+    let pids = pids_by_prefix(&mut proc, &["daemon ", "orphan ", "child ", "ready "]);
+    let record = sandbox.record("dm");
+    let supervisor = proc.pid();
+    let killed = std::time::Instant::now();
+    signal(supervisor, Signal::SIGKILL);
+    // Both output pipes at their end: every process that held them is gone.
+    let done = proc.finish();
+    let ended = killed.elapsed();
+    for pid in &pids {
+        assert!(
+            !process_alive(*pid),
+            "process {pid} outlived its run\n{}",
+            done.transcript()
+        );
+    }
+    assert!(
+        ended < std::time::Duration::from_secs(1),
+        "the run's output ended {ended:?} after its supervisor's death\n{}",
+        done.transcript()
+    );
+    done.assert_stderr_has("!! dead-man of run dm");
+    done.assert_stderr_has("all gone in");
+    match record["cgroup"].as_str() {
+        Some(dir) => {
+            assert_eq!(cgroup, "auto");
+            let procs = crate::util::cgroup_members(Path::new(dir));
+            assert!(procs.is_empty(), "left in the run's cgroup: {procs:?}");
+        }
+        None => assert_eq!(cgroup, "off", "{record:#}"),
+    }
+}
+
 /// The supervisor itself SIGKILLed (as the OOM killer does) while its command has daemonised:
 /// the daemon, a double-forked child and a plain background child outlive it, and the next
 /// janitor sweep kills every one of them before it reaps the app.
