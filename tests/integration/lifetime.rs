@@ -8,9 +8,7 @@ use std::process::Command;
 
 use nix::sys::signal::Signal;
 
-use crate::util::{
-    Proc, Sandbox, Stream, pids_by_prefix, process_alive, run, sh_quote, signal, wait_exited,
-};
+use crate::util::{Proc, Sandbox, Stream, pids_by_prefix, process_alive, run, sh_quote, signal};
 
 /// A teardown hook that hangs can never make a run immortal: it is killed when its share of
 /// `--teardown-timeout` runs out, the app is still removed, the lock released, and the record
@@ -144,11 +142,11 @@ fn supervisor_sigkill_leaves_nothing_after_the_next_sweep(#[case] cgroup: &str) 
     cmd.env("CCCI_CGROUP", cgroup);
     let mut proc = Proc::spawn(cmd);
     let pids = pids_by_prefix(&mut proc, &["daemon ", "orphan ", "child ", "ready "]);
-    let supervisor = proc.pid();
-    signal(supervisor, Signal::SIGKILL);
-    assert!(wait_exited(supervisor));
-    // What the real world does: these outlive a supervisor that had no chance to tear down.
-    // (Not asserted: any janitor on the host, another test's too, may kill them from now on.)
+    // Its dead-man too (the run's own net, tested above): what the janitor clears is what a
+    // supervisor and its dead-man both gone at once leave.
+    crate::util::kill_supervisor_and_its_dead_man(proc.pid());
+    // These outlive them. (Not asserted: any janitor on the host, another test's too, may kill
+    // them from now on.)
     let survivors: Vec<i32> = pids.iter().copied().filter(|p| process_alive(*p)).collect();
     eprintln!("outlived the SIGKILLed supervisor: {survivors:?}");
     let (report, done) = sandbox.janitor(&[]);
@@ -180,9 +178,7 @@ fn a_janitor_with_the_unit_s_capabilities_still_cleans_up_after_a_sigkilled_supe
         echo ready $$; exec sleep 100000";
     let mut proc = Proc::spawn(sandbox.run_sh("capkill", &[], script));
     let pids = pids_by_prefix(&mut proc, &["daemon ", "ready "]);
-    let supervisor = proc.pid();
-    signal(supervisor, Signal::SIGKILL);
-    assert!(wait_exited(supervisor));
+    crate::util::kill_supervisor_and_its_dead_man(proc.pid());
     let ccci = sandbox.ccci();
     let mut cmd = Command::new("setpriv");
     cmd.args([

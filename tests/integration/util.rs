@@ -794,8 +794,27 @@ pub fn kill_supervisor_and_its_dead_man(supervisor: i32) {
     }
 }
 
-/// The fences (dead-men) `supervisor` started: its children whose first argument is the tag.
+/// The fences (dead-men) below `supervisor` (the supervisor's pid, or a wrapper's that started
+/// it: `unshare`): its descendants whose first argument is the tag.
 pub fn fences_of(supervisor: i32) -> Vec<i32> {
+    let ppid_of = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let (_, tail) = s.rsplit_once(')')?;
+                tail.split_whitespace().nth(1)?.parse::<i32>().ok()
+            })
+    };
+    let below = |mut pid: i32| {
+        for _ in 0..4 {
+            match ppid_of(pid) {
+                Some(p) if p == supervisor => return true,
+                Some(p) if p > 1 => pid = p,
+                _ => return false,
+            }
+        }
+        false
+    };
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = entry
@@ -805,18 +824,12 @@ pub fn fences_of(supervisor: i32) -> Vec<i32> {
         else {
             continue;
         };
-        let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                let (_, tail) = s.rsplit_once(')')?;
-                tail.split_whitespace().nth(1)?.parse::<i32>().ok()
-            });
         let tagged = std::fs::read(format!("/proc/{pid}/cmdline"))
             .unwrap_or_default()
             .split(|b| *b == 0)
             .nth(1)
             == Some(b"__ccci-run-fence".as_slice());
-        if ppid == Some(supervisor) && tagged {
+        if tagged && below(pid) {
             found.push(pid);
         }
     }
