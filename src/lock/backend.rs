@@ -193,25 +193,31 @@ pub(crate) fn is_lost(lease: &dyn Lease) -> bool {
         .is_some_and(crate::supervise::signals::readable_now)
 }
 
-/// For a held lock that can lapse behind its holder's back: start the fence for `target`, feed
-/// it every renewal of `lease` (the first before this returns), and have `funnel` take the
-/// fence's end as the lock's loss. `None` for a lock that cannot lapse (the kernel's flock).
+/// For a held lock: start the run's fence for `target`, its dead-man (it kills what the run
+/// started should this process die). For a lock that can lapse behind its holder's back, also
+/// feed it every renewal of `lease` (the first before this returns), and have `funnel` take the
+/// fence's end as the lock's loss.
 pub(crate) fn arm_fence(
     lease: &dyn Lease,
     funnel: &mut SignalFunnel,
     target: &fence::Target<'_>,
-) -> std::io::Result<Option<fence::Fence>> {
-    if !lease.lapses() {
-        return Ok(None);
+) -> std::io::Result<fence::Fence> {
+    let mut fence = start_fence(target)?;
+    if lease.lapses() {
+        let feed = fence.feed();
+        lease.feed_expiry(Box::new(move |expiry| feed.expires_at(expiry)));
+        funnel.watch_loss(fence.ended_fd()?);
+        fence.guard_lease();
     }
-    let fence = fence::Fence::spawn(target, crate::report::is_json()).map_err(|err| {
+    Ok(fence)
+}
+
+/// Start a fence for `target` that guards no lock: a dead-man only.
+pub(crate) fn start_fence(target: &fence::Target<'_>) -> std::io::Result<fence::Fence> {
+    fence::Fence::spawn(target, crate::report::is_json()).map_err(|err| {
         let hint = crate::supervise::linux::thread_limit_hint(&err);
         std::io::Error::new(err.kind(), format!("{err}{hint}"))
-    })?;
-    let feed = fence.feed();
-    lease.feed_expiry(Box::new(move |expiry| feed.expires_at(expiry)));
-    funnel.watch_loss(fence.ended_fd()?);
-    Ok(Some(fence))
+    })
 }
 
 /// A descriptor of our own on `lease`'s loss, for the signal funnel to watch; `None` when it

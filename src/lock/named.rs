@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use crate::exit;
-use crate::lock::backend::{LockBackend, LockKey, Taken, Wait, arm_fence, loss_watch};
+use crate::lock::backend::{LockBackend, LockKey, Taken, Wait, arm_fence, loss_watch, start_fence};
 use crate::lock::{Holder, LockError};
 use crate::names::LockName;
 use crate::report;
@@ -51,8 +51,8 @@ pub(crate) enum NamedLockError {
     #[error("failed to watch the lock for its loss: {0}")]
     LossWatch(std::io::Error),
     #[error(
-        "failed to start the fence that stops the command before the lock's etcd lease can \
-         expire: {0}; not starting the command without it"
+        "failed to start the fence that kills the command should this process die (or the \
+         lock's etcd lease expire): {0}; not starting the command without it"
     )]
     Fence(std::io::Error),
     #[error("failed to create runs dir {path} (it names this configuration): {source}")]
@@ -131,11 +131,21 @@ pub(crate) fn run(
     let cgroups = cgroup::run_cgroup(opts.cgroup, "lock", opts.name.as_str(), owner);
     let key = LockKey::Named(&opts.name);
     let mut held = HeldLocks::inherited(std::env::var(HELD_VAR).unwrap_or_default());
-    let mut fence = None;
+    let fence;
     let lease = match held.grant(backend, &opts.name)? {
         // The command inherits the ancestor's token with the rest of its environment.
         Some(depth) => {
             tracing::info!(depth, "lock already held by an ancestor; granted");
+            // No lock of its own to guard, but a dead-man all the same.
+            let target = fence::Target {
+                cgroup: cgroups.as_ref().map(|c| c.cgroup.path()),
+                owner,
+                label: &format!("lock {}", opts.name),
+            };
+            fence = Some(start_fence(&target).map_err(|e| {
+                remove_cgroup(&opts.name, cgroups.as_ref());
+                NamedLockError::Fence(e)
+            })?);
             None
         }
         None => {
@@ -163,10 +173,10 @@ pub(crate) fn run(
                         owner,
                         label: &format!("lock {}", opts.name),
                     };
-                    fence = arm_fence(&*lease, &mut funnel, &target).map_err(|e| {
+                    fence = Some(arm_fence(&*lease, &mut funnel, &target).map_err(|e| {
                         remove_cgroup(&opts.name, cgroups.as_ref());
                         NamedLockError::Fence(e)
-                    })?;
+                    })?);
                     let what = format!("lock {}", opts.name);
                     let until = Instant::now() + leftovers::KILL_BUDGET;
                     for before in lease.predecessors() {

@@ -5,8 +5,8 @@
 use super::*;
 
 impl Run<'_> {
-    /// For an app lock that can lapse behind our back (an etcd lease): start the run's fence
-    /// and feed it every renewal, before anything runs under the lock.
+    /// Before anything runs under the app lock: start the run's fence, its dead-man, and for
+    /// a lock that can lapse behind our back (an etcd lease) feed it every renewal.
     pub(super) fn arm_fence(&mut self, lease: &dyn Lease) -> Result<Option<Fence>, RunError> {
         arm_fence(
             lease,
@@ -14,9 +14,13 @@ impl Run<'_> {
             &fence::Target {
                 cgroup: self.cgroup.as_ref().map(|c| c.cgroup.path()),
                 owner: self.owner,
-                label: &format!("the app lock of {}", self.cfg.identity.domain),
+                label: &format!(
+                    "run {} (the app lock of {})",
+                    self.cfg.run_id, self.cfg.identity.domain
+                ),
             },
         )
+        .map(Some)
         .map_err(RunError::Fence)
     }
 

@@ -99,8 +99,8 @@ pub(crate) enum RunError {
     #[error(transparent)]
     Watchdog(#[from] crate::supervise::watchdog::WatchdogError),
     #[error(
-        "failed to start the fence that stops the run's processes before its etcd lease can \
-         expire: {0}; not starting the command without it"
+        "failed to start the fence that kills the run's processes should its supervisor die \
+         (or its etcd lease expire): {0}; not starting the command without it"
     )]
     Fence(std::io::Error),
     #[error(transparent)]
@@ -263,9 +263,9 @@ struct Run<'a> {
     locks: Box<dyn LockBackend>,
     /// Held from step 5 until the process exits; the run never removes it.
     app_lock: Option<Box<dyn Lease>>,
-    /// While the app lock can lapse (etcd): what kills the run's processes in time even when
-    /// this process is stopped. Declared after the lock: it is disarmed only once the lock is
-    /// released.
+    /// The run's dead-man, from the app lock on: what kills the run's processes should this
+    /// process die, and, while the app lock can lapse (etcd), in time even when this process is
+    /// stopped. Declared after the lock: it is disarmed only once the lock is released.
     fence: Option<Fence>,
     /// Some teardown step ran out of its budget.
     teardown_timed_out: bool,

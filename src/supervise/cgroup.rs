@@ -246,8 +246,23 @@ fn kill(dir: &Path) -> io::Result<()> {
         Err(err) if is_gone(&err) && !dir.exists() => Ok(()),
         Err(err) if err.raw_os_error() == Some(nix::libc::ENODEV) => Ok(()),
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            // Each member held by its `/proc` directory and shown, through it, to be in this
+            // cgroup still: never whatever took a listed pid meanwhile.
+            let relative = mount_point().and_then(|m| dir.strip_prefix(m).ok().map(Path::to_owned));
             for pid in members(dir).unwrap_or_default() {
-                let _ = linux::signal_process(pid, nix::sys::signal::Signal::SIGKILL);
+                let Some(held) = linux::ProcDir::open(pid.as_raw()) else {
+                    continue;
+                };
+                let inside = held.read("cgroup").ok().is_some_and(|text| {
+                    let text = String::from_utf8_lossy(&text);
+                    let at = linux::cgroup2_path(&text).unwrap_or_default();
+                    relative
+                        .as_deref()
+                        .is_some_and(|r| Path::new(at.trim_start_matches('/')).starts_with(r))
+                });
+                if inside {
+                    let _ = held.signal(nix::sys::signal::Signal::SIGKILL);
+                }
             }
             Ok(())
         }

@@ -1,27 +1,41 @@
-//! The fence: a small process of a run's own that kills what the run started once the lock it
-//! runs under may lapse, whatever the supervisor is doing.
+//! The fence, a run's dead-man: a small process of the run's own that kills what the run
+//! started the moment its supervisor dies without finishing (SIGKILL, the OOM killer, a crash),
+//! and, for a lock that can lapse, once that lock may lapse, whatever the supervisor is doing.
+//!
+//! Every run and every `lock` command has one, started before its command. The supervisor holds
+//! the write end of the fence's stdin; the kernel closes it when the supervisor dies, however
+//! it dies, and the fence reads the end of its feed at once. Nothing else needs to run: no
+//! janitor, no timer. So a run's daemonised processes, which would hold a Drone step's output
+//! open and keep the build running until a janitor came, end with the supervisor.
 //!
 //! A lock kept in etcd lapses when its lease is not renewed: the holder cut off from the
 //! cluster, or its supervisor stopped (SIGSTOP, swapping, CPU starvation), stops renewing it,
 //! and another host may take the lock the moment etcd expires the lease. The supervisor itself
 //! stops its command in time while it runs (the lease counts as lost a stop budget early), but
-//! a stopped supervisor stops nothing. So the supervisor starts the fence before its command,
-//! in a session of its own (a SIGSTOP of the supervisor's process group does not reach it), and
-//! feeds it, after every renewal, the instant by which the command must be gone: the earliest
-//! instant etcd may expire the lease, less [`FENCE_LEAD`]. When that instant passes without a
-//! newer one, or the supervisor dies without saying it is done, the fence kills the run's
-//! cgroup (`cgroup.kill`), the process groups it was told of, and every process that names the
-//! supervisor in `CCCI_SUPERVISOR` ([`crate::supervise::leftovers`]), says so on stderr, and
-//! ends. Its end is the supervisor's sign that the guarantee is gone: it watches the fence's
-//! pidfd as a lock loss.
+//! a stopped supervisor stops nothing. So the fence runs in a session of its own (a SIGSTOP of
+//! the supervisor's process group does not reach it), and the supervisor feeds it, after every
+//! renewal, the instant by which the command must be gone: the earliest instant etcd may expire
+//! the lease, less [`FENCE_LEAD`]. When that instant passes without a newer one, the fence
+//! fires too; its end is then the supervisor's sign that the guarantee is gone: it watches the
+//! fence's pidfd as a lock loss.
+//!
+//! What it kills, only what the kernel proves to be the run's, each through a pidfd or a
+//! `/proc` directory, never by a bare number: the run's cgroup (`cgroup.kill`); without one,
+//! every process that names the supervisor in `CCCI_SUPERVISOR`
+//! ([`crate::supervise::leftovers`]), and the members of each process group the supervisor
+//! started whose leader the fence holds and still exists (a group's id is its leader's pid,
+//! which cannot be reused while the leader exists: a group whose leader is gone may be an
+//! unrelated process's by now, and is left alone). It says so on stderr and ends.
 //!
 //! The fence runs the same binary (`/proc/self/exe`) with [`ARGV_TAG`] as its first argument;
 //! [`main`] is all it does. It reads a line protocol on its stdin: `kill-at <ns>` (an instant
-//! on `CLOCK_MONOTONIC`, which every process of the host shares), `group <pgid>`, `disarm`.
-//! Deadlines are absolute, so a feed delayed in the pipe is never read as later than it was.
+//! on `CLOCK_MONOTONIC`, which every process of the host shares), `group <pgid> <start>` (the
+//! leader's start time, as `/proc` shows it), `disarm`. Deadlines are absolute, so a feed
+//! delayed in the pipe is never read as later than it was.
 //!
 //! What remains outside it: the whole host frozen (a paused VM) stops the fence too; only a
-//! fencing token checked by what the command writes to covers that.
+//! fencing token checked by what the command writes to covers that. A process of a run without
+//! a cgroup that scrubbed its environment (`env -i`) and left its group is out of its sight.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -43,6 +57,7 @@ use nix::unistd::Pid;
 pub(crate) use crate::config::KILL_MARGIN;
 use crate::report;
 use crate::supervise::identity::Owner;
+use crate::supervise::linux::{self, ProcDir};
 use crate::supervise::{cgroup, leftovers};
 
 /// How long before the lock may lapse the fence kills what is left: half the kill margin, ten
@@ -90,6 +105,8 @@ pub(crate) struct Fence {
     /// Readable once the fence has ended.
     pidfd: OwnedFd,
     disarmed: bool,
+    /// It guards a lock that can lapse: its end is that lock's loss.
+    guards_lease: bool,
 }
 
 /// What the supervisor writes to its fence; cloned into whatever passes renewals on.
@@ -125,7 +142,7 @@ pub(crate) struct Target<'a> {
     pub cgroup: Option<&'a std::path::Path>,
     /// The supervisor, as its processes name it in `CCCI_SUPERVISOR`.
     pub owner: &'a Owner,
-    /// The lock, for its lines.
+    /// The run or the lock, for its lines.
     pub label: &'a str,
 }
 
@@ -170,7 +187,13 @@ impl Fence {
             feed: Feed(Arc::new(Mutex::new(file))),
             pidfd,
             disarmed: false,
+            guards_lease: false,
         })
+    }
+
+    /// From now on its end counts as the loss of the lock it guards ([`Fence::ended`]).
+    pub(crate) fn guard_lease(&mut self) {
+        self.guards_lease = true;
     }
 
     /// A handle to feed it renewals.
@@ -178,9 +201,16 @@ impl Fence {
         self.feed.clone()
     }
 
-    /// Kill process group `group` too, when the time comes (a host without cgroups).
+    /// Kill process group `group` too, when the time comes (a host without cgroups). `group`
+    /// is the id of a group whose leader is our child, not yet reaped: its start time, read
+    /// now, lets the fence hold that very process.
     pub(crate) fn watch_group(&self, group: Pid) {
-        self.feed.send(&format!("group {}\n", group.as_raw()));
+        let start = crate::supervise::linux::ProcDir::open(group.as_raw())
+            .and_then(|dir| dir.start_ticks());
+        if let Some(start) = start {
+            self.feed
+                .send(&format!("group {} {start}\n", group.as_raw()));
+        }
     }
 
     /// A descriptor that turns readable when the fence has ended: before [`Fence::disarm`],
@@ -189,9 +219,10 @@ impl Fence {
         self.pidfd.try_clone()
     }
 
-    /// Whether the fence has ended (fired, or was killed).
+    /// Whether the lock it guards is gone for sure: it guards one that can lapse, and has ended
+    /// (fired, or was killed). A dead-man of a lock that cannot lapse is no lock's guarantee.
     pub(crate) fn ended(&self) -> bool {
-        crate::supervise::signals::readable_now(self.pidfd.as_fd())
+        self.guards_lease && crate::supervise::signals::readable_now(self.pidfd.as_fd())
     }
 
     /// The run is over and its lock released: the fence ends without killing anything.
@@ -242,14 +273,13 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
     let mut stdin = io::stdin().lock();
     let mut pending = Vec::new();
     let mut kill_at: Option<i128> = None;
-    let mut groups: Vec<Pid> = Vec::new();
+    let mut groups: Vec<(Pid, ProcDir)> = Vec::new();
     let why = loop {
         let timeout = match kill_at {
             Some(at) => {
                 let left = at - clock_ns();
                 if left <= 0 {
-                    break "the lock's lease was not renewed in time (its supervisor is cut off \
-                           from etcd, or stopped)";
+                    break Why::Lapse;
                 }
                 // Round up: waking a moment early only loops.
                 let ms = (left + 999_999) / 1_000_000;
@@ -261,14 +291,14 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         match poll(&mut [fd], timeout) {
             Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
             Ok(_) => {}
-            Err(_) => break "its feed could not be read",
+            Err(_) => break Why::Feed,
         }
         let mut buf = [0u8; 4096];
         let read = match stdin.read(&mut buf) {
-            Ok(0) => break "its supervisor ended without releasing the lock",
+            Ok(0) => break Why::SupervisorDied,
             Ok(n) => n,
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break "its feed could not be read",
+            Err(_) => break Why::Feed,
         };
         pending.extend_from_slice(&buf[..read]);
         while let Some(end) = pending.iter().position(|b| *b == b'\n') {
@@ -283,8 +313,8 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
                     }
                 }
                 (Some("group"), Some(group)) => {
-                    if let Ok(group) = group.parse::<i32>() {
-                        groups.push(Pid::from_raw(group));
+                    if let Some(held) = hold_leader(group, words.next()) {
+                        groups.push(held);
                     }
                 }
                 _ => {}
@@ -314,27 +344,72 @@ fn calm_signals() {
     }
 }
 
-/// Kill everything the run started, and say so.
+/// Why the fence fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// Its feed ended: the supervisor died without disarming it.
+    SupervisorDied,
+    /// The lock's lease was not renewed in time.
+    Lapse,
+    /// Its feed could not be read.
+    Feed,
+}
+
+impl Why {
+    fn words(self) -> &'static str {
+        match self {
+            Why::SupervisorDied => {
+                "its supervisor died without finishing (SIGKILL, the OOM killer)"
+            }
+            Why::Lapse => {
+                "the lock's lease was not renewed in time (its supervisor is cut off from etcd, \
+                 or stopped)"
+            }
+            Why::Feed => "its feed could not be read",
+        }
+    }
+}
+
+/// The leader of a group the supervisor started, held by its `/proc` directory, when the
+/// process now at that pid is the one started at `start`; `None` otherwise.
+fn hold_leader(group: &str, start: Option<&str>) -> Option<(Pid, ProcDir)> {
+    let group = group.parse::<i32>().ok().filter(|g| *g > 1)?;
+    let start = start?.parse::<u64>().ok()?;
+    let dir = ProcDir::open(group)?;
+    (dir.start_ticks() == Some(start)).then(|| (Pid::from_raw(group), dir))
+}
+
+/// Kill everything the run started that the kernel proves is the run's, and say so.
 fn fire(
-    why: &str,
+    why: Why,
     label: &str,
     cgroup: Option<&std::path::Path>,
     owner: Option<&Owner>,
-    groups: &[Pid],
+    groups: &[(Pid, ProcDir)],
 ) {
     let started = Instant::now();
+    let until = started + GONE_BUDGET;
     if let Some(dir) = cgroup {
         let _ = cgroup::kill_path(dir);
     }
-    for group in groups {
-        let _ = nix::sys::signal::killpg(*group, Signal::SIGKILL);
-    }
-    let until = started + GONE_BUDGET;
     let mut left = Vec::new();
-    if let Some(owner) = owner {
+    loop {
+        // A group is killed only while its leader still exists: then its id is still its own.
+        for (group, leader) in groups {
+            linux::signal_group_members(*group, Signal::SIGKILL, || leader.stat().is_some());
+        }
+        let Some(owner) = owner else { break };
         let marked = leftovers::scan_owned_by(owner);
+        if marked.is_empty() {
+            left.clear();
+            break;
+        }
+        // A process that forked while it was killed: the next pass finds its child.
         let refs: Vec<&leftovers::Marked> = marked.iter().collect();
         left = leftovers::kill_and_wait(&refs, until);
+        if Instant::now() >= until {
+            break;
+        }
     }
     if let Some(dir) = cgroup {
         while cgroup::population(dir) > 0 && Instant::now() < until {
@@ -349,10 +424,16 @@ fn fire(
     } else {
         format!("still running after {} s: {left:?}", GONE_BUDGET.as_secs())
     };
-    report::line(&format!(
-        "!! fence of {label}: {why} — killed the run's processes before the lock can pass to \
-         another holder ({gone})"
-    ));
+    let words = why.words();
+    match why {
+        Why::Lapse => report::line(&format!(
+            "!! fence of {label}: {words} — killed the run's processes before the lock can pass \
+             to another holder ({gone})"
+        )),
+        Why::SupervisorDied | Why::Feed => report::line(&format!(
+            "!! dead-man of {label}: {words} — killed every process of it ({gone})"
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -194,6 +194,8 @@ fn mark_inherited_fds_cloexec() -> io::Result<()> {
 pub(crate) struct ProcStat {
     pub pid: Pid,
     pub ppid: Pid,
+    /// Its process group.
+    pub pgid: Pid,
     pub zombie: bool,
 }
 
@@ -205,50 +207,121 @@ pub(crate) fn parse_stat(text: &str) -> Option<ProcStat> {
     let mut fields = tail.split_ascii_whitespace();
     let state = fields.next()?;
     let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
     Some(ProcStat {
         pid: Pid::from_raw(pid),
         ppid: Pid::from_raw(ppid),
+        pgid: Pid::from_raw(pgid),
         zombie: state == "Z" || state == "X",
     })
 }
 
-/// Every living (non-zombie) descendant of `root`, found by walking `/proc`.
+/// A descendant of this process, held by its `/proc` directory: what a kill goes through.
+#[derive(Debug)]
+pub(crate) struct Descendant {
+    pub stat: ProcStat,
+    pub dir: ProcDir,
+}
+
+/// Every descendant of this process (zombies too), each held by its `/proc` directory and
+/// proven ours: its parent, as read through its own directory, is this process or another
+/// descendant that still existed after that read (a pid cannot be reused while its process
+/// exists, zombie or not), so the chain from us down to it was real when it was read.
 ///
 /// Processes that appear or vanish during the walk are expected: callers loop until this is
 /// empty.
-pub(crate) fn living_descendants(root: Pid) -> io::Result<Vec<Pid>> {
-    let mut children: HashMap<Pid, Vec<ProcStat>> = HashMap::new();
+pub(crate) fn descendants() -> io::Result<Vec<Descendant>> {
+    let root = Pid::from_raw(proc_self_pid());
+    let mut children: HashMap<Pid, Vec<Descendant>> = HashMap::new();
     for entry in std::fs::read_dir("/proc")? {
         let Ok(entry) = entry else { continue };
-        let name = entry.file_name();
-        let Some(pid) = name
+        let Some(pid) = entry
+            .file_name()
             .to_str()
             .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<i32>().ok())
         else {
             continue;
         };
         // A process that exited since read_dir listed it is simply gone.
-        let Ok(text) = crate::files::kernel_text(format!("/proc/{pid}/stat")) else {
+        let Some(dir) = ProcDir::open(pid) else {
             continue;
         };
-        if let Some(stat) = parse_stat(&text) {
-            children.entry(stat.ppid).or_default().push(stat);
-        }
+        let Some(stat) = dir.stat() else { continue };
+        children
+            .entry(stat.ppid)
+            .or_default()
+            .push(Descendant { stat, dir });
     }
-    let mut found = Vec::new();
+    let mut found: Vec<Descendant> = Vec::new();
     let mut seen = HashSet::from([root]);
     let mut queue = vec![root];
     while let Some(parent) = queue.pop() {
-        for child in children.get(&parent).into_iter().flatten() {
-            if seen.insert(child.pid) {
-                queue.push(child.pid);
-                if !child.zombie {
-                    found.push(child.pid);
-                }
+        for child in children.remove(&parent).into_iter().flatten() {
+            if seen.insert(child.stat.pid) {
+                queue.push(child.stat.pid);
+                found.push(child);
             }
         }
     }
-    Ok(found)
+    // The proof: each parent named still exists now, after its children's stat was read.
+    let present: HashSet<Pid> = found
+        .iter()
+        .filter(|d| d.dir.stat().is_some())
+        .map(|d| d.stat.pid)
+        .chain([root])
+        .collect();
+    let mut proven: HashSet<Pid> = HashSet::from([root]);
+    let mut kept = Vec::new();
+    // `found` is in walk order: a parent always comes before its children.
+    for d in found {
+        if proven.contains(&d.stat.ppid) && present.contains(&d.stat.ppid) {
+            proven.insert(d.stat.pid);
+            kept.push(d);
+        }
+    }
+    Ok(kept)
+}
+
+/// Every living (non-zombie) descendant of this process, held and proven as [`descendants`]
+/// says.
+pub(crate) fn living_descendants() -> io::Result<Vec<Descendant>> {
+    Ok(descendants()?
+        .into_iter()
+        .filter(|d| !d.stat.zombie)
+        .collect())
+}
+
+/// This process's pid as `/proc` numbers it (not our own numbering when `/proc` belongs to an
+/// enclosing pid namespace).
+pub(crate) fn proc_self_pid() -> i32 {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse().ok())
+        .unwrap_or_else(|| nix::unistd::getpid().as_raw())
+}
+
+/// SIGKILL (or `signal`) every member of process group `group` that a walk of `/proc` finds,
+/// each through its `/proc` directory, as long as `still_theirs` (asked after the walk) says
+/// the group id still belongs to the group meant: a group's id is its first member's pid, which
+/// cannot be reused while that process exists. Returns how many were signalled.
+pub(crate) fn signal_group_members(
+    group: Pid,
+    signal: Signal,
+    still_theirs: impl Fn() -> bool,
+) -> usize {
+    let members: Vec<ProcDir> = all_pids()
+        .into_iter()
+        .filter_map(|pid| ProcDir::open(pid.as_raw()))
+        .filter(|dir| dir.stat().is_some_and(|s| s.pgid == group && !s.zombie))
+        .collect();
+    if members.is_empty() || !still_theirs() {
+        return 0;
+    }
+    for dir in &members {
+        let _ = dir.signal(signal);
+    }
+    members.len()
 }
 
 /// Field 22 (`starttime`) of a `/proc/<pid>/stat` line; the fields are counted after the last `)`.
@@ -394,10 +467,22 @@ impl ProcDir {
 
     /// True while the process runs (a zombie has ended: it will never act again).
     pub(crate) fn running(&self) -> bool {
+        self.stat().is_some_and(|s| !s.zombie)
+    }
+
+    /// Its `stat`, read through the directory; `None` once it is reaped.
+    pub(crate) fn stat(&self) -> Option<ProcStat> {
         self.read("stat")
             .ok()
             .and_then(|s| parse_stat(&String::from_utf8_lossy(&s)))
-            .is_some_and(|s| !s.zombie)
+    }
+
+    /// Its start time (`stat` field 22, in clock ticks as `/proc` shows it); `None` once it
+    /// is reaped.
+    pub(crate) fn start_ticks(&self) -> Option<u64> {
+        self.read("stat")
+            .ok()
+            .and_then(|s| parse_start_time(&String::from_utf8_lossy(&s)))
     }
 
     /// Send `signal` to the process itself (`pidfd_send_signal` accepts a `/proc/<pid>`
@@ -588,9 +673,20 @@ pub(crate) fn is_ancestor(pid: Pid) -> bool {
     false
 }
 
-/// Send `signal` to one process; a process that is already gone is not an error.
-pub(crate) fn signal_process(pid: Pid, signal: Signal) -> nix::Result<()> {
-    match nix::sys::signal::kill(pid, signal) {
+/// Send `signal` to the process group of `leader`, a child of this process that it has not
+/// reaped: while unreaped its pid, and so the group id it made, cannot be anyone else's. The
+/// only `kill(2)` of the crate (clippy's `disallowed-methods`, and `layers.rs`): everything
+/// else signals a process through its pidfd or `/proc` directory. An empty group is not an
+/// error.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the one raw kill(2): a group whose leader is our unreaped child"
+)]
+pub(crate) fn signal_group_of_unreaped_child(
+    leader: Pid,
+    signal: Option<Signal>,
+) -> nix::Result<()> {
+    match nix::sys::signal::kill(Pid::from_raw(-leader.as_raw()), signal) {
         Err(Errno::ESRCH) => Ok(()),
         other => other,
     }
@@ -640,7 +736,7 @@ mod tests {
 
     #[test]
     fn descendant_walk_never_reports_the_root() {
-        let me = nix::unistd::getpid();
-        assert!(!living_descendants(me).unwrap().contains(&me));
+        let me = Pid::from_raw(proc_self_pid());
+        assert!(!descendants().unwrap().iter().any(|d| d.stat.pid == me));
     }
 }

@@ -52,6 +52,8 @@ struct Stopping {
     /// When the teardown budget runs out.
     budget_until: Option<Instant>,
     command_status: Option<ChildStatus>,
+    /// The group's leader has been reaped: its id may be reused from now on.
+    leader_reaped: bool,
     errors: Vec<String>,
 }
 
@@ -176,6 +178,7 @@ impl Supervisor<'_> {
             grace_until: None,
             budget_until: None,
             command_status: None,
+            leader_reaped: leader.is_none(),
             errors: Vec::new(),
         };
         loop {
@@ -189,7 +192,8 @@ impl Supervisor<'_> {
             if stop.escalation.stopped() {
                 return self.stopped(stop);
             }
-            if stop.escalation.tearing_down() && stop.group.is_none_or(ProcessGroup::is_empty) {
+            let reaped = stop.leader_reaped;
+            if stop.escalation.tearing_down() && stop.group.is_none_or(|g| g.is_empty(reaped)) {
                 events.push_back(Event::GroupEmpty);
                 continue;
             }
@@ -205,6 +209,7 @@ impl Supervisor<'_> {
         on_teardown: &mut dyn FnMut(ShutdownReason),
     ) {
         let group = stop.group;
+        let reaped = stop.leader_reaped;
         match action {
             Action::BeginTeardown(reason) => {
                 match reason.teardown_line(self.deadline) {
@@ -217,9 +222,9 @@ impl Supervisor<'_> {
                 if let Some(group) = group {
                     let signalled = match reason {
                         ShutdownReason::Signal(signal) if self.forward_signals => group
-                            .signal(signal)
-                            .and_then(|()| group.signal(Signal::SIGCONT)),
-                        _ => group.terminate(),
+                            .signal(signal, reaped)
+                            .and_then(|()| group.signal(Signal::SIGCONT, reaped)),
+                        _ => group.terminate(reaped),
                     };
                     if let Err(err) = signalled {
                         stop.errors
@@ -236,7 +241,7 @@ impl Supervisor<'_> {
                     "== process group still alive after {} grace — sending SIGKILL ==",
                     humantime::format_duration(self.kill_grace)
                 ));
-                if let Some(Err(err)) = group.map(|g| g.signal(Signal::SIGKILL)) {
+                if let Some(Err(err)) = group.map(|g| g.signal(Signal::SIGKILL, reaped)) {
                     stop.errors
                         .push(format!("failed to kill process group: {err}"));
                 }
@@ -268,6 +273,7 @@ impl Supervisor<'_> {
         }
         for (pid, status) in reaped {
             if leader.is_some_and(|(leader, _)| leader == pid) {
+                stop.leader_reaped = true;
                 events.push(Event::CommandEnded(status));
             }
         }
@@ -322,7 +328,8 @@ impl Supervisor<'_> {
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let _ = group.signal(Signal::SIGKILL);
+                // Not reaped yet: `reap_ready` above would have returned it.
+                let _ = group.signal(Signal::SIGKILL, false);
                 if let Some(leaf) = leaf {
                     let _ = leaf.kill_and_wait(Duration::from_secs(1));
                 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use nix::errno::Errno;
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
 
@@ -105,7 +105,13 @@ impl SpawnError {
     }
 }
 
-/// A process group we created; its id is the pid of its first member.
+/// A process group we created; its id is the pid of its first member, our child.
+///
+/// It is never signalled by a bare number: while its leader is our unreaped child (a zombie
+/// included) nobody else can have that id, and the group is signalled as a group; once we have
+/// reaped the leader, the id may be reused, and only members the kernel shows as our own
+/// descendants are signalled, each through its `/proc` directory. The caller says which
+/// (`leader_reaped`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ProcessGroup(Pid);
 
@@ -115,25 +121,44 @@ impl ProcessGroup {
     }
 
     /// Signal every member; a group with no members left is not an error.
-    pub(crate) fn signal(self, signal: Signal) -> nix::Result<()> {
-        match kill(Pid::from_raw(-self.0.as_raw()), signal) {
-            Err(Errno::ESRCH) => Ok(()),
-            other => other,
+    pub(crate) fn signal(self, signal: Signal, leader_reaped: bool) -> nix::Result<()> {
+        if !leader_reaped {
+            return linux::signal_group_of_unreaped_child(self.0, Some(signal));
         }
+        for member in self.own_members() {
+            if let Err(err) = member.dir.signal(signal) {
+                tracing::debug!(pid = member.stat.pid.as_raw(), "failed to signal: {err}");
+            }
+        }
+        Ok(())
     }
 
     /// Ask politely: SIGTERM, then SIGCONT so stopped members can act on it.
-    pub(crate) fn terminate(self) -> nix::Result<()> {
-        self.signal(Signal::SIGTERM)?;
-        self.signal(Signal::SIGCONT)
+    pub(crate) fn terminate(self, leader_reaped: bool) -> nix::Result<()> {
+        self.signal(Signal::SIGTERM, leader_reaped)?;
+        self.signal(Signal::SIGCONT, leader_reaped)
     }
 
     /// True once no process (not even an unreaped zombie) is left in the group.
-    pub(crate) fn is_empty(self) -> bool {
-        matches!(
-            kill(Pid::from_raw(-self.0.as_raw()), None),
-            Err(Errno::ESRCH)
-        )
+    pub(crate) fn is_empty(self, leader_reaped: bool) -> bool {
+        if !leader_reaped {
+            return matches!(
+                linux::signal_group_of_unreaped_child(self.0, None),
+                Err(Errno::ESRCH)
+            );
+        }
+        self.own_members().is_empty()
+    }
+
+    /// The group's members among our own descendants (zombies too), held by their `/proc`
+    /// directories: with the leader reaped, the only ones provably of this group. As subreaper
+    /// every member the command started is our descendant.
+    fn own_members(self) -> Vec<linux::Descendant> {
+        linux::descendants()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| d.stat.pgid == self.0)
+            .collect()
     }
 }
 
@@ -468,30 +493,32 @@ pub(crate) fn has_children() -> bool {
 /// (a process stuck in uninterruptible sleep cannot be killed) and returns what survived.
 /// `wait_a_moment` returns false once the caller's budget is spent.
 pub(crate) fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut() -> bool) -> Vec<Pid> {
-    let me = nix::unistd::getpid();
     let mut survivors = Vec::new();
     for _ in 0..rounds {
         reap_ready();
         if !has_children() {
             return Vec::new();
         }
-        survivors = match linux::living_descendants(me) {
+        let found = match linux::living_descendants() {
             // The run's fence stays until the lock is released (it kills, it is not killed).
             Ok(found) => found
                 .into_iter()
-                .filter(|pid| !crate::supervise::fence::is_fence(*pid))
-                .collect(),
+                .filter(|d| !crate::supervise::fence::is_fence(d.stat.pid))
+                .collect::<Vec<_>>(),
             Err(err) => {
                 tracing::warn!("failed to list descendants in /proc: {err}");
                 return Vec::new();
             }
         };
+        survivors = found.iter().map(|d| d.stat.pid).collect();
         if survivors.is_empty() {
             return survivors;
         }
-        for pid in &survivors {
+        // Each through its `/proc` directory: never whatever took its pid meanwhile.
+        for descendant in &found {
+            let pid = descendant.stat.pid;
             tracing::debug!(pid = pid.as_raw(), "killing leftover descendant");
-            if let Err(err) = linux::signal_process(*pid, Signal::SIGKILL) {
+            if let Err(err) = descendant.dir.signal(Signal::SIGKILL) {
                 tracing::warn!("failed to kill descendant {pid}: {err}");
             }
         }

@@ -65,9 +65,8 @@ impl Watchdog {
                 if let Some(dir) = cgroup {
                     let _ = cgroup::kill_path(&dir);
                 }
-                let me = nix::unistd::getpid();
-                for pid in linux::living_descendants(me).unwrap_or_default() {
-                    let _ = linux::signal_process(pid, Signal::SIGKILL);
+                for descendant in linux::living_descendants().unwrap_or_default() {
+                    let _ = descendant.dir.signal(Signal::SIGKILL);
                 }
                 last_words(code);
                 // SAFETY: ends the process at once; nothing of ours must run after this.

@@ -925,6 +925,52 @@ fn the_runner_s_own_death_tears_the_run_down() {
     assert_eq!(record["exit_code"], 143);
 }
 
+/// The supervisor itself SIGKILLed (as the OOM killer does) while its deploy left a daemon that
+/// holds the step's output: the runner reads the log until EOF, so before the run had a dead-man
+/// the build hung until a janitor came. Now the run's dead-man kills every process of it at
+/// once: the build ends within a second of the supervisor's death, with no janitor, with
+/// cgroups and without.
+#[rstest::rstest]
+#[case::cgroup("auto")]
+#[case::no_cgroup("off")]
+fn a_build_whose_supervisor_is_sigkilled_ends_at_once(#[case] cgroup: &str) {
+    let sandbox = Sandbox::new();
+    let bin = host(
+        &sandbox,
+        Deploy::Hangs,
+        false,
+        &format!("cgroup = {cgroup:?}\n"),
+    );
+    let mut build = start_build(&sandbox, "97", &bin, false, |_| {});
+    let (record, pids) = running_build(&sandbox, &mut build);
+    assert_eq!(record["cgroup"].is_string(), cgroup == "auto", "{record:#}");
+    let killed = Instant::now();
+    signal(pids[0], Signal::SIGKILL);
+    // The runner's log reaches its end only once nothing holds the step's output.
+    let done = build.step.finish();
+    let ended = killed.elapsed();
+    eprintln!("supervisor SIGKILL to the build's end (cgroup {cgroup}): {ended:?}");
+    for pid in &pids {
+        assert!(
+            !process_alive(*pid),
+            "process {pid} outlived its run\n{}",
+            done.transcript()
+        );
+    }
+    assert!(
+        ended < Duration::from_secs(1),
+        "the build ran on {ended:?} after its supervisor's death\n{}",
+        done.transcript()
+    );
+    assert!(
+        done.out.iter().any(|l| l.contains("!! dead-man of run 97")),
+        "{}",
+        done.transcript()
+    );
+    // The step failed: the runner says so with 1.
+    done.assert_code(1);
+}
+
 /// systemd stopping the runner's unit: SIGTERM to every process of its cgroup (the runner, the
 /// step shell, ccci-run, the command), SIGKILL after a window. The run tears down inside the
 /// window on its own; the KILL finds nothing left.

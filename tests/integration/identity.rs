@@ -16,7 +16,8 @@ use rstest::rstest;
 use serde_json::Value;
 
 use crate::util::{
-    PATIENCE, Proc, Sandbox, Stream, candidate, process_alive, run, signal, wait_exited,
+    PATIENCE, Proc, Sandbox, Stream, candidate, kill_supervisor_and_its_dead_man, process_alive,
+    run, signal, wait_exited,
 };
 
 /// `cmd`, run by `prefix` (with the same environment).
@@ -307,7 +308,8 @@ fn runs_in_a_time_namespace_are_judged_alive_and_dead_like_any_other(#[case] cgr
     )));
     let daemon = pid_line(&mut killed, "daemon ");
     killed.wait_ready();
-    signal(killed.pid(), Signal::SIGKILL);
+    // Its dead-man too: what is left to clear is what this test is about.
+    kill_supervisor_and_its_dead_man(killed.pid());
     assert!(wait_exited(killed.pid()));
     let report = janitor_in(here, &sandbox);
     assert!(
@@ -337,7 +339,8 @@ fn a_janitor_never_touches_another_configuration_s_dead_runs(#[case] cgroup: &st
         let mut proc = Proc::spawn(with_cgroup(sandbox.run_sh(id, &[], LIVE), cgroup));
         let daemon = pid_line(&mut proc, "daemon ");
         proc.wait_ready();
-        signal(proc.pid(), Signal::SIGKILL);
+        // Its dead-man too: what is left to clear is what this test is about.
+        kill_supervisor_and_its_dead_man(proc.pid());
         assert!(wait_exited(proc.pid()));
         let cgroup = sandbox.record(id)["cgroup"].as_str().map(str::to_owned);
         (daemon, cgroup, proc)
@@ -441,7 +444,8 @@ fn a_sigkilled_run_s_writer_is_gone_before_the_next_run_s_command_starts(#[case]
         cgroup,
     ));
     next.wait_for(Stream::Err, "== app lock: another run of");
-    signal(holder.pid(), Signal::SIGKILL);
+    // Its dead-man too: what is left to clear is what this test is about.
+    kill_supervisor_and_its_dead_man(holder.pid());
     assert!(wait_exited(holder.pid()));
     let done = next.finish();
     assert_no_write_after_start(&sandbox, &done);
@@ -470,7 +474,8 @@ fn a_sigkilled_lock_holder_s_writer_is_gone_before_the_next_holder_s_command_sta
     wait_for_marks(&sandbox.path().join("marks"));
     let mut next = Proc::spawn(lock(NEXT));
     next.wait_for(Stream::Err, "waiting as queue ticket");
-    signal(holder.pid(), Signal::SIGKILL);
+    // Its dead-man too: what is left to clear is what this test is about.
+    kill_supervisor_and_its_dead_man(holder.pid());
     assert!(wait_exited(holder.pid()));
     let done = next.finish();
     assert_no_write_after_start(&sandbox, &done);
@@ -609,7 +614,8 @@ fn a_janitor_without_its_runs_dir_judges_no_one_s_leftovers() {
     let mut proc = Proc::spawn(sandbox.run_sh("dead", &[], LIVE));
     let daemon = pid_line(&mut proc, "daemon ");
     proc.wait_ready();
-    signal(proc.pid(), Signal::SIGKILL);
+    // Its dead-man too: what is left to clear is what this test is about.
+    kill_supervisor_and_its_dead_man(proc.pid());
     assert!(wait_exited(proc.pid()));
     let mut cmd = sandbox.ccci();
     cmd.arg("--runs-dir")
@@ -648,7 +654,8 @@ fn a_namespaced_next_holder_clears_what_it_can_reach_of_a_host_holder(#[case] cg
         cgroup,
     )));
     next.wait_for(Stream::Err, "== app lock: another run of");
-    signal(holder.pid(), Signal::SIGKILL);
+    // Its dead-man too: what is left to clear is what this test is about.
+    kill_supervisor_and_its_dead_man(holder.pid());
     assert!(wait_exited(holder.pid()));
     let done = next.finish();
     done.assert_code(0);

@@ -8,9 +8,7 @@ use std::process::Command;
 
 use nix::sys::signal::Signal;
 
-use crate::util::{
-    Proc, Sandbox, Stream, pids_by_prefix, process_alive, run, sh_quote, signal, wait_exited,
-};
+use crate::util::{Proc, Sandbox, Stream, pids_by_prefix, process_alive, run, sh_quote, signal};
 
 /// A teardown hook that hangs can never make a run immortal: it is killed when its share of
 /// `--teardown-timeout` runs out, the app is still removed, the lock released, and the record
@@ -77,6 +75,55 @@ fn hanging_teardown_hook_is_killed_and_the_run_ends_within_its_bound() {
     );
 }
 
+/// A run ends with its supervisor: SIGKILLed (as the OOM killer does) while its command left a
+/// setsid daemon holding the step's output, a double-forked orphan and a background child, the
+/// run's own dead-man kills every one of them within a second, with no janitor — so whoever
+/// reads the output (a Drone runner reads it until EOF) sees its end at once. With cgroups
+/// (`cgroup.kill`) and without (the processes carry their supervisor's marker).
+#[rstest::rstest]
+#[case::cgroup("auto")]
+#[case::no_cgroup("off")]
+fn a_sigkilled_supervisor_takes_its_whole_run_with_it_within_a_second(#[case] cgroup: &str) {
+    let sandbox = Sandbox::new();
+    let script = "setsid sh -c 'echo daemon $$; exec sleep 100000' & \
+        (sh -c 'echo orphan $$; exec sleep 100000' &) ; \
+        sleep 100000 & echo child $!; \
+        echo ready $$; exec sleep 100000";
+    let mut cmd = sandbox.run_sh("dm", &[], script);
+    cmd.env("CCCI_CGROUP", cgroup);
+    let mut proc = Proc::spawn(cmd);
+    let pids = pids_by_prefix(&mut proc, &["daemon ", "orphan ", "child ", "ready "]);
+    let record = sandbox.record("dm");
+    let supervisor = proc.pid();
+    let killed = std::time::Instant::now();
+    signal(supervisor, Signal::SIGKILL);
+    // Both output pipes at their end: every process that held them is gone.
+    let done = proc.finish();
+    let ended = killed.elapsed();
+    for pid in &pids {
+        assert!(
+            !process_alive(*pid),
+            "process {pid} outlived its run\n{}",
+            done.transcript()
+        );
+    }
+    assert!(
+        ended < std::time::Duration::from_secs(1),
+        "the run's output ended {ended:?} after its supervisor's death\n{}",
+        done.transcript()
+    );
+    done.assert_stderr_has("!! dead-man of run dm");
+    done.assert_stderr_has("all gone in");
+    match record["cgroup"].as_str() {
+        Some(dir) => {
+            assert_eq!(cgroup, "auto");
+            let procs = crate::util::cgroup_members(Path::new(dir));
+            assert!(procs.is_empty(), "left in the run's cgroup: {procs:?}");
+        }
+        None => assert_eq!(cgroup, "off", "{record:#}"),
+    }
+}
+
 /// The supervisor itself SIGKILLed (as the OOM killer does) while its command has daemonised:
 /// the daemon, a double-forked child and a plain background child outlive it, and the next
 /// janitor sweep kills every one of them before it reaps the app.
@@ -95,11 +142,11 @@ fn supervisor_sigkill_leaves_nothing_after_the_next_sweep(#[case] cgroup: &str) 
     cmd.env("CCCI_CGROUP", cgroup);
     let mut proc = Proc::spawn(cmd);
     let pids = pids_by_prefix(&mut proc, &["daemon ", "orphan ", "child ", "ready "]);
-    let supervisor = proc.pid();
-    signal(supervisor, Signal::SIGKILL);
-    assert!(wait_exited(supervisor));
-    // What the real world does: these outlive a supervisor that had no chance to tear down.
-    // (Not asserted: any janitor on the host, another test's too, may kill them from now on.)
+    // Its dead-man too (the run's own net, tested above): what the janitor clears is what a
+    // supervisor and its dead-man both gone at once leave.
+    crate::util::kill_supervisor_and_its_dead_man(proc.pid());
+    // These outlive them. (Not asserted: any janitor on the host, another test's too, may kill
+    // them from now on.)
     let survivors: Vec<i32> = pids.iter().copied().filter(|p| process_alive(*p)).collect();
     eprintln!("outlived the SIGKILLed supervisor: {survivors:?}");
     let (report, done) = sandbox.janitor(&[]);
@@ -131,9 +178,7 @@ fn a_janitor_with_the_unit_s_capabilities_still_cleans_up_after_a_sigkilled_supe
         echo ready $$; exec sleep 100000";
     let mut proc = Proc::spawn(sandbox.run_sh("capkill", &[], script));
     let pids = pids_by_prefix(&mut proc, &["daemon ", "ready "]);
-    let supervisor = proc.pid();
-    signal(supervisor, Signal::SIGKILL);
-    assert!(wait_exited(supervisor));
+    crate::util::kill_supervisor_and_its_dead_man(proc.pid());
     let ccci = sandbox.ccci();
     let mut cmd = Command::new("setpriv");
     cmd.args([

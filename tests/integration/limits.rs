@@ -118,8 +118,9 @@ fn a_fork_that_keeps_failing_is_125_naming_the_limit_not_126() {
     let dir = host_of(61_002);
     let done = run(limited_run(
         61_002,
+        // Main thread, watchdog and the run's dead-man (its fence): no room for the command.
         dir.path(),
-        2,
+        3,
         "nofork",
         "echo command-ran",
     ));
@@ -146,11 +147,12 @@ fn a_fork_that_fails_for_a_moment_is_retried_and_the_command_runs() {
             .spawn()
             .unwrap(),
     );
-    // Main thread, watchdog and the command make three; the blocker takes the third slot.
+    // Main thread, watchdog, the run's dead-man (its fence) and the command make four; the
+    // blocker takes the fourth slot.
     let mut proc = Proc::spawn(limited_run(
         61_003,
         dir.path(),
-        3,
+        4,
         "later",
         "echo command-ran",
     ));

@@ -805,6 +805,80 @@ pub fn process_alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// Every pid in the cgroup at `dir` and below (none once it is gone).
+pub fn cgroup_members(dir: &Path) -> Vec<i32> {
+    let mut pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            pids.extend(cgroup_members(&entry.path()));
+        }
+    }
+    pids
+}
+
+/// SIGKILL a supervisor together with its dead-man (its fence, stopped first so that it never
+/// acts): what a whole machine's crash or the OOM killer taking both would leave, for the tests
+/// of the second nets (the next holder of a lock, the janitor).
+pub fn kill_supervisor_and_its_dead_man(supervisor: i32) {
+    use nix::sys::signal::Signal;
+    let fences = fences_of(supervisor);
+    for fence in &fences {
+        signal(*fence, Signal::SIGSTOP);
+    }
+    signal(supervisor, Signal::SIGKILL);
+    assert!(wait_exited(supervisor));
+    for fence in &fences {
+        signal(*fence, Signal::SIGKILL);
+        assert!(wait_exited(*fence));
+    }
+}
+
+/// The fences (dead-men) below `supervisor` (the supervisor's pid, or a wrapper's that started
+/// it: `unshare`): its descendants whose first argument is the tag.
+pub fn fences_of(supervisor: i32) -> Vec<i32> {
+    let ppid_of = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let (_, tail) = s.rsplit_once(')')?;
+                tail.split_whitespace().nth(1)?.parse::<i32>().ok()
+            })
+    };
+    let below = |mut pid: i32| {
+        for _ in 0..4 {
+            match ppid_of(pid) {
+                Some(p) if p == supervisor => return true,
+                Some(p) if p > 1 => pid = p,
+                _ => return false,
+            }
+        }
+        false
+    };
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let tagged = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_default()
+            .split(|b| *b == 0)
+            .nth(1)
+            == Some(b"__ccci-run-fence".as_slice());
+        if tagged && below(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
 pub fn signal(pid: i32, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
 }
