@@ -29,6 +29,7 @@ mod named_lock;
 #[cfg(feature = "etcd")]
 mod netfleet;
 mod nixos;
+mod output_escapes;
 #[cfg(feature = "etcd")]
 mod partition;
 mod reaped;
