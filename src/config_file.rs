@@ -6,7 +6,8 @@
 //! (the one named and, through symbolic links, the one it really is in) owned by us or root
 //! that group and others cannot write to unless it is sticky. It is opened without blocking (a
 //! FIFO never hangs us), judged by the opened descriptor (no swap between look and read), and
-//! read to at most [`MAX_LEN`] bytes (a device never grows us without bound). The null device
+//! read to at most [`MAX_LEN`] bytes (a device never grows us without bound). In a directory
+//! others may write to (sticky, as `/tmp`) the file is never followed through a symbolic link. The null device
 //! reads as an empty file: `--config /dev/null` means "no settings from a file".
 //!
 //! Floor: ground (docs/architecture.md): imports nothing above the ground.
@@ -37,13 +38,31 @@ fn refused(path: &Path, rule: String) -> NameError {
 /// The text of the configuration file at `path`, checked. `None` when it does not exist and
 /// was not asked for (`required` is false for the default file).
 pub(crate) fn read(path: &Path, required: bool) -> Result<Option<String>, NameError> {
+    // In a directory others may write to (a sticky /tmp), whoever planted a link there would
+    // choose what we read: the file must be there itself, never followed through a link.
+    let shared_dir = directories(path).first().is_some_and(|dir| {
+        std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o022 != 0)
+    });
+    let no_follow = if shared_dir { nix::libc::O_NOFOLLOW } else { 0 };
     let file = match std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY | nix::libc::O_CLOEXEC)
+        .custom_flags(
+            nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY | nix::libc::O_CLOEXEC | no_follow,
+        )
         .open(path)
     {
         Ok(file) => file,
         Err(err) if !required && err.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(err) if shared_dir && err.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err(refused(
+                path,
+                format!(
+                    "it is a symbolic link in {}, a directory others may write to: whoever \
+                     planted it would choose what we read ({SETTING})",
+                    directories(path)[0].display()
+                ),
+            ));
+        }
         Err(err) => {
             return Err(refused(path, format!("cannot be read ({SETTING}): {err}")));
         }

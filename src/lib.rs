@@ -583,8 +583,9 @@ fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
             .settings
             .iter()
             .map(|s| format!("{:<keys$} {:<values$} {}\n", s.key, s.value, s.origin))
-            .collect()
+            .collect::<String>()
     };
+    let text = if args.json { text } else { names::visible_text(&text) };
     emit(text.as_bytes()).map(|()| 0)
 }
 
@@ -636,7 +637,7 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     let text = if args.json {
         format!("{}\n", json(&report::Envelope::versioned(&report)))
     } else {
-        janitor::report::render_table(&report)
+        names::visible_text(&janitor::report::render_table(&report))
     };
     emit(text.as_bytes())?;
     Ok(if report.failed() { exit::FAILURE } else { 0 })
@@ -652,7 +653,7 @@ fn doctor(args: &cli::DoctorArgs, inputs: &config::Inputs) -> Result<u8, Error> 
     let text = if args.json {
         format!("{}\n", json(&report::Envelope::new(&report, Vec::new())))
     } else {
-        doctor::render(&report)
+        names::visible_text(&doctor::render(&report))
     };
     emit(text.as_bytes())?;
     Ok(if report.ok { 0 } else { exit::FAILURE })
@@ -685,7 +686,7 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
         let locks = Locks { locks: &locks };
         format!("{}\n", json(&report::Envelope::new(&locks, errors)))
     } else {
-        lock::list::render_table(&locks)
+        names::visible_text(&lock::list::render_table(&locks))
     };
     emit(text.as_bytes()).map(|()| 0)
 }
@@ -784,7 +785,11 @@ struct OneRun<'a> {
 
 /// Pretty JSON of a report made of plain data.
 fn json(value: &impl serde::Serialize) -> String {
-    serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    // No control or bidi character reaches a reader of any document, raw or decoded.
+    names::visible_json(
+        &serde_json::to_string_pretty(value)
+            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")),
+    )
 }
 
 fn init_logging(quiet: u8, verbose: u8, format: LogFormat) {

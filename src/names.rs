@@ -497,6 +497,86 @@ pub(crate) fn visible(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Whether `c` is escaped wherever ccci-run shows outside text.
+fn needs_escape(c: char) -> bool {
+    c.is_control() || is_bidi_control(c)
+}
+
+/// A text report (a table, lines of `key value`) as a terminal may show it: every control and
+/// bidirectional formatting character escaped as [`visible`] does, but the line breaks that
+/// make its lines.
+pub(crate) fn visible_text(text: &str) -> String {
+    text.split('\n')
+        .map(visible)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A JSON document whose strings carry no control or bidirectional formatting character, raw or
+/// as a JSON escape: each is written as `runs --json` writes it (the text `\u{202e}`, `\n`), so
+/// what a reader decodes is as safe to show as the document itself. The structure (keys'
+/// order, numbers, the pretty printer's line breaks) is left as it is.
+pub(crate) fn visible_json(json: &str) -> String {
+    fn push_escaped(out: &mut String, c: char) {
+        for e in c.escape_default() {
+            if e == '\\' {
+                out.push_str("\\\\");
+            } else {
+                out.push(e);
+            }
+        }
+    }
+    let mut out = String::with_capacity(json.len());
+    let mut chars = json.chars();
+    let mut in_string = false;
+    while let Some(c) = chars.next() {
+        if !in_string {
+            in_string = c == '"';
+            out.push(c);
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = false;
+                out.push(c);
+            }
+            '\\' => {
+                let Some(e) = chars.next() else {
+                    out.push(c);
+                    break;
+                };
+                let decoded = match e {
+                    'n' => '\n',
+                    't' => '\t',
+                    'r' => '\r',
+                    'b' => '\u{8}',
+                    'f' => '\u{c}',
+                    'u' => {
+                        let hex: String = chars.by_ref().take(4).collect();
+                        match u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
+                            Some(d) if needs_escape(d) => d,
+                            _ => {
+                                out.push_str("\\u");
+                                out.push_str(&hex);
+                                continue;
+                            }
+                        }
+                    }
+                    other => {
+                        out.push('\\');
+                        out.push(other);
+                        continue;
+                    }
+                };
+                push_escaped(&mut out, decoded);
+            }
+            c if needs_escape(c) => push_escaped(&mut out, c),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 pub(crate) fn escape_outside(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
@@ -911,5 +991,38 @@ mod tests {
     fn cgroup_names_round_trip() {
         let name = cgroup_name("run", "manual-3", "4321-1000000-5-c1.2");
         assert_eq!(cgroup_owner(&name), Some("4321-1000000-5-c1.2"));
+    }
+
+    proptest::proptest! {
+        /// Any document of any strings (long, hostile: controls, C1, bidi, backslashes,
+        /// quotes) stays valid JSON whose decoded strings carry nothing a terminal acts on,
+        /// and a document with nothing to escape is left as it is.
+        #[test]
+        fn json_documents_carry_no_control_or_bidi_character(
+            values in proptest::collection::vec(
+                "(\\PC|[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}\\u{202a}-\\u{202e}\\u{2066}-\\u{2069}\\\\\"])*",
+                0..4
+            ),
+            long in 0usize..80_000,
+        ) {
+            let mut values = values;
+            values.push("\u{202e}x".repeat(long / 2));
+            let doc = serde_json::to_string_pretty(&serde_json::json!({"a": values, "k": 1})).unwrap();
+            let shown = visible_json(&doc);
+            let back: serde_json::Value = serde_json::from_str(&shown).unwrap();
+            for v in back["a"].as_array().unwrap() {
+                let v = v.as_str().unwrap();
+                proptest::prop_assert!(!v.chars().any(needs_escape), "{v:?}");
+            }
+            proptest::prop_assert_eq!(visible_json(&shown), shown.clone());
+            proptest::prop_assert!(!visible_text(&shown).chars().any(|c| c != '\n' && needs_escape(c)));
+        }
+    }
+
+    #[test]
+    fn json_escapes_read_as_runs_json_writes_them() {
+        let doc = serde_json::to_string(&serde_json::json!(["a\u{1b}[31m\n\u{202e}b\u{85}", "c\\d"])).unwrap();
+        let back: Vec<String> = serde_json::from_str(&visible_json(&doc)).unwrap();
+        assert_eq!(back, ["a\\u{1b}[31m\\n\\u{202e}b\\u{85}", "c\\d"]);
     }
 }

@@ -52,47 +52,142 @@ const POLL: Duration = Duration::from_millis(200);
 /// How long past its deadline an orphaned job (or its exited containers) is left alone.
 const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
-/// The job's task: remove the stacks' containers and volumes on this node, look again, and
-/// succeed only when nothing of them is there. Plain `sh` and the docker CLI only (the image
-/// may be a bare busybox with a docker CLI). A volume is the stack's when its namespace label
-/// names the stack, or when it has no such label and its name starts with `<stack>_`.
+/// The job's task: prove it reached its own node's engine, remove the stacks' containers and
+/// volumes on this node, look again, and succeed only when every listing succeeded and found
+/// nothing of them. Plain `sh` and the docker CLI only (the image may be a bare busybox with a
+/// docker CLI). A volume is the stack's when its namespace label names the stack, or when it
+/// has no such label and its name starts with `<stack>_`.
+///
+/// It fails closed, with an exit code that says why (see [`Cause`]): no docker CLI (3), an
+/// engine that does not answer at the socket (4), a socket its user may not open (5), the
+/// engine of another node (6: its node id is not the task's, `CCCI_NODE`), a listing that
+/// failed (7), something still there after its tries (1).
 const SCRIPT: &str = r#"
 set -u
+fail() { code=$1; shift; echo "node sweep: $*" >&2; exit "$code"; }
+command -v docker >/dev/null 2>&1 || fail 3 "no docker CLI in this image"
+me=$(docker info --format '{{.Swarm.NodeID}}' 2>&1) || case "$me" in
+  *[Pp]ermission\ denied*) fail 5 "the node socket may not be opened: $me" ;;
+  *) fail 4 "no engine answers at the node socket: $me" ;;
+esac
+[ -n "$me" ] && [ "$me" = "$CCCI_NODE" ] ||
+  fail 6 "the node socket reaches node '$me''s engine, not this node's ($CCCI_NODE)"
 now=$(date +%s)
-docker ps -a --filter "label=$SWEEP_LABEL" --filter status=exited \
-  --format "{{.ID}} {{.Label \"$SWEEP_LABEL\"}}" | while read -r id until; do
+old=$(docker ps -a --filter "label=$SWEEP_LABEL" --filter status=exited \
+  --format "{{.ID}} {{.Label \"$SWEEP_LABEL\"}}") || fail 7 "listing containers failed"
+printf '%s\n' "$old" | while read -r id until; do
   case "$until" in ''|*[!0-9]*) continue ;; esac
   [ "$until" -lt "$now" ] && docker rm "$id" >/dev/null 2>&1
 done
 volumes_of() {
-  docker volume ls --format "{{.Name}} {{.Label \"com.docker.stack.namespace\"}}" |
-    while read -r name label; do
-      if [ "$label" = "$1" ]; then echo "$name"; fi
-      if [ -z "$label" ]; then case "$name" in "$1"_*) echo "$name" ;; esac; fi
-    done
-}
-left_of() {
-  echo $(docker ps -aq --filter "label=com.docker.stack.namespace=$1") $(volumes_of "$1")
+  all=$(docker volume ls --format "{{.Name}} {{.Label \"com.docker.stack.namespace\"}}") ||
+    return 1
+  printf '%s\n' "$all" | while read -r name label; do
+    if [ "$label" = "$1" ]; then echo "$name"; fi
+    if [ -z "$label" ]; then case "$name" in "$1"_*) echo "$name" ;; esac; fi
+  done
 }
 try=0
 while :; do
   for s in $CCCI_STACKS; do
-    ids=$(docker ps -aq --filter "label=com.docker.stack.namespace=$s")
+    ids=$(docker ps -aq --filter "label=com.docker.stack.namespace=$s") ||
+      fail 7 "listing containers failed"
     [ -z "$ids" ] || docker rm -f -v $ids >/dev/null 2>&1
-    vols=$(volumes_of "$s")
+    vols=$(volumes_of "$s") || fail 7 "listing volumes failed"
     [ -z "$vols" ] || docker volume rm $vols >/dev/null 2>&1
   done
   left=
   for s in $CCCI_STACKS; do
-    l=$(left_of "$s") || { echo "cannot ask this node's engine" >&2; exit 2; }
+    ids=$(docker ps -aq --filter "label=com.docker.stack.namespace=$s") ||
+      fail 7 "listing containers failed"
+    vols=$(volumes_of "$s") || fail 7 "listing volumes failed"
+    l=$(echo $ids $vols)
     [ -z "$l" ] || left="$left $s: $l;"
   done
   if [ -z "$left" ]; then echo "clean"; exit 0; fi
   try=$((try + 1))
-  if [ "$try" -ge 40 ]; then echo "still there:$left" >&2; exit 1; fi
+  if [ "$try" -ge 40 ]; then fail 1 "still there:$left"; fi
   sleep 0.25
 done
 "#;
+
+/// Why a node's sweep task failed, by its exit code: the causes that no retry mends name the
+/// setting to fix, and end the wait for that node at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    NoCli,
+    NoEngine,
+    Denied,
+    OtherNode,
+    Listing,
+    StillThere,
+}
+
+impl Cause {
+    fn of_exit(code: i64) -> Option<Self> {
+        Some(match code {
+            3 | 127 => Self::NoCli,
+            4 => Self::NoEngine,
+            5 => Self::Denied,
+            6 => Self::OtherNode,
+            7 => Self::Listing,
+            1 => Self::StillThere,
+            _ => return None,
+        })
+    }
+
+    /// No retry mends it: the settings do.
+    fn permanent(self) -> bool {
+        matches!(
+            self,
+            Self::NoCli | Self::NoEngine | Self::Denied | Self::OtherNode
+        )
+    }
+
+    fn describe(self, settings: &NodeSweepSettings) -> String {
+        let socket = settings.socket.display();
+        let image = &settings.image;
+        match self {
+            Self::NoCli => format!(
+                "the node sweep image {image} has no docker CLI there (node_sweep_image)"
+            ),
+            Self::NoEngine => format!(
+                "no engine answers at {socket} there, so its containers and volumes cannot be \
+                 looked at (node_docker_socket)"
+            ),
+            Self::Denied => format!(
+                "the node sweep image {image}'s user may not open {socket} there \
+                 (node_sweep_image, node_docker_socket)"
+            ),
+            Self::OtherNode => format!(
+                "{socket} there reaches another node's engine, not that node's own \
+                 (node_docker_socket)"
+            ),
+            Self::Listing => "a listing of its containers or volumes failed there".to_owned(),
+            Self::StillThere => {
+                "something of the stack was still there after the sweep's tries".to_owned()
+            }
+        }
+    }
+}
+
+/// A rejected task that no retry mends (its bind source or its image missing there), with the
+/// setting to fix.
+fn rejected_for_good(err: &str, settings: &NodeSweepSettings) -> Option<String> {
+    if err.contains("bind source path does not exist") {
+        return Some(format!(
+            "{} does not exist there (node_docker_socket): {err}",
+            settings.socket.display()
+        ));
+    }
+    if err.contains("No such image") || err.contains("pull access denied") {
+        return Some(format!(
+            "the node sweep image {} is not there (node_sweep_image): {err}",
+            settings.image
+        ));
+    }
+    None
+}
 
 /// The swarm's nodes as a node sweep needs them.
 #[derive(Debug, Clone, Default)]
@@ -132,6 +227,26 @@ struct JobTask {
     state: Option<ApiTaskState>,
     at: Option<SystemTime>,
     err: String,
+    /// Why this node's tasks of the job failed, when no retry mends it (any task of the job
+    /// there, not only the newest: swarm restarts a failed one at once).
+    for_good: Option<ForGood>,
+}
+
+/// A failure of a node's sweep task that no retry mends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ForGood {
+    Exit(Cause),
+    /// Rejected by its engine; the text names the setting.
+    Rejected(String),
+}
+
+impl ForGood {
+    fn describe(&self, settings: &NodeSweepSettings) -> String {
+        match self {
+            Self::Exit(cause) => cause.describe(settings),
+            Self::Rejected(why) => why.clone(),
+        }
+    }
 }
 
 impl DockerSeam {
@@ -249,7 +364,7 @@ impl DockerSeam {
         let mut why: BTreeMap<String, String> = BTreeMap::new();
         let mut current = nodes.clone();
         loop {
-            let round = self.job_round(&job, stacks).await;
+            let round = self.job_round(&job, stacks, settings).await;
             let now = tokio::time::Instant::now();
             match round {
                 Ok((tasks, live, seen_nodes)) => {
@@ -270,14 +385,14 @@ impl DockerSeam {
                             }
                             set.insert(id.clone());
                             why.entry(id.clone())
-                                .or_insert_with(|| reason(current.get(id), task, stack_live));
+                                .or_insert_with(|| reason(current.get(id), task, stack_live, settings));
                         }
                         // A live task of the stack on a node that need not answer keeps it
                         // pending too.
                         for id in live.get(&stacks[i].0).into_iter().flatten() {
                             if set.insert(id.clone()) {
                                 why.entry(id.clone()).or_insert_with(|| {
-                                    reason(current.get(id), tasks.get(id), true)
+                                    reason(current.get(id), tasks.get(id), true, settings)
                                 });
                             }
                         }
@@ -287,9 +402,12 @@ impl DockerSeam {
                     }
                     // Nothing more can come from nodes that are down or not active: a job
                     // never reaches them, not even once they are back.
+                    // Nor from a node whose task failed for a cause no retry mends: the
+                    // reap is incomplete there, said at once, naming the setting.
                     let hopeless = pending.iter().flatten().all(|id| {
-                        current.get(id).is_none_or(|n| !n.ready || !n.active)
-                            && !tasks.contains_key(id)
+                        let cut_off = current.get(id).is_none_or(|n| !n.ready || !n.active)
+                            && !tasks.contains_key(id);
+                        cut_off || tasks.get(id).is_some_and(|t| t.for_good.is_some())
                     });
                     if hopeless {
                         break;
@@ -328,6 +446,7 @@ impl DockerSeam {
         &self,
         job: &str,
         stacks: &[(String, Vec<String>)],
+        settings: &NodeSweepSettings,
     ) -> Result<
         (
             HashMap<String, JobTask>,
@@ -357,18 +476,33 @@ impl DockerSeam {
                 .timestamp
                 .as_deref()
                 .and_then(|t| humantime::parse_rfc3339(t).ok());
+            let err = status.err.unwrap_or_default();
+            let exit = status.container_status.and_then(|c| c.exit_code);
+            let for_good = match status.state {
+                Some(ApiTaskState::FAILED) => exit
+                    .and_then(Cause::of_exit)
+                    .filter(|c| c.permanent())
+                    .map(ForGood::Exit),
+                Some(ApiTaskState::REJECTED) => {
+                    rejected_for_good(&err, settings).map(ForGood::Rejected)
+                }
+                _ => None,
+            };
             let task = JobTask {
                 state: status.state,
                 at,
-                err: status.err.unwrap_or_default(),
+                err,
+                for_good: None,
             };
-            let newer = by_node.get(&node).is_none_or(|old| {
+            let old = by_node.get(&node);
+            let seen_for_good = old.and_then(|o| o.for_good.clone()).or(for_good);
+            let newer = old.is_none_or(|old| {
                 task.state == Some(ApiTaskState::COMPLETE)
                     || (old.state != Some(ApiTaskState::COMPLETE) && task.at >= old.at)
             });
-            if newer {
-                by_node.insert(node, task);
-            }
+            let mut kept = if newer { task } else { old.cloned().unwrap_or(task) };
+            kept.for_good = seen_for_good;
+            by_node.insert(node, kept);
         }
         Ok((by_node, live, nodes.ok().flatten()))
     }
@@ -422,7 +556,12 @@ impl DockerSeam {
 }
 
 /// Why a node is not confirmed clean yet.
-fn reason(node: Option<&Node>, task: Option<&JobTask>, stack_live: bool) -> String {
+fn reason(
+    node: Option<&Node>,
+    task: Option<&JobTask>,
+    stack_live: bool,
+    settings: &NodeSweepSettings,
+) -> String {
     let node_state = match node {
         None => return "no longer a node of the swarm".to_owned(),
         Some(n) if !n.ready => Some(
@@ -437,6 +576,10 @@ fn reason(node: Option<&Node>, task: Option<&JobTask>, stack_live: bool) -> Stri
     };
     let job = match task {
         None => "no task of the node sweep reached it".to_owned(),
+        Some(JobTask {
+            for_good: Some(why),
+            ..
+        }) => why.describe(settings),
         Some(t) => {
             let state = t
                 .state
@@ -477,6 +620,9 @@ fn job_spec(settings: &NodeSweepSettings, stacks: &[&str], until: u64) -> Servic
                 command: Some(vec!["sh".to_owned(), "-c".to_owned(), SCRIPT.to_owned()]),
                 env: Some(vec![
                     format!("CCCI_STACKS={}", stacks.join(" ")),
+                    // The task's own node, by swarm's template: the engine the socket reaches
+                    // must be that node's.
+                    "CCCI_NODE={{.Node.ID}}".to_owned(),
                     format!("SWEEP_LABEL={SWEEP_LABEL}"),
                     "DOCKER_HOST=unix:///var/run/docker.sock".to_owned(),
                 ]),
@@ -620,17 +766,73 @@ mod tests {
             err: "No such image: x".to_owned(),
             ..JobTask::default()
         };
-        assert_eq!(reason(None, None, false), "no longer a node of the swarm");
-        assert!(reason(Some(&node(false, true)), None, false).starts_with("the node is down"));
-        assert!(reason(Some(&node(true, false)), None, false).starts_with("the node is drained"));
+        let s = &NodeSweepSettings::default();
+        assert_eq!(reason(None, None, false, s), "no longer a node of the swarm");
+        assert!(reason(Some(&node(false, true)), None, false, s).starts_with("the node is down"));
+        assert!(
+            reason(Some(&node(true, false)), None, false, s).starts_with("the node is drained")
+        );
         assert_eq!(
-            reason(Some(&node(true, true)), Some(&assigned), true),
+            reason(Some(&node(true, true)), Some(&assigned), true, s),
             "the manager still lists a task of the stack there as not stopped; its node sweep \
              task is assigned"
         );
         assert_eq!(
-            reason(Some(&node(true, true)), Some(&rejected), false),
+            reason(Some(&node(true, true)), Some(&rejected), false, s),
             "its node sweep task is rejected: No such image: x"
+        );
+        let denied = JobTask {
+            state: Some(ApiTaskState::FAILED),
+            for_good: Some(ForGood::Exit(Cause::Denied)),
+            ..JobTask::default()
+        };
+        let why = reason(Some(&node(true, true)), Some(&denied), false, s);
+        assert!(
+            why.contains("may not open") && why.contains("node_docker_socket"),
+            "{why}"
+        );
+    }
+
+    /// The script against a stand-in `docker` on its PATH: each way of not reaching its own
+    /// node's engine, or of a listing failing, is its own exit code, never "clean".
+    #[rstest::rstest]
+    #[case::no_cli(None, 3)]
+    #[case::no_engine(Some("echo 'Cannot connect to the Docker daemon' >&2; exit 1"), 4)]
+    #[case::denied(Some("echo 'permission denied while trying to connect' >&2; exit 1"), 5)]
+    #[case::other_node(Some("echo n1"), 6)]
+    #[case::not_a_swarm(Some("echo"), 6)]
+    #[case::listing_fails(Some("[ \"$1\" = info ] && { echo n2; exit 0; }; exit 1"), 7)]
+    #[case::clean(Some("[ \"$1\" = info ] && echo n2; exit 0"), 0)]
+    fn the_script_fails_closed(#[case] docker: Option<&str>, #[case] code: i32) {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = tempfile::tempdir().unwrap();
+        for tool in ["sh", "date", "sleep"] {
+            let found = ["/bin", "/usr/bin"]
+                .iter()
+                .map(|d| std::path::Path::new(d).join(tool))
+                .find(|p| p.exists())
+                .unwrap();
+            std::os::unix::fs::symlink(found, bin.path().join(tool)).unwrap();
+        }
+        if let Some(body) = docker {
+            let path = bin.path().join("docker");
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let out = std::process::Command::new(bin.path().join("sh"))
+            .args(["-c", SCRIPT])
+            .env_clear()
+            .env("PATH", bin.path())
+            .env("CCCI_STACKS", "ab-000000_x_test")
+            .env("CCCI_NODE", "n2")
+            .env("SWEEP_LABEL", SWEEP_LABEL)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 }

@@ -560,11 +560,7 @@ pub(crate) fn render_table(runs: &[RunInfo], wide: bool) -> String {
         } else {
             fit(text, widths[i])
         };
-        if i == 6 {
-            format!("{text:>w$}", w = widths[i])
-        } else {
-            format!("{text:<w$}", w = widths[i])
-        }
+        pad(&text, widths[i], i == 6)
     };
     let line = |cells: &[String]| {
         cells
@@ -695,6 +691,17 @@ pub(crate) fn render_one(r: &RunInfo) -> String {
         escape_outside(r.record.as_os_str().as_encoded_bytes()),
     );
     out
+}
+
+/// `text` padded with spaces to `width` characters (on the left when `right`): by hand, as a
+/// formatting width is capped (a field of 70,000 characters would panic `format!`).
+fn pad(text: &str, width: usize, right: bool) -> String {
+    let fill = " ".repeat(width.saturating_sub(text.chars().count()));
+    if right {
+        format!("{fill}{text}")
+    } else {
+        format!("{text}{fill}")
+    }
 }
 
 #[cfg(test)]

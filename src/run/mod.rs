@@ -173,6 +173,14 @@ pub(crate) fn run(
         // Here, before any helper thread exists: libgit2 calls setenv when it starts.
         fetch::init_git();
     }
+    // The mark of the run this supervisor was started for, before anything names it: `stop`
+    // signals only a process that carries it.
+    if let Err(err) = crate::supervise::mark::hold(cfg.run_id.as_str()) {
+        tracing::warn!(
+            "failed to mark this supervisor as run {}'s (stop cannot prove it): {err}",
+            cfg.run_id
+        );
+    }
     let holder = Holder::this_process(cfg.run_id.as_str());
     let locks = crate::lock::backend(global)?;
     let claimant = Claimant {

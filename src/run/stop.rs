@@ -1,14 +1,21 @@
 //! `ccci-run stop RUN_ID`: tear one live run down as a SIGTERM would, recorded as `stopped`
 //! with who asked.
 //!
-//! The run is signalled only once it is proven to be that run's supervisor: its record is
-//! unfinished and names the supervisor, its guard (`run.lock`) is held with that supervisor's
-//! holder line, and the supervisor's `/proc` directory, opened, shows its start time. The
-//! SIGTERM goes through that directory (`pidfd_send_signal`), so a pid reused meanwhile is never
-//! hit; a stale record whose pid another process has now is refused. Before signalling, a
-//! request naming the requester and the supervisor is written (atomically) into the run
-//! directory; the supervisor's funnel takes a SIGTERM from that sender, with that request, for a
-//! stop. Any other SIGTERM stays a SIGTERM.
+//! The run is signalled only once the kernel proves the process to be that run's supervisor:
+//! the record in `<runs dir>/RUN_ID` is run RUN_ID's and unfinished and names a supervisor;
+//! that process (its `/proc` directory opened on its recorded start time, and a pidfd taken on
+//! it before the proof) runs this ccci-run's executable as the run directory's user only, has
+//! an open descriptor on the run's guard that holds the guard's flock, and carries the mark of
+//! run RUN_ID it made at its start ([`crate::supervise::mark`]). After the proof the pidfd is
+//! checked again, and the signals go through it: a pid reused meanwhile is never hit. Anything
+//! short of that is refused, naming what did not match, and nothing is signalled. Before
+//! signalling, a request naming the requester and the supervisor is written (atomically) into
+//! the run directory; the supervisor's funnel takes a SIGTERM from that sender, with that
+//! request, for a stop. Any other SIGTERM stays a SIGTERM.
+//!
+//! `stop` tells a run that finished (a clean exit, perhaps meanwhile) from a dead one (its
+//! supervisor gone, its record unfinished), from one that is not the caller's to look at, from
+//! a live process that is not provably that run's supervisor.
 //!
 //! Invariant: nothing is signalled that was not proven to be the run's supervisor, and
 //! `--kill` kills a run's cgroup and marked processes only once its supervisor is dead.
@@ -22,14 +29,14 @@ use nix::sys::signal::Signal;
 
 use crate::config::dirs::{self, Dir};
 use crate::exit;
-use crate::lock::Holder;
 use crate::names::{self, RunId};
 use crate::rundir::phase::Phase;
 use crate::rundir::record::RunRecord;
 use crate::rundir::{self, Liveness};
 use crate::supervise::identity::{Judge, Owner, ProcessIdentity, Scope, Verdict};
 use crate::supervise::leftovers::{self, Cleared, Predecessor};
-use crate::supervise::linux::{self, ProcDir};
+use crate::supervise::linux;
+use crate::supervise::mark;
 use crate::supervise::shutdown::Requester;
 use crate::supervise::signals::StopRequest;
 
@@ -58,6 +65,9 @@ pub(crate) enum StopError {
         path: PathBuf,
         why: String,
     },
+    /// A live process, but not proven to be that run's supervisor.
+    #[error("run {run_id} is not provably that run: {why}; nothing signalled")]
+    NotProven { run_id: RunId, why: String },
     #[error("failed to read runs dir {path}: {source}")]
     RunsDir {
         path: PathBuf,
@@ -156,14 +166,29 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
             record_path.display()
         )));
     }
-    let supervisor = record.supervisor.clone().ok_or_else(|| {
-        not_live(format!(
-            "its record {} names no supervisor identity (an older ccci-run's), so it cannot be \
-             proven to be that run's",
-            record_path.display()
-        ))
-    })?;
-    let target = verify(&dir, &supervisor).map_err(|why| match why {
+    // The record's own word on which run it is: a run directory renamed over another's holds
+    // that other run's record.
+    if record.run_id != id.as_str() {
+        return Err(StopError::NotProven {
+            run_id: id.clone(),
+            why: format!(
+                "its record {} is run {}'s, not run {id}'s",
+                record_path.display(),
+                names::escape_outside(record.run_id.as_bytes())
+            ),
+        });
+    }
+    let supervisor = record
+        .supervisor
+        .clone()
+        .ok_or_else(|| StopError::NotProven {
+            run_id: id.clone(),
+            why: format!(
+                "its record {} names no supervisor identity (an older ccci-run's)",
+                record_path.display()
+            ),
+        })?;
+    let target = verify(&dir, &supervisor, id).map_err(|why| match why {
         // Dead, or it just finished: a run that ended cleanly between our read of its record
         // and the look at its guard has written its exit by now.
         NotLive::Dead => match RunRecord::read(&record_path).ok().and_then(|r| {
@@ -171,7 +196,7 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
             Some((code, r.shutdown_reason))
         }) {
             Some((code, reason)) => not_live(format!(
-                "it has finished ({}, exit {code}); record {}",
+                "it has finished meanwhile ({}, exit {code}); record {}",
                 reason.as_deref().unwrap_or("command-ended"),
                 record_path.display()
             )),
@@ -182,6 +207,10 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
             path: dir.join(names::RUN_GUARD_FILE),
             why,
         },
+        NotLive::NotProven(why) => StopError::NotProven {
+            run_id: id.clone(),
+            why,
+        },
         other => not_live(other.to_string()),
     })?;
     let requester = Requester {
@@ -189,14 +218,13 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
         pid: std::process::id() as i32,
     };
     request(&dir, &supervisor, requester)?;
-    target
-        .dir
-        .signal(Signal::SIGTERM)
-        .map_err(|source| StopError::Signal {
+    linux::pidfd_signal(target.pidfd.as_fd(), Signal::SIGTERM).map_err(|source| {
+        StopError::Signal {
             what: "signal",
             run_id: id.clone(),
             source,
-        })?;
+        }
+    })?;
     crate::report::line(&format!(
         "== stop: asked run {id} ({}) to stop; waiting up to {} ==",
         supervisor.describe(),
@@ -225,11 +253,10 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
 
 /// The supervisor, opened and proven: its `/proc` directory and a pidfd on it.
 struct Target {
-    dir: ProcDir,
     pidfd: std::os::fd::OwnedFd,
 }
 
-/// Why a run is not live, as `stop` says it.
+/// Why a run is not live, or not to be signalled, as `stop` says it.
 #[derive(Debug)]
 enum NotLive {
     Dead,
@@ -237,6 +264,8 @@ enum NotLive {
     Guard(String),
     /// The guard is another user's, or closed to us.
     NotYours(String),
+    /// A live process, but not proven to be the run's supervisor: what did not match.
+    NotProven(String),
 }
 
 impl std::fmt::Display for NotLive {
@@ -249,32 +278,37 @@ impl std::fmt::Display for NotLive {
             Self::Unresolvable(why) => {
                 write!(f, "its supervisor cannot be judged from here: {why}")
             }
-            Self::Guard(why) | Self::NotYours(why) => f.write_str(why),
+            Self::Guard(why) | Self::NotYours(why) | Self::NotProven(why) => f.write_str(why),
         }
     }
 }
 
-/// Prove that `supervisor` is the live supervisor of the run in `dir`: it holds the run's guard
-/// and its `/proc` directory shows its start time. Then open a pidfd on it, and check that the
-/// directory still shows it (so the pidfd is it, not whoever has its pid now).
-fn verify(dir: &Path, supervisor: &ProcessIdentity) -> Result<Target, NotLive> {
+/// Prove that `supervisor` is the live supervisor of run `id` in `dir`, and hold it by a pidfd
+/// taken before the proof and checked after it: the process the pidfd names ran throughout.
+/// The proof is the kernel's ([`mark::prove`]): its executable, its user ids, its descriptor
+/// on the guard with the guard's flock, and the mark of the run it was started for.
+fn verify(dir: &Path, supervisor: &ProcessIdentity, id: &RunId) -> Result<Target, NotLive> {
+    use std::os::unix::fs::MetadataExt;
     match rundir::probe(dir, false) {
-        Liveness::Live { holder } => {
-            let named = Holder::parse(&holder).and_then(|h| h.trace.process);
-            if named.as_ref() != Some(supervisor) {
-                return Err(NotLive::Guard(format!(
-                    "its guard {} is held, but not by the supervisor its record names ({}); \
-                     nothing signalled",
-                    dir.join(names::RUN_GUARD_FILE).display(),
-                    supervisor.describe()
-                )));
-            }
-        }
+        Liveness::Live { .. } => {}
         Liveness::Free { .. } | Liveness::NoGuard => return Err(NotLive::Dead),
         Liveness::Unreadable(err) if err.is_not_ours() => {
             return Err(NotLive::NotYours(err.to_string()));
         }
         Liveness::Unreadable(err) => return Err(NotLive::Guard(err.to_string())),
+    }
+    let guard_path = dir.join(names::RUN_GUARD_FILE);
+    let guard = std::fs::symlink_metadata(&guard_path)
+        .map_err(|e| NotLive::Guard(format!("cannot inspect {}: {e}", guard_path.display())))?;
+    let run_dir = std::fs::symlink_metadata(dir)
+        .map_err(|e| NotLive::Guard(format!("cannot inspect {}: {e}", dir.display())))?;
+    let me = nix::unistd::Uid::effective();
+    if !me.is_root() && run_dir.uid() != me.as_raw() {
+        return Err(NotLive::NotYours(format!(
+            "{} is uid {}'s, and this is uid {me}",
+            dir.display(),
+            run_dir.uid()
+        )));
     }
     let proc_dir = Judge::new()
         .open(supervisor)
@@ -288,51 +322,28 @@ fn verify(dir: &Path, supervisor: &ProcessIdentity) -> Result<Target, NotLive> {
         .and_then(|s| linux::parse_stat(&String::from_utf8_lossy(&s)))
         .map(|s| s.pid)
         .ok_or(NotLive::Dead)?;
-    // The kernel's word, not the record's: the process that holds the run's guard must be the
-    // one we are about to signal (the record and the holder line are both writable by the
-    // run's own command).
-    holds_guard(dir, pid.as_raw())?;
+    // The pidfd first: the directory, opened on the recorded process, still shows it running
+    // after the pidfd was taken, so the pidfd is that process and no other.
     let pidfd = linux::pidfd_open(pid).map_err(|_| NotLive::Dead)?;
     if !proc_dir.running() {
         return Err(NotLive::Dead);
     }
-    Ok(Target {
-        dir: proc_dir,
-        pidfd,
-    })
-}
-
-/// Whether process `pid` (of our pid namespace) holds the flock on the guard of the run in
-/// `dir`, by the kernel's lock table.
-fn holds_guard(dir: &Path, pid: i32) -> Result<(), NotLive> {
-    use std::os::unix::fs::MetadataExt;
-    let guard = dir.join(names::RUN_GUARD_FILE);
-    let meta = std::fs::symlink_metadata(&guard)
-        .map_err(|e| NotLive::Guard(format!("cannot inspect {}: {e}", guard.display())))?;
-    let locks = linux::proc_locks()
-        .map_err(|e| NotLive::Guard(format!("cannot read the kernel's lock table: {e}")))?;
-    let holders: Vec<i32> = locks
-        .iter()
-        .filter(|l| {
-            !l.waiting
-                && l.inode == meta.ino()
-                && l.major == linux::dev_major(meta.dev())
-                && l.minor == linux::dev_minor(meta.dev())
-        })
-        .map(|l| l.pid)
-        .collect();
-    if holders.contains(&pid) {
-        return Ok(());
+    let expected = mark::Expected {
+        run_id: id.as_str(),
+        uid: run_dir.uid(),
+        guard: (guard.dev(), guard.ino()),
+        guard_path: &guard_path,
+    };
+    mark::prove(&proc_dir, pid.as_raw(), &expected).map_err(|why| match why {
+        mark::Unproven::Gone => NotLive::Dead,
+        mark::Unproven::Mismatch(why) => NotLive::NotProven(why),
+    })?;
+    // After the proof: the process the pidfd holds has not ended meanwhile.
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    if poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0) || !proc_dir.running() {
+        return Err(NotLive::Dead);
     }
-    Err(NotLive::Guard(format!(
-        "its record and guard name pid {pid} as its supervisor, but the kernel says its guard {}          is held by {}; nothing signalled",
-        guard.display(),
-        if holders.is_empty() {
-            "no process".to_owned()
-        } else {
-            format!("pid {holders:?}")
-        }
-    )))
+    Ok(Target { pidfd })
 }
 
 /// Leave the request the supervisor looks for when our SIGTERM arrives.
@@ -418,14 +429,13 @@ fn kill(
         path: dir.join(names::RUN_RECORD_FILE),
         source: std::io::Error::other(e.to_string()),
     })?;
-    target
-        .dir
-        .signal(Signal::SIGKILL)
-        .map_err(|source| StopError::Signal {
+    linux::pidfd_signal(target.pidfd.as_fd(), Signal::SIGKILL).map_err(|source| {
+        StopError::Signal {
             what: "kill",
             run_id: id.clone(),
             source,
-        })?;
+        }
+    })?;
     if !wait_exit(target, KILL_BUDGET) {
         crate::report::line(&format!(
             "ccci-run: error: run {id}'s supervisor still runs {} after SIGKILL",

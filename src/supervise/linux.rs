@@ -509,6 +509,23 @@ impl ProcDir {
     }
 }
 
+impl std::os::fd::AsFd for ProcDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.dir.as_fd()
+    }
+}
+
+/// The four user ids (real, effective, saved, filesystem) of a `/proc/<pid>/status`.
+pub(crate) fn parse_uids(status: &str) -> Option<[u32; 4]> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let mut ids = line.split_ascii_whitespace().map(str::parse::<u32>);
+    let mut out = [0; 4];
+    for slot in &mut out {
+        *slot = ids.next()?.ok()?;
+    }
+    Some(out)
+}
+
 /// A pidfd for `pid`: it turns readable when the process exits, whoever its parent is.
 pub(crate) fn pidfd_open(pid: Pid) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
@@ -519,6 +536,29 @@ pub(crate) fn pidfd_open(pid: Pid) -> io::Result<std::os::fd::OwnedFd> {
     }
     // SAFETY: the kernel just gave us this descriptor and nobody else owns it.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Send `signal` through the pidfd `pidfd`: to that process, never to whatever has its pid now.
+/// A process already gone is not an error.
+pub(crate) fn pidfd_signal(pidfd: std::os::fd::BorrowedFd<'_>, signal: Signal) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal(2) with a descriptor we borrow, no siginfo, flags 0.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => match io::Error::last_os_error() {
+            err if err.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            err => Err(err),
+        },
+    }
 }
 
 /// The mount point of the unified (cgroup v2) hierarchy, from `/proc/self/mountinfo`.

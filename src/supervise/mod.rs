@@ -22,6 +22,8 @@ pub(crate) mod identity;
 pub(crate) mod leftovers;
 #[cfg(target_os = "linux")]
 pub(crate) mod linux;
+#[cfg(target_os = "linux")]
+pub(crate) mod mark;
 pub(crate) mod process;
 pub(crate) mod shutdown;
 pub(crate) mod signals;

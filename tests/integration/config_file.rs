@@ -228,3 +228,31 @@ fn devices_fifos_and_huge_files_are_refused_at_once() {
     let done = show_config(Path::new("/dev/null"));
     done.assert_code(0);
 }
+
+/// A link in a sticky directory others may write to (as `/tmp`), planted where the default or a
+/// configured file is looked for, is never followed, whatever file it leads to: whoever planted
+/// it would choose our lock and runs dirs. The file itself there is read.
+#[test]
+fn a_config_file_is_never_followed_through_a_link_in_a_sticky_shared_directory() {
+    let sandbox = Sandbox::new();
+    let safe = sandbox.path().join("safe.toml");
+    std::fs::write(&safe, "docker = \"off\"\n").unwrap();
+    chmod(&safe, 0o644);
+    let shared = sandbox.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    let link = shared.join("config.toml");
+    std::os::unix::fs::symlink(&safe, &link).unwrap();
+    assert_refused(
+        &show_config(&link),
+        &link,
+        &format!(
+            "it is a symbolic link in {}, a directory others may write to",
+            shared.display()
+        ),
+    );
+    std::fs::remove_file(&link).unwrap();
+    std::fs::copy(&safe, &link).unwrap();
+    chmod(&link, 0o644);
+    show_config(&link).assert_code(0);
+}

@@ -248,7 +248,8 @@ fn stop_is_never_redirected_by_a_record_and_holder_line_that_name_another_run() 
     assert!(
         done.err
             .iter()
-            .any(|l| l.contains("lock table") || l.contains("the kernel says")),
+            .any(|l| l.contains("is not provably that run")
+                && l.contains("no open descriptor on the guard")),
         "{}",
         done.transcript()
     );

@@ -29,6 +29,7 @@ mod named_lock;
 #[cfg(feature = "etcd")]
 mod netfleet;
 mod nixos;
+mod output_escapes;
 #[cfg(feature = "etcd")]
 mod partition;
 mod reaped;
@@ -41,4 +42,5 @@ mod run_signals;
 mod runner_user;
 mod runs_stop;
 mod shipping;
+mod stop_proof;
 mod util;

@@ -1048,3 +1048,155 @@ fn doctor_names_the_nodes_and_whether_a_sweep_reaches_each() {
         "{bad:#}"
     );
 }
+
+/// How a node sweep is kept from reaching its own node's engine.
+#[derive(Clone, Copy, Debug)]
+enum Unreachable {
+    /// An image with no docker CLI.
+    NoCli,
+    /// A socket path nobody listens on.
+    DeadSocket,
+    /// A socket path that reaches the manager's engine from every node.
+    OtherNode,
+    /// An image whose user may not open the node's socket.
+    Denied,
+}
+
+/// `ccci-test/docker-cli-nobody:latest` on both nodes: the CLI image, run as nobody.
+fn nobody_image(swarm: &Swarm) -> &'static str {
+    const IMAGE: &str = "ccci-test/docker-cli-nobody:latest";
+    for node in NODES {
+        let host = swarm.host(node);
+        if docker_output(host, &["image", "inspect", IMAGE]).status.success() {
+            continue;
+        }
+        let name = format!("ccci-nobody-{}", rand_suffix());
+        docker_at(
+            host,
+            &["create", "--name", &name, "ccci-test/docker-cli:latest", "true"],
+        );
+        let _ = docker_output(host, &["commit", "--change", "USER 65534", &name, IMAGE]);
+        let _ = docker_output(host, &["rm", "-f", &name]);
+        assert!(
+            docker_output(host, &["image", "inspect", IMAGE]).status.success(),
+            "{node:?}: no {IMAGE}"
+        );
+    }
+    IMAGE
+}
+
+fn rand_suffix() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// A node sweep that cannot reach its own node's engine (no docker CLI in its image, a socket
+/// nobody listens on, the manager's engine reached from the worker, a socket its user may not
+/// open) never calls the worker clean: the janitor says `reap-incomplete` within seconds,
+/// naming the worker and the setting to fix, the worker keeps what it holds (left for the next
+/// sweep, never taken as gone), and `doctor` fails the same way.
+#[rstest::rstest]
+#[case::no_cli(Unreachable::NoCli, "mncl")]
+#[case::dead_socket(Unreachable::DeadSocket, "mnds")]
+#[case::other_node(Unreachable::OtherNode, "mnon")]
+#[case::denied(Unreachable::Denied, "mnpd")]
+fn a_node_sweep_that_cannot_reach_its_own_engine_is_reap_incomplete_naming_the_setting(
+    #[case] how: Unreachable,
+    #[case] prefix: &str,
+) {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let Some(base) = swarm.base.clone() else {
+        skip(
+            "the two-node swarm was not made by scripts/swarm-two-node.sh (no node socket path)",
+            "start it with `scripts/swarm-two-node.sh start`",
+        );
+        return;
+    };
+    let _gate = shared();
+    let case = Case::new(swarm, prefix);
+    let dead = case.sandbox.path().join("dead.sock");
+    let (env, setting): ((&str, String), &str) = match how {
+        Unreachable::NoCli => (
+            ("CCCI_NODE_SWEEP_IMAGE", "ccci-test/busybox:latest".to_owned()),
+            "node_sweep_image",
+        ),
+        Unreachable::DeadSocket => {
+            drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+            (
+                ("CCCI_NODE_DOCKER_SOCKET", dead.display().to_string()),
+                "node_docker_socket",
+            )
+        }
+        Unreachable::OtherNode => (
+            (
+                "CCCI_NODE_DOCKER_SOCKET",
+                base.join("n1/docker.sock").display().to_string(),
+            ),
+            "node_docker_socket",
+        ),
+        Unreachable::Denied => (
+            ("CCCI_NODE_SWEEP_IMAGE", nobody_image(swarm).to_owned()),
+            "node_sweep_image",
+        ),
+    };
+    case.deploy(1, App::StopsOnTerm);
+    case.plant_dead_run();
+    let mut cmd = case.sandbox.ccci();
+    swarm
+        .aim(&mut cmd, &swarm.manager)
+        .env(env.0, &env.1)
+        .args(["janitor", "--json"]);
+    let start = Instant::now();
+    let done = run(cmd);
+    let took = start.elapsed();
+    eprintln!("{how:?}: janitor took {took:?}");
+    done.assert_code(1);
+    let report: Value = serde_json::from_str(&done.out.join("\n"))
+        .unwrap_or_else(|e| panic!("no JSON ({e})\n{}", done.transcript()));
+    let c = candidate(&report, &case.domain);
+    assert_eq!(c["decision"], "reap-incomplete", "{report:#}");
+    let error = c["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&swarm.worker_name) && error.contains(setting),
+        "the error names neither the worker {} nor {setting}: {report:#}",
+        swarm.worker_name
+    );
+    assert!(
+        took < Duration::from_secs(45),
+        "{how:?}: {took:?}, not seconds"
+    );
+    assert!(
+        !swarm.volumes(Node::Worker, &case.stack).is_empty(),
+        "the worker's volume went, yet the sweep could not look there"
+    );
+
+    let mut doctor = case.sandbox.ccci();
+    swarm
+        .aim(&mut doctor, &swarm.manager)
+        .env(env.0, &env.1)
+        .args(["doctor", "--json"]);
+    let done = run(doctor);
+    let report: Value = serde_json::from_str(&done.out.join("\n"))
+        .unwrap_or_else(|e| panic!("no JSON ({e})\n{}", done.transcript()));
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "docker nodes")
+        .cloned()
+        .unwrap_or_else(|| panic!("no docker nodes check: {report:#}"));
+    assert_eq!(check["state"], "fail", "{check:#}");
+    let detail = check["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(&swarm.worker_name) && detail.contains(setting),
+        "{check:#}"
+    );
+}
