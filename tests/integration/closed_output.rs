@@ -640,7 +640,7 @@ mod etcd {
         let silence = |_: &Sandbox| cluster.signal_all(Signal::SIGSTOP);
         for json in [false, true] {
             run_through(
-                &host(&cluster, 2),
+                &host(&cluster, 4),
                 Phase::LockLost,
                 Stream::Err,
                 json,
@@ -648,7 +648,7 @@ mod etcd {
             );
             cluster.signal_all(Signal::SIGCONT);
             lock_through(
-                &host(&cluster, 2),
+                &host(&cluster, 4),
                 Phase::LockLost,
                 Stream::Err,
                 json,
