@@ -540,7 +540,7 @@ fn a_named_lock_whose_lease_runs_out_stops_its_command_with_76() {
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let host = Host::on(&cluster, 2);
+    let host = Host::on(&cluster, 4);
     let mut holder = Proc::spawn(host.lock(&[], HOLD));
     let command_pid = holder.wait_ready();
     cluster.signal_all(Signal::SIGSTOP);
@@ -620,7 +620,7 @@ fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_onl
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
+    let (a, b) = (Host::on(&cluster, 6), Host::on(&cluster, 6));
     let dir = a.sandbox.path();
     let (acts, termed, started) = (dir.join("acts"), dir.join("termed"), dir.join("started"));
     let mut cmd = a.run("r1", &["--kill-grace", "1.5"], ACTS_THROUGH_TERM);
