@@ -150,7 +150,8 @@ rec {
     interval = "10min";
     longHeld = "2h";
     keepRuns = "14d";
-    # Room for the default kill grace (10 s), the 0.5 s kill margin and 1.5 s of keepalives.
+    # Room for the default kill grace (10 s), the 0.5 s kill margin and 3.5 s of keepalives and
+    # an etcd leader election.
     leaseTtl = "15s";
     runnerCapacity = 2;
     # The binary's own kill grace and teardown timeout, in seconds: what a stop of the runner

@@ -690,13 +690,13 @@ in
           {
             # The binary refuses the same (exit 2): a holder must stop its command within its
             # lease, before etcd can expire it and another host takes the lock.
-            assertion = cfg.etcdEndpoints == [ ] || killGraceSecs + 2 <= leaseTtlSecs;
+            assertion = cfg.etcdEndpoints == [ ] || killGraceSecs + 4 <= leaseTtlSecs;
             message = ''
               services.ccci-run.leaseTtl (${toString leaseTtlSecs} s) is too short for the kill
               grace (${toString killGraceSecs} s): a holder cut off from etcd must have stopped
-              its command (the grace and 0.5 s for the kill) and kept 1.5 s for keepalives
-              before etcd may expire its lease. Set leaseTtl to at least
-              ${toString (killGraceSecs + 2)} s, or shorten killGrace.
+              its command (the grace and 0.5 s for the kill) and kept 3.5 s for keepalives and
+              an etcd leader election before etcd may expire its lease. Set leaseTtl to at
+              least ${toString (killGraceSecs + 4)} s, or shorten killGrace.
             '';
           }
         ];

@@ -379,14 +379,29 @@ pub(crate) mod etcd {
         format!("{lock_dir}queue/")
     }
 
-    /// The prefix of the holders' tenure keys in a lock's key directory.
+    /// The fleet record: the longest lease TTL and stop budget any host of the fleet uses.
+    pub(crate) const FLEET: &str = "/ccci-run/fleet";
+    /// Where the holders' tenure keys live: beside the locks' directories, not in them, so that
+    /// deleting one lock's directory by hand cannot end the tenure of a holder that may still
+    /// be stopping its command.
+    pub(crate) const TENURE: &str = "tenure";
+
+    /// The prefix of the holders' tenure keys of the lock whose key directory is `lock_dir`:
+    /// `/ccci-run/tenure/<kind>/<name>/`.
     pub(crate) fn tenure_prefix(lock_dir: &str) -> String {
+        let rest = lock_dir.strip_prefix(PREFIX).unwrap_or(lock_dir);
+        format!("{PREFIX}{TENURE}/{rest}")
+    }
+
+    /// Where tenure keys were kept before they moved out of the lock's directory: still read
+    /// (and waited for), so that a holder of an older version is never looked past.
+    pub(crate) fn legacy_tenure_prefix(lock_dir: &str) -> String {
         format!("{lock_dir}tenure/")
     }
 
     /// A holder's tenure key: one per lease and lock.
     pub(crate) fn tenure_key(lock_dir: &str, lease: i64) -> String {
-        format!("{lock_dir}tenure/{lease:016x}")
+        format!("{}{lease:016x}", tenure_prefix(lock_dir))
     }
 
     /// A waiter's key: one per lease and lock.
@@ -394,13 +409,27 @@ pub(crate) mod etcd {
         format!("{lock_dir}queue/{lease:016x}")
     }
 
-    /// Split a key under [`PREFIX`] into its kind, its lock's name and the rest (`owner`,
-    /// `tenure/<lease>`, `queue/<lease>`).
+    /// Split a key under [`PREFIX`] into its lock's kind, its lock's name and the rest
+    /// (`owner`, `queue/<lease>`, and for a tenure key, wherever it lives, `<lease>`).
     pub(crate) fn key_parts(key: &str) -> Option<(&str, &str, &str)> {
         let rest = key.strip_prefix(PREFIX)?;
+        let rest = rest.strip_prefix(TENURE).and_then(|r| r.strip_prefix('/')).unwrap_or(rest);
         let (kind, rest) = rest.split_once('/')?;
         let (name, rest) = rest.split_once('/')?;
-        Some((kind, name, rest))
+        Some((kind, name, rest.strip_prefix("tenure/").unwrap_or(rest)))
+    }
+
+    /// Whether `key` is a tenure key (in the tenure tree, or where older versions kept it).
+    pub(crate) fn is_tenure(key: &str) -> bool {
+        let Some(rest) = key.strip_prefix(PREFIX) else {
+            return false;
+        };
+        let mut parts = rest.splitn(4, '/');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(TENURE), Some(_), Some(_), Some(_)) => true,
+            (Some(_), Some(_), Some("tenure"), Some(_)) => true,
+            _ => false,
+        }
     }
 }
 

@@ -21,8 +21,9 @@ pub(super) fn etcd(global: &Global) -> Vec<Check> {
             "etcd stop budget",
             State::Ok,
             format!(
-                "a {} lease holds the {} kill grace, the 0.5 s kill margin and 1.5 s of \
-                 keepalives: a holder stops its command before etcd can expire its lease",
+                "a {} lease holds the {} kill grace, the 0.5 s kill margin and 3.5 s of \
+                 keepalives and an etcd leader election: a holder stops its command before etcd \
+                 can expire its lease",
                 crate::duration::show(settings.lease_ttl),
                 crate::duration::show(grace)
             ),

@@ -109,13 +109,15 @@ pub(crate) struct Fence {
     guards_lease: bool,
 }
 
-/// What the supervisor writes to its fence; cloned into whatever passes renewals on.
+/// What the supervisor writes to its fence, and the last deadline written; cloned into
+/// whatever passes renewals on.
 #[derive(Debug, Clone)]
-pub(crate) struct Feed(Arc<Mutex<File>>);
+pub(crate) struct Feed(Arc<Mutex<File>>, Arc<Mutex<Option<Instant>>>);
 
 impl Feed {
     /// The run's processes must be gone by `at` (the lock's earliest lapse less the margin).
     pub(crate) fn kill_at(&self, at: Instant) {
+        *self.1.lock().unwrap_or_else(PoisonError::into_inner) = Some(at);
         self.send(&format!("kill-at {}\n", monotonic_ns(at)));
     }
 
@@ -184,7 +186,7 @@ impl Fence {
         FENCE_PID.store(pid.as_raw(), Ordering::SeqCst);
         Ok(Self {
             child,
-            feed: Feed(Arc::new(Mutex::new(file))),
+            feed: Feed(Arc::new(Mutex::new(file)), Arc::new(Mutex::new(None))),
             pidfd,
             disarmed: false,
             guards_lease: false,
@@ -223,6 +225,14 @@ impl Fence {
     /// (fired, or was killed). A dead-man of a lock that cannot lapse is no lock's guarantee.
     pub(crate) fn ended(&self) -> bool {
         self.guards_lease && crate::supervise::signals::readable_now(self.pidfd.as_fd())
+    }
+
+    /// Whether the fence has ended, or the last deadline it was given has passed (it kills,
+    /// or is about to): what the run started may have been killed by it, not by its command's
+    /// own doing, and the lock is no longer ours for sure.
+    pub(crate) fn fired(&self) -> bool {
+        let deadline = *self.feed.1.lock().unwrap_or_else(PoisonError::into_inner);
+        !self.disarmed && (self.ended() || deadline.is_some_and(|at| Instant::now() >= at))
     }
 
     /// The run is over and its lock released: the fence ends without killing anything.

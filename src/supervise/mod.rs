@@ -276,6 +276,15 @@ impl Supervisor<'_> {
         for (pid, status) in reaped {
             if leader.is_some_and(|(leader, _)| leader == pid) {
                 stop.leader_reaped = true;
+                // Killed when the fence's deadline had come (a whole host frozen, then thawed):
+                // the fence killed it, because the lock may have lapsed. That is a lost lock,
+                // and the run ends as one, not as a command killed by a signal.
+                if status == process::ChildStatus::Signaled(Signal::SIGKILL as i32)
+                    && !stop.escalation.tearing_down()
+                    && self.fence.is_some_and(fence::Fence::fired)
+                {
+                    events.push(Event::LockLost);
+                }
                 events.push(Event::CommandEnded(status));
             }
         }

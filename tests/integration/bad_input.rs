@@ -659,7 +659,7 @@ fn a_bad_value_in_a_json_configuration_file_is_reported_as_json() {
 /// A lease TTL too short for the kill grace could let a holder cut off from etcd still be
 /// stopping its command when etcd hands the lock to another host: `run` and `lock` refuse it
 /// with 2 before anything runs, naming the smallest TTL that works and the longest kill grace
-/// the TTL allows; one that fits (TTL = grace + 2 s) passes the check.
+/// the TTL allows; one that fits (TTL = grace + 4 s) passes the check.
 #[test]
 fn a_lease_ttl_too_short_for_the_kill_grace_is_refused_naming_the_smallest_that_works() {
     let sandbox = Sandbox::new();
@@ -684,8 +684,8 @@ fn a_lease_ttl_too_short_for_the_kill_grace_is_refused_naming_the_smallest_that_
     let refused = run_cmd("4");
     refused.assert_code(2);
     refused.assert_stderr_has("invalid lease TTL \"5s\"");
-    refused.assert_stderr_has("the smallest lease TTL that works is 6 s");
-    refused.assert_stderr_has("a kill grace of at most 3s");
+    refused.assert_stderr_has("the smallest lease TTL that works is 8 s");
+    refused.assert_stderr_has("a kill grace of at most 1s");
     assert!(
         !sandbox.runs().join("ttl").exists(),
         "{}",
@@ -698,11 +698,11 @@ fn a_lease_ttl_too_short_for_the_kill_grace_is_refused_naming_the_smallest_that_
         .args(["lock", "cache", "--", "true"]);
     let refused = run(lock);
     refused.assert_code(2);
-    refused.assert_stderr_has("the smallest lease TTL that works is 12 s");
+    refused.assert_stderr_has("the smallest lease TTL that works is 14 s");
 
-    // Grace + 2 s fits: the run goes on past the check (and fails only at the endpoint, or in
+    // Grace + 4 s fits: the run goes on past the check (and fails only at the endpoint, or in
     // a build without etcd at the missing backend, both with their own codes).
-    let fits = run_cmd("3");
+    let fits = run_cmd("1");
     assert!(
         !fits.stderr().contains("invalid lease TTL"),
         "{}",

@@ -101,7 +101,7 @@ enum EtcdFault {
 }
 
 /// The lease TTL of two-host schedules, seconds.
-const CHAOS_TTL: u32 = 3;
+const CHAOS_TTL: u32 = 4;
 
 #[derive(Debug, Clone)]
 struct Plan {

@@ -305,7 +305,7 @@ fn run_cmd(sandbox: &Sandbox, run_id: &str, loud: bool, json: bool, script: &str
 /// down: 30 s, or with etcd the longest its lease allows (a lease TTL must cover the grace).
 fn long_grace(sandbox: &Sandbox) -> String {
     match sandbox.etcd_ttl() {
-        Some(ttl) => format!("{}s", ttl.saturating_sub(2).min(30)),
+        Some(ttl) => format!("{}s", ttl.saturating_sub(4).min(30)),
         None => "30s".to_owned(),
     }
 }
@@ -627,9 +627,9 @@ mod etcd {
         let lose_named = |_: &Sandbox| etcdctl(&cluster, &["del", "/ccci-run/named/shared/owner"]);
         for json in [false, true] {
             for closed in [Stream::Err, Stream::Out] {
-                run_through(&host(&cluster, 5), Phase::LockLost, closed, json, &lose_app);
+                run_through(&host(&cluster, 7), Phase::LockLost, closed, json, &lose_app);
                 lock_through(
-                    &host(&cluster, 5),
+                    &host(&cluster, 7),
                     Phase::LockLost,
                     closed,
                     json,
@@ -640,7 +640,7 @@ mod etcd {
         let silence = |_: &Sandbox| cluster.signal_all(Signal::SIGSTOP);
         for json in [false, true] {
             run_through(
-                &host(&cluster, 2),
+                &host(&cluster, 4),
                 Phase::LockLost,
                 Stream::Err,
                 json,
@@ -648,7 +648,7 @@ mod etcd {
             );
             cluster.signal_all(Signal::SIGCONT);
             lock_through(
-                &host(&cluster, 2),
+                &host(&cluster, 4),
                 Phase::LockLost,
                 Stream::Err,
                 json,
@@ -666,8 +666,8 @@ mod etcd {
         };
         for phase in [Phase::Waiting, Phase::Running, Phase::Teardown] {
             for closed in [Stream::Err, Stream::Out] {
-                run_through(&host(&cluster, 5), phase, closed, false, &no_loss);
-                lock_through(&host(&cluster, 5), phase, closed, false, &no_loss);
+                run_through(&host(&cluster, 7), phase, closed, false, &no_loss);
+                lock_through(&host(&cluster, 7), phase, closed, false, &no_loss);
             }
         }
     }
@@ -677,6 +677,6 @@ mod etcd {
         let Some(cluster) = crate::util::etcd_cluster() else {
             return;
         };
-        janitor_with_closed_streams(&host(&cluster, 5));
+        janitor_with_closed_streams(&host(&cluster, 7));
     }
 }

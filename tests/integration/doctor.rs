@@ -417,7 +417,7 @@ fn doctor_asks_each_etcd_member_for_its_cluster_and_leader() {
         &report,
         "etcd stop budget",
         "fail",
-        "the smallest lease TTL that works is 12 s",
+        "the smallest lease TTL that works is 14 s",
     );
     assert_eq!(cluster.keys(), "", "doctor leaves nothing in etcd");
     // The named locks kept in etcd, in a metrics file the Prometheus parser reads. The first

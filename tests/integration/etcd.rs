@@ -159,7 +159,7 @@ fn a_sigkilled_holders_domain_goes_to_the_other_hosts_waiter_after_the_ttl_and_i
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let ttl = 3;
+    let ttl = 4;
     let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
     let mut holder = Proc::spawn(a.run("a1", &[], HOLD));
     let command_pid = holder.wait_ready();
@@ -168,8 +168,8 @@ fn a_sigkilled_holders_domain_goes_to_the_other_hosts_waiter_after_the_ttl_and_i
 
     // The supervisor dies without a word (the OOM killer): nothing of it keeps its lease alive
     // any more; its fence kills the command at once. The lease expires within the TTL, and the
-    // holder's tenure record then keeps the lock for its stop budget (kill grace 0.5 s + 0.5 s,
-    // a lease of at least etcd's minimum of 2 s).
+    // holder's tenure record then keeps the lock for its TTL and stop budget (no kill grace, the
+    // 0.5 s kill margin): whoever finds a lease gone cannot tell an expiry from a revoke.
     signal(holder.pid(), Signal::SIGKILL);
     let killed = Instant::now();
     waiter.wait_for(Stream::Err, "lost its lease without releasing the lock");
@@ -180,7 +180,7 @@ fn a_sigkilled_holders_domain_goes_to_the_other_hosts_waiter_after_the_ttl_and_i
         "the dead holder's command outlived its lock"
     );
     assert!(
-        handed_over < Duration::from_secs(u64::from(ttl) + 2 + 1),
+        handed_over < Duration::from_secs(2 * u64::from(ttl) + 1 + 1),
         "the waiter got the domain {handed_over:?} after the holder died (TTL {ttl} s)"
     );
     waiter.close_stdin();
@@ -235,7 +235,7 @@ fn a_run_keeps_its_lock_when_the_leader_dies_and_loses_it_when_etcd_goes_silent(
 fn an_unreachable_etcd_fails_the_run_and_the_janitor_and_never_falls_back_to_flock() {
     // Nobody listens here.
     let endpoint = format!("http://127.0.0.1:{}", free_port());
-    let host = Host::at(endpoint.clone(), 2);
+    let host = Host::at(endpoint.clone(), 4);
     let started = std::time::Instant::now();
     let done = run(host.run("r1", &[], "echo must-not-run"));
     done.assert_code(125);
@@ -335,7 +335,7 @@ fn named_lock_waiters_across_hosts_are_served_in_order_and_a_killed_one_drops_ou
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
+    let (a, b) = (Host::on(&cluster, 4), Host::on(&cluster, 4));
     let order = a.sandbox.path().join("order");
     let append = |who: &str| {
         format!(
@@ -388,7 +388,7 @@ fn a_named_lock_timeout_names_its_ticket_and_the_holder() {
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
+    let (a, b) = (Host::on(&cluster, 4), Host::on(&cluster, 4));
     let mut holder = Proc::spawn(a.lock(&[], HOLD));
     holder.wait_ready();
     let timed_out = run(b.lock(&["--wait", "0.5"], "true"));
@@ -404,7 +404,7 @@ fn a_dead_hosts_app_is_reaped_from_another_host_and_a_live_one_is_left_alone() {
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let ttl = 3;
+    let ttl = 4;
     let Some((a, b)) = Host::pair_with_docker(&cluster, ttl) else {
         return;
     };
@@ -498,7 +498,7 @@ fn named_lock_classes_and_promotion_hold_across_hosts() {
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let (a, b) = (Host::on(&cluster, 3), Host::on(&cluster, 3));
+    let (a, b) = (Host::on(&cluster, 4), Host::on(&cluster, 4));
     let order = a.sandbox.path().join("order");
     let lock = |host: &Host, who: &str, extra: &[&str]| {
         let script = format!("echo {who} >> {}", crate::util::sh_quote(&order));
@@ -540,7 +540,7 @@ fn a_named_lock_whose_lease_runs_out_stops_its_command_with_76() {
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let host = Host::on(&cluster, 2);
+    let host = Host::on(&cluster, 4);
     let mut holder = Proc::spawn(host.lock(&[], HOLD));
     let command_pid = holder.wait_ready();
     cluster.signal_all(Signal::SIGSTOP);
@@ -620,7 +620,7 @@ fn an_owner_key_deleted_by_hand_stops_its_holder_at_once_and_the_next_starts_onl
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
+    let (a, b) = (Host::on(&cluster, 6), Host::on(&cluster, 6));
     let dir = a.sandbox.path();
     let (acts, termed, started) = (dir.join("acts"), dir.join("termed"), dir.join("started"));
     let mut cmd = a.run("r1", &["--kill-grace", "1.5"], ACTS_THROUGH_TERM);
@@ -711,7 +711,7 @@ fn a_wiped_cluster_is_a_loss_to_its_holder_and_never_hands_out_a_smaller_token()
     let Some(mut cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let ttl = 3;
+    let ttl = 4;
     let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
     let dir = a.sandbox.path();
     let (acts, started) = (dir.join("acts"), dir.join("started"));
@@ -763,7 +763,7 @@ fn a_cluster_restored_from_before_the_claim_is_a_loss_and_the_lineage_begins_aga
     let Some(mut cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let ttl = 3;
+    let ttl = 4;
     let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
     let mut r0 = Proc::spawn(a.run("r0", &[], HOLD));
     let zeroth = token_of(&r0.wait_for(Stream::Out, "ready"));
@@ -820,7 +820,7 @@ fn keys_without_a_lease_never_wedge_an_app_lock_and_the_janitor_removes_them() {
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let host = Host::on(&cluster, 3);
+    let host = Host::on(&cluster, 4);
     let domain = host.sandbox.domain("custom-html", Some("1"));
     let junk_queue = format!("/ccci-run/app/{domain}/queue/0000000000000001");
     let junk = || {
@@ -863,13 +863,16 @@ fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() 
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let host = Host::on(&cluster, 3);
+    let host = Host::on(&cluster, 4);
     let junk_owner = "/ccci-run/named/cache/owner";
     let junk_queue = "/ccci-run/named/cache/queue/0000000000000001";
-    let junk_tenure = "/ccci-run/named/cache/tenure/0000000000000001";
+    // A tenure key where holders keep it, and where older versions kept it.
+    let junk_tenure = "/ccci-run/tenure/named/cache/0000000000000001";
+    let junk_old_tenure = "/ccci-run/named/cache/tenure/0000000000000002";
     put_junk(&cluster, junk_owner);
     put_junk(&cluster, junk_queue);
     put_junk(&cluster, junk_tenure);
+    put_junk(&cluster, junk_old_tenure);
     let done = run(host.lock(&["--wait", "10"], "echo ran"));
     done.assert_code(0);
     assert!(done.out.join("\n").contains("ran"), "{}", done.transcript());
@@ -878,12 +881,13 @@ fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() 
     // looked past.
     put_junk(&cluster, junk_owner);
     put_junk(&cluster, junk_tenure);
+    put_junk(&cluster, junk_old_tenure);
     let entry = lock_entry(&host, "cache");
     assert_eq!(entry["held"], false, "{entry}");
     assert_eq!(entry["waiters"], 0, "{entry}");
     let problem = entry["problem"].as_str().unwrap();
     assert!(
-        [junk_owner, junk_queue, junk_tenure]
+        [junk_owner, junk_queue, junk_tenure, junk_old_tenure]
             .iter()
             .all(|k| problem.contains(k)),
         "{entry}"
@@ -892,7 +896,7 @@ fn keys_without_a_lease_never_wedge_a_named_lock_and_the_janitor_removes_them() 
     swept.assert_code(0);
     let tidied = report["tidied"].to_string();
     assert!(
-        [junk_owner, junk_queue, junk_tenure]
+        [junk_owner, junk_queue, junk_tenure, junk_old_tenure]
             .iter()
             .all(|k| tidied.contains(k)),
         "{report:#}"

@@ -257,10 +257,10 @@ impl Cluster {
         }
     }
 
-    /// The keys of ccci-run's locks (app and named), with their values: what a holder or a
+    /// The keys of ccci-run's locks (app and named, and their holders' tenure), with their values: what a holder or a
     /// waiter writes, and must not leave behind. (The lineage record stays by design.)
     pub(crate) fn keys(&self) -> String {
-        ["/ccci-run/app/", "/ccci-run/named/"]
+        ["/ccci-run/app/", "/ccci-run/named/", "/ccci-run/tenure/"]
             .iter()
             .map(|prefix| {
                 let out = self.etcdctl(&["get", "--prefix", prefix]);

@@ -621,7 +621,7 @@ fn under_an_address_space_limit_every_threaded_subcommand_fails_at_its_code_or_w
     let cluster = crate::util::etcd_cluster();
     #[cfg(feature = "etcd")]
     if let Some(cluster) = &cluster {
-        sandbox.set_etcd(cluster.endpoints(), 2);
+        sandbox.set_etcd(cluster.endpoints(), 4);
         cases.extend([
             ("run", true, 125),
             ("lock", true, 125),

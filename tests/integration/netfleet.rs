@@ -446,6 +446,49 @@ impl Fleet {
             .unwrap_or_else(|| panic!("no leader among the members: {statuses:?}"))
     }
 
+    /// SIGKILL the member that leads now, and return it and how long the others took to elect
+    /// a new leader (as the observer sees it: a member that answers names a leader other than
+    /// the one killed). The killed member stays down.
+    #[track_caller]
+    pub(crate) fn kill_leader(&self) -> (usize, Duration) {
+        let leader = self.leader();
+        let pid = i32::try_from(self.members[leader].id()).expect("a pid");
+        let killed = Instant::now();
+        kill(pid, Signal::SIGKILL);
+        let deadline = killed + PATIENCE;
+        // Only the members left: one that is down costs etcdctl its dial timeout.
+        let live = (0..3)
+            .filter(|i| *i != leader)
+            .map(|i| format!("http://{}:2379", self.addr(Node::Member(i))))
+            .collect::<Vec<_>>()
+            .join(",");
+        loop {
+            let mut cmd = Command::new("etcdctl");
+            cmd.env("ETCDCTL_API", "3")
+                .args(["--endpoints", &live, "--dial-timeout", "1s"])
+                .args(["--command-timeout", "1s", "endpoint", "status", "-w", "json"]);
+            let out = self.on_observer(&cmd).output().expect("run etcdctl");
+            let statuses: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let ids: Vec<&Value> = statuses
+                .iter()
+                .map(|s| &s["Status"]["header"]["member_id"])
+                .collect();
+            let elected = statuses.iter().any(|s| {
+                let named = &s["Status"]["leader"];
+                !named.is_null() && named.as_u64() != Some(0) && ids.contains(&named)
+            });
+            if elected {
+                return (leader, killed.elapsed());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no new leader after m{leader} was killed\n{}",
+                self.member_logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Drop the packets between `host` and each of `members`, as `way` says.
     pub(crate) fn cut(&self, host: Host, members: &[usize], way: Way) {
         let h = self.addr(Node::Host(host));

@@ -14,8 +14,12 @@
 //! chaos soak runs random rounds for `CCCI_PARTITION_SOAK` seconds (default 60, at most 8 rounds
 //! unless the variable is set) from the seed it prints (`CCCI_CHAOS_SEED` replays one).
 //!
-//! The settings are ones the lease rule accepts (TTL >= kill grace + 0.5 s + 1.5 s): a 5 s lease
-//! TTL and a 2 s kill grace.
+//! The settings are ones the lease rule accepts (TTL >= kill grace + 0.5 s + 3.5 s): a 6 s lease
+//! TTL and a 2 s kill grace, unless a scenario gives its hosts settings of their own.
+//!
+//! Beside partitions and stalls, what an operator does to etcd as docs/operations.md names it
+//! (a lease revoked, one lock's keys deleted, the whole prefix wiped), with the holder connected
+//! or cut off, and a leader killed at the smallest TTL the rule allows.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,9 +31,11 @@ use crate::netfleet::{Fleet, Host, Way};
 use crate::util::{Finished, Proc, Sandbox, Stream, need, signal, skip};
 
 /// `--lease-ttl`, in seconds.
-const TTL: u32 = 5;
+const TTL: u32 = 6;
 /// `--kill-grace`.
 const KILL_GRACE: &str = "2";
+/// The smallest `--lease-ttl` the lease rule allows with that grace.
+const SMALLEST_TTL: u32 = 6;
 /// How long the next holder runs before a cut that handed the lock over heals.
 const WHILE_NEXT_RUNS: Duration = Duration::from_secs(1);
 /// The exit code of a run or lock whose lock was lost.
@@ -128,6 +134,22 @@ enum Upset {
     Stop { group: bool, length: Duration },
     /// SIGKILL of the holder's supervisor (the OOM killer): nothing of it renews its lease.
     Kill,
+    /// An operator's hand on etcd while the holder holds (cut off from every member first, if
+    /// `cut`), until the next holder has run [`WHILE_NEXT_RUNS`].
+    Operator { act: Act, cut: bool },
+    /// SIGKILL of the member that leads; the holder keeps the lock for two TTLs after.
+    KillLeader,
+}
+
+/// What an operator does to etcd, as docs/operations.md names it.
+#[derive(Clone, Copy, Debug)]
+enum Act {
+    /// `etcdctl lease revoke` of the holder's lease.
+    Revoke,
+    /// `etcdctl del --prefix` of the lock's own key directory.
+    DeleteLock,
+    /// `etcdctl del --prefix /ccci-run/`: the whole prefix wiped.
+    Wipe,
 }
 
 /// What the holder's run must end with.
@@ -367,22 +389,56 @@ fn fleet() -> Option<Fleet> {
     }
 }
 
-/// The fleet and its two hosts' directories.
+/// One host's settings: its lease TTL (seconds) and kill grace.
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    ttl: u32,
+    grace: &'static str,
+}
+
+/// What every host of a scenario uses unless it says otherwise.
+const USUAL: Settings = Settings {
+    ttl: TTL,
+    grace: KILL_GRACE,
+};
+
+/// The fleet and its two hosts' directories and settings.
 struct Bench {
     fleet: Fleet,
     a: Sandbox,
     b: Sandbox,
+    settings: [Settings; 2],
+    /// Each election measured after a leader was killed, in seconds.
+    elections: std::cell::RefCell<Vec<f64>>,
 }
 
 impl Bench {
     fn new(fleet: Fleet) -> Self {
-        let host = || {
+        Self::with(fleet, [USUAL, USUAL])
+    }
+
+    /// Hosts A and B with settings of their own.
+    fn with(fleet: Fleet, settings: [Settings; 2]) -> Self {
+        let host = |s: Settings| {
             let mut sandbox = Sandbox::new();
-            sandbox.set_etcd(fleet.endpoints(), TTL);
+            sandbox.set_etcd(fleet.endpoints(), s.ttl);
             sandbox
         };
-        let (a, b) = (host(), host());
-        Self { fleet, a, b }
+        let (a, b) = (host(settings[0]), host(settings[1]));
+        Self {
+            fleet,
+            a,
+            b,
+            settings,
+            elections: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    fn settings(&self, host: Host) -> Settings {
+        match host {
+            Host::A => self.settings[0],
+            Host::B => self.settings[1],
+        }
     }
 
     fn sandbox(&self, host: Host) -> &Sandbox {
@@ -407,7 +463,7 @@ impl Bench {
             }
             Mode::Lock => cmd.args(["lock", "partition", "--wait", "120"]),
         };
-        cmd.args(["--kill-grace", KILL_GRACE, "--", "bash", "-c", HOLDER])
+        cmd.args(["--kill-grace", self.settings(host).grace, "--", "bash", "-c", HOLDER])
             .env("LOG", log)
             .env("STOP", stop)
             .env("TAG", host.tag())
@@ -423,14 +479,41 @@ impl Bench {
         self.fleet.on_host(host, &cmd)
     }
 
-    /// Keys of locks left in etcd (the lineage record stays by design; the settling key
-    /// expires on its own one TTL after a lineage began).
+    /// Keys of locks left in etcd (the lineage and fleet records stay by design; the settling
+    /// key expires on its own once a new lineage has settled).
     fn keys_left(&self) -> Vec<String> {
         self.fleet
             .keys("/ccci-run/")
             .into_iter()
-            .filter(|k| k != "/ccci-run/lineage" && k != "/ccci-run/settling")
+            .filter(|k| {
+                !["/ccci-run/lineage", "/ccci-run/settling", "/ccci-run/fleet"].contains(&k.as_str())
+            })
             .collect()
+    }
+
+    /// The holder's owner key and the lease it is bound to (hex, as etcdctl takes it).
+    #[track_caller]
+    fn owner(&self) -> (String, String) {
+        let keys = self.fleet.keys("/ccci-run/");
+        let owner = keys
+            .iter()
+            .find(|k| k.ends_with("/owner"))
+            .unwrap_or_else(|| panic!("no owner key in etcd: {keys:?}"));
+        let out = self.fleet.etcdctl(&["get", owner, "-w", "fields"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lease: i64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("\"Lease\" : "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no lease for {owner}: {out:?}"));
+        (owner.clone(), format!("{lease:x}"))
+    }
+
+    /// `etcdctl ARGS` from the observer, which must succeed.
+    #[track_caller]
+    fn etcdctl(&self, args: &[&str]) {
+        let out = self.fleet.etcdctl(args);
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
     }
 
     /// One hand-off: the holder takes the lock, the waiter queues, the upset happens to the
@@ -489,6 +572,29 @@ impl Bench {
                 waiter.wait_for(Stream::Out, "ready");
                 waiter_ready = true;
                 std::thread::sleep(WHILE_NEXT_RUNS);
+            }
+            Upset::Operator { act, cut } => {
+                let (owner, lease) = self.owner();
+                if cut {
+                    self.fleet.cut_off(holder_host);
+                }
+                match act {
+                    Act::Revoke => self.etcdctl(&["lease", "revoke", &lease]),
+                    Act::DeleteLock => {
+                        let dir = owner.strip_suffix("owner").expect("an owner key");
+                        self.etcdctl(&["del", "--prefix", dir]);
+                    }
+                    Act::Wipe => self.etcdctl(&["del", "--prefix", "/ccci-run/"]),
+                }
+                waiter.wait_for(Stream::Out, "ready");
+                waiter_ready = true;
+                std::thread::sleep(WHILE_NEXT_RUNS);
+                self.fleet.heal();
+            }
+            Upset::KillLeader => {
+                let (_, election) = self.fleet.kill_leader();
+                self.elections.borrow_mut().push(election.as_secs_f64());
+                std::thread::sleep(Duration::from_secs(2 * u64::from(self.settings(holder_host).ttl)));
             }
         }
         let upset_end = now();
@@ -594,12 +700,17 @@ fn check(name: &str, outcomes: &[Outcome], context: &str) {
 
 /// Run `rounds` rounds of `spec` on a fleet of its own, print the summary, check every round.
 fn scenario(name: &str, spec: Spec, rounds: usize) {
+    scenario_with(name, spec, rounds, [USUAL, USUAL]);
+}
+
+/// [`scenario`], with hosts A and B of settings of their own.
+fn scenario_with(name: &str, spec: Spec, rounds: usize, settings: [Settings; 2]) {
     let Some(fleet) = fleet() else {
         return;
     };
-    let bench = Bench::new(fleet);
+    let bench = Bench::with(fleet, settings);
     let outcomes: Vec<Outcome> = (0..rounds).map(|i| bench.round(spec, i)).collect();
-    eprintln!("{}", summary(name, &outcomes));
+    eprintln!("{} (settings {settings:?})", summary(name, &outcomes));
     check(name, &outcomes, "");
 }
 
@@ -814,6 +925,134 @@ fn a_lock_whose_supervisor_is_stopped_leaves_no_daemon_writing_when_the_next_hos
         stopped(Mode::Lock, Kind::Daemonises, false, 2),
         repeat(),
     );
+}
+
+/// An operator's hand on etcd while the holder holds.
+fn operator(mode: Mode, act: Act, cut: bool) -> Spec {
+    Spec {
+        upset: Upset::Operator { act, cut },
+        ..cut_off(mode, Kind::IgnoresTerm)
+    }
+}
+
+/// The issue this guards (3 of 3 at each TTL, +0.3 to +0.8 s at 5 s, +7.1 to +8.1 s at 15 s):
+/// a revoke looks like an expiry, but the holder, cut off, cannot hear it and runs on to its
+/// own at-risk point; the next host waits its TTL and stop budget from when it sees the lease
+/// gone.
+#[test]
+fn a_revoked_lease_of_a_cut_off_holder_is_waited_out_before_the_next_host_starts() {
+    let short = Settings { ttl: 5, grace: "1" };
+    scenario_with(
+        "lease revoked, holder cut off, lock, TTL 5 s",
+        operator(Mode::Lock, Act::Revoke, true),
+        repeat(),
+        [short, short],
+    );
+}
+
+/// The same with a 15 s lease: the holder's at-risk point is 12.5 s after its last keepalive.
+#[test]
+fn a_revoked_lease_of_a_cut_off_holder_with_a_long_ttl_is_waited_out_before_the_next_host_starts()
+{
+    let long = Settings { ttl: 15, ..USUAL };
+    scenario_with(
+        "lease revoked, holder cut off, run, TTL 15 s",
+        operator(Mode::Run, Act::Revoke, true),
+        repeat(),
+        [long, long],
+    );
+}
+
+/// The issue this guards (3 of 3, +1.5 s): `etcdctl del --prefix` of one lock's directory
+/// took the holder's tenure with it; the holder's tenure now lives outside it.
+#[test]
+fn deleting_one_locks_keys_by_hand_does_not_free_it_while_its_holder_stops() {
+    scenario(
+        "del --prefix of the lock's keys, holder connected, run",
+        operator(Mode::Run, Act::DeleteLock, false),
+        repeat(),
+    );
+}
+
+/// The same with the holder cut off (3 of 3, +3.1 to +3.5 s): it cannot see its keys go and
+/// runs on to its own at-risk point.
+#[test]
+fn deleting_one_locks_keys_by_hand_does_not_free_it_while_its_cut_off_holder_runs() {
+    scenario(
+        "del --prefix of the lock's keys, holder cut off, lock",
+        operator(Mode::Lock, Act::DeleteLock, true),
+        repeat(),
+    );
+}
+
+/// Host A holds with a 15 s lease and a 10 s kill grace, host B waits with 5 s and 1 s.
+const MIXED: [Settings; 2] = [
+    Settings {
+        ttl: 15,
+        grace: "10",
+    },
+    Settings { ttl: 5, grace: "1" },
+];
+
+/// The issue this guards (3 of 3, +6.3 to +6.5 s): after `etcdctl del --prefix /ccci-run/`, a
+/// host with a short lease began a new lineage waiting its own TTL while a host with a long
+/// grace still stopped its command; a new lineage waits the longest lease still alive.
+#[test]
+fn a_wiped_prefix_in_a_fleet_of_mixed_settings_hands_over_only_once_the_long_holder_stopped() {
+    scenario_with(
+        "del --prefix /ccci-run/, holder connected, mixed TTLs and graces, run",
+        operator(Mode::Run, Act::Wipe, false),
+        repeat(),
+        MIXED,
+    );
+}
+
+/// The same with the long holder cut off: it runs on to its own at-risk point.
+#[test]
+fn a_wiped_prefix_in_a_fleet_of_mixed_settings_waits_out_a_cut_off_long_holder() {
+    scenario_with(
+        "del --prefix /ccci-run/, holder cut off, mixed TTLs and graces, lock",
+        operator(Mode::Lock, Act::Wipe, true),
+        repeat(),
+        MIXED,
+    );
+}
+
+/// The issue this guards (5 of 5 at TTL 4 s, grace 2 s): a leader election outlasted the
+/// keepalive headroom and the holder lost its lock. At the smallest TTL the rule allows for a
+/// 2 s grace, the holder keeps its lock through a leader kill and the waiter waits. One fleet
+/// per round (a killed member stays down).
+#[test]
+fn a_leader_kill_at_the_smallest_ttl_the_rule_allows_fails_no_run() {
+    let smallest = Settings {
+        ttl: SMALLEST_TTL,
+        ..USUAL
+    };
+    let spec = Spec {
+        holder: Host::A,
+        mode: Mode::Lock,
+        kind: Kind::Slow,
+        upset: Upset::KillLeader,
+        expect: Expect::Keep,
+    };
+    let name = "leader killed, smallest TTL, lock";
+    let mut outcomes = Vec::new();
+    let mut elections = Vec::new();
+    for round in 0..repeat() {
+        let Some(fleet) = fleet() else {
+            return;
+        };
+        let bench = Bench::with(fleet, [smallest, smallest]);
+        outcomes.push(bench.round(spec, round));
+        elections.extend(bench.elections.borrow().iter().copied());
+    }
+    eprintln!(
+        "{} (TTL {} s, grace {KILL_GRACE} s; elections took {} s)",
+        summary(name, &outcomes),
+        SMALLEST_TTL,
+        range(elections.iter().copied())
+    );
+    check(name, &outcomes, "");
 }
 
 /// splitmix64: the soak's rounds follow from its seed alone.

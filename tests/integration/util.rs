@@ -154,9 +154,8 @@ impl Sandbox {
                 .arg("--lease-ttl")
                 .arg(ttl.to_string());
             // Half the longest kill grace such a short lease allows (TTL - 0.5 s kill margin -
-            // 1.5 s keepalive headroom), so the keepalives keep some room to ride out an etcd
-            // election; a test's own --kill-grace overrides it.
-            let grace = f64::from(ttl.saturating_sub(2)) / 2.0;
+            // 3.5 s keepalive and election headroom); a test's own --kill-grace overrides it.
+            let grace = f64::from(ttl.saturating_sub(4)) / 2.0;
             cmd.env("CCCI_KILL_GRACE", format!("{grace}"));
         }
         cmd

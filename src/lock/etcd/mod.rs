@@ -33,6 +33,7 @@
 //! fencing tokens); this file is the backend the users hold.
 
 mod client;
+mod fleet;
 mod guard;
 pub(crate) mod health;
 mod lease;
@@ -180,10 +181,14 @@ impl LockBackend for Etcd {
                     let lapsed = self.shared.block_on(
                         "look at the lock's last holder",
                         REQUEST_TIMEOUT,
-                        queue::lapse(&self.shared.pool, kv, &who),
+                        queue::lapse(&self.shared.pool, kv, &who, self.shared.ttl),
                     )?;
                     if let queue::Tenure::Lapsed(value) = lapsed {
-                        report::line(&queue::lapsed_line(&self.describe(key), &value));
+                        report::line(&queue::lapsed_line(
+                            &self.describe(key),
+                            &value,
+                            self.shared.ttl,
+                        ));
                     }
                     return Ok(held(snap.holder()));
                 }
@@ -222,6 +227,7 @@ impl LockBackend for Etcd {
                             None,
                             session.id,
                             &line,
+                            self.shared.ttl,
                             self.shared.stop_budget(),
                         ),
                     )?;
@@ -293,6 +299,8 @@ impl LockBackend for Etcd {
                     waiter: waiter.clone(),
                     lease: session.id,
                     holder_line: wait.holder.to_line(),
+                    waiter_line: serde_json::to_string(&value)
+                        .expect("a waiter always serialises"),
                     promote,
                     ttl: self.shared.ttl,
                     label: self.describe(key),
@@ -464,13 +472,14 @@ impl Etcd {
         };
         let who = self.shared.who();
         for kv in response.kvs() {
-            let Some((kind, name, rest)) =
-                std::str::from_utf8(kv.key()).ok().and_then(keys::key_parts)
-            else {
+            let Some(key) = std::str::from_utf8(kv.key()).ok() else {
+                continue;
+            };
+            let Some((kind, name, _)) = keys::key_parts(key) else {
                 continue;
             };
             if kv.lease() != 0
-                || !rest.starts_with("tenure/")
+                || !keys::is_tenure(key)
                 || queue::TenureValue::parse(kv).is_none()
             {
                 continue;
@@ -479,10 +488,10 @@ impl Etcd {
             match self.shared.block_on(
                 "look at a lock's last holder",
                 REQUEST_TIMEOUT,
-                queue::lapse(&self.shared.pool, kv, &who),
+                queue::lapse(&self.shared.pool, kv, &who, self.shared.ttl),
             ) {
                 Ok(queue::Tenure::Lapsed(value)) => {
-                    report::line(&queue::lapsed_line(&label, &value));
+                    report::line(&queue::lapsed_line(&label, &value, self.shared.ttl));
                 }
                 Ok(_) => {}
                 Err(err) => errors.push(format!("failed to look at {label}'s last holder: {err}")),
@@ -538,12 +547,12 @@ fn describe_lock(
         problems.push(match queue::TenureValue::parse(kv) {
             Some(value) if kv.lease() != 0 => format!(
                 "its holder lost its lease without releasing the lock: nobody else is let in \
-                 until its stop budget of {:.1} s has passed",
-                value.stop_budget().as_secs_f64()
+                 until its lease TTL and stop budget, {:.1} s, have passed since that was found",
+                value.wait_out(Duration::ZERO).as_secs_f64()
             ),
             _ => "its holder lost the owner key and has not ended yet (nobody else is let in \
-                  until it has, or until the janitor finds its lease expired and its stop \
-                  budget has passed)"
+                  until it has, or until its lease is found gone and its lease TTL and stop \
+                  budget have passed since)"
                 .to_owned(),
         });
     }

@@ -23,6 +23,10 @@ impl Claimed {
 /// one, from outside the line: in one transaction that requires the owner key absent, no
 /// holder that has not ended, no settling lineage and `lineage` still the lineage. Writes the
 /// owner key and our tenure key. `None`: something changed; read again.
+///
+/// First the fleet record is raised to cover our `ttl` and `stop_budget` ([`fleet::raise`]):
+/// what we may hold is known before we hold.
+#[allow(clippy::too_many_arguments)]
 pub(in crate::lock::etcd) async fn claim(
     pool: &Pool,
     dir: &str,
@@ -30,8 +34,10 @@ pub(in crate::lock::etcd) async fn claim(
     waiter: Option<&str>,
     lease: i64,
     holder_line: &str,
+    ttl: Duration,
     stop_budget: Duration,
 ) -> Result<Option<Claimed>, etcd_client::Error> {
+    fleet::raise(pool, fleet::Bound::of(ttl, stop_budget)).await?;
     let owner = keys::owner_key(dir);
     // Its `started_at` is when the lock is taken: now, not when the wait began.
     let holder_line = crate::lock::Holder::taken_now(holder_line);
@@ -40,6 +46,7 @@ pub(in crate::lock::etcd) async fn claim(
     let tenure = TenureValue {
         holder: holder_line.to_owned(),
         stop_budget_ms: u64::try_from(stop_budget.as_millis()).unwrap_or(u64::MAX),
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         lapsed: None,
     };
     let tenure = serde_json::to_string(&tenure).expect("a tenure record always serialises");
@@ -48,6 +55,8 @@ pub(in crate::lock::etcd) async fn claim(
         // No tenure key at all (a range compare holds for every key in it, and for an empty
         // range as for an absent key).
         Compare::create_revision(keys::tenure_prefix(dir), CompareOp::Equal, 0).with_prefix(),
+        Compare::create_revision(keys::legacy_tenure_prefix(dir), CompareOp::Equal, 0)
+            .with_prefix(),
         Compare::lease(keys::SETTLING, CompareOp::Equal, 0),
         Compare::mod_revision(keys::LINEAGE, CompareOp::Equal, lineage.mod_revision),
     ];
@@ -89,8 +98,10 @@ pub(in crate::lock::etcd) async fn clear(
             mod_revision,
             floor,
         } => {
+            // Held back for as long as any holder under the old data may still run.
+            let settle = fleet::longest_hold(pool, ttl).await?;
             if let Some(line) =
-                lineage::begin(pool, snap.cluster, ttl, why, *mod_revision, *floor).await?
+                lineage::begin(pool, snap.cluster, settle, why, *mod_revision, *floor).await?
             {
                 report::line(&line);
             }
@@ -115,22 +126,31 @@ pub(in crate::lock::etcd) enum Tenure {
     /// Its holder's lease lives: the holder is stopping its command, and removes the key when
     /// it has.
     Alive,
-    /// Its holder's lease expired without a release (cut off, stalled or killed): the key was
-    /// just bound to a lease of the holder's stop budget, or already was; nobody takes the lock
-    /// until it is gone.
+    /// Its holder's lease ended without a release (expired: cut off, stalled or killed; or
+    /// revoked by hand): the key was just bound to a lease of the holder's TTL and stop budget,
+    /// or already was; nobody takes the lock until it is gone.
     Lapsed(TenureValue),
     /// It changed meanwhile: read again.
     Changed,
 }
 
-/// Look at tenure key `kv`: a key bound to no lease whose holder's lease is gone (etcd expired
-/// it) is rebound to a lease of its own that lasts the holder's stop budget, from now: the
-/// holder may have begun stopping its command no earlier than etcd could expire its lease, and
-/// has that long to finish. `who` says who found it.
+/// Look at tenure key `kv`: a key bound to no lease whose holder's lease is gone is rebound to
+/// a lease of its own that lasts the holder's TTL and stop budget, from now (`fallback_ttl`
+/// for a record that names no TTL). `who` says who found it.
+///
+/// Why that long: etcd cannot tell us how the lease ended. An expiry came no earlier than the
+/// holder's last renewal plus its TTL, but a revoke (`etcdctl lease revoke`) deletes the keys at
+/// once, while a holder cut off from the cluster hears nothing of it and runs on to its own
+/// at-risk point: its last answered keepalive's send time plus its TTL less its stop budget,
+/// then stops within its stop budget (its fence kills what is left by then). Its last
+/// keepalive was sent before the lease ended, which was before we found it gone: so its
+/// command is gone by now plus its TTL, whatever ended the lease; the stop budget on top is
+/// the margin for a holder's clock and for a fence that is late.
 pub(in crate::lock::etcd) async fn lapse(
     pool: &Pool,
     kv: &KeyValue,
     who: &str,
+    fallback_ttl: Duration,
 ) -> Result<Tenure, etcd_client::Error> {
     let Some(value) = TenureValue::parse(kv) else {
         return Ok(Tenure::Changed);
@@ -146,8 +166,8 @@ pub(in crate::lock::etcd) async fn lapse(
             return Ok(Tenure::Alive);
         }
     }
-    let budget = value.stop_budget();
-    let ttl = budget.as_secs() + u64::from(budget.subsec_nanos() > 0);
+    let wait = value.wait_out(fallback_ttl);
+    let ttl = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     let ttl = i64::try_from(ttl.max(1)).unwrap_or(i64::MAX);
     let grant = pool
         .call(|mut c| async move { c.lease_grant(ttl, None).await })
@@ -184,13 +204,18 @@ pub(in crate::lock::etcd) async fn lapse(
 }
 
 /// The line a waiter says once about a holder that lost its lease without a release.
-pub(in crate::lock::etcd) fn lapsed_line(label: &str, value: &TenureValue) -> String {
+pub(in crate::lock::etcd) fn lapsed_line(
+    label: &str,
+    value: &TenureValue,
+    fallback_ttl: Duration,
+) -> String {
     let holder = Holder::parse(&value.holder);
     format!(
         "== {label}: its last holder, {}, lost its lease without releasing the lock (cut off, \
-         stalled or killed): its command may still be stopping, so the lock is taken only \
-         once its stop budget of {:.1} s has passed ==",
+         stalled, killed, or its lease revoked): its command may run until its own clock says \
+         the lease is at risk, so the lock is taken only once its lease TTL and stop budget, \
+         {:.1} s, have passed since ==",
         Holder::describe(holder.as_ref()),
-        value.stop_budget().as_secs_f64()
+        value.wait_out(fallback_ttl).as_secs_f64()
     )
 }

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::Etcd;
 use super::client::{Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Shared};
 use super::lease::Session;
+use super::fleet;
 use super::lineage::{self, Lineage};
 use crate::config::Class;
 use crate::lock::backend::{LockKey, Wait};
@@ -41,14 +42,19 @@ pub(super) use turn::*;
 /// How often a waiter reads its queue again even though its watch said nothing.
 pub(super) const RECHECK_EVERY: Duration = Duration::from_secs(3);
 
-/// What a tenure key holds: the holder's line, and how long it may take to stop its command
-/// once its lease is at risk (its kill grace and the kill margin). Written without a lease, so
-/// that it outlives a lease that expires: then whoever finds it first binds it to a lease of
-/// that length of its own ([`lapse`]), and nobody takes the lock until it is gone.
+/// What a tenure key holds: the holder's line, its lease TTL, and how long it may take to stop
+/// its command once its lease is at risk (its kill grace and the kill margin). Written without
+/// a lease, so that it outlives a lease that ends: then whoever finds it first binds it to a
+/// lease of its own that lasts the holder's TTL and stop budget ([`lapse`]), and nobody takes
+/// the lock until it is gone.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct TenureValue {
     pub(super) holder: String,
     pub(super) stop_budget_ms: u64,
+    /// The holder's lease TTL (0 in a record of an older version: the reader's own is taken,
+    /// or the fleet's if longer).
+    #[serde(default)]
+    pub(super) ttl_ms: u64,
     /// Once the holder's lease was found expired: who found it, and when.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) lapsed: Option<String>,
@@ -61,6 +67,17 @@ impl TenureValue {
 
     pub(super) fn stop_budget(&self) -> Duration {
         Duration::from_millis(self.stop_budget_ms)
+    }
+
+    /// How long after its lease was found gone its holder's command may still run, at most:
+    /// the holder's TTL (or `fallback` for a record that does not say) and its stop budget.
+    pub(super) fn wait_out(&self, fallback: Duration) -> Duration {
+        let ttl = if self.ttl_ms == 0 {
+            fallback
+        } else {
+            Duration::from_millis(self.ttl_ms)
+        };
+        ttl.saturating_add(self.stop_budget())
     }
 }
 
@@ -144,6 +161,7 @@ impl Snapshot {
         let owner_key = keys::owner_key(dir);
         let queue_prefix = keys::queue_prefix(dir);
         let tenure_prefix = keys::tenure_prefix(dir);
+        let legacy_tenure = keys::legacy_tenure_prefix(dir);
         let mut snap = Self {
             dir: dir.to_owned(),
             revision,
@@ -159,11 +177,13 @@ impl Snapshot {
             let key = kv.key();
             let ours = key == owner_key.as_bytes()
                 || key.starts_with(queue_prefix.as_bytes())
-                || key.starts_with(tenure_prefix.as_bytes());
+                || key.starts_with(tenure_prefix.as_bytes())
+                || key.starts_with(legacy_tenure.as_bytes());
             if !ours {
                 continue;
             }
-            let tenure = key.starts_with(tenure_prefix.as_bytes());
+            let tenure = key.starts_with(tenure_prefix.as_bytes())
+                || key.starts_with(legacy_tenure.as_bytes());
             if tenure && TenureValue::parse(kv).is_some() {
                 // Bound to no lease while its holder lives, to one of its own once it lapsed.
                 snap.tenures.push(kv.clone());
@@ -176,6 +196,8 @@ impl Snapshot {
                 snap.queue.push((kv.clone(), value));
             }
         }
+        // The tenure tree is read apart from the directory: creation order across both.
+        snap.tenures.sort_by_key(KeyValue::create_revision);
         // Stable: within a class, creation order (the read's order) stands.
         snap.queue
             .sort_by_key(|(_, v)| v.as_ref().map_or(Class::Normal, |v| v.class));
@@ -195,9 +217,12 @@ impl Snapshot {
     fn junk_in_the_way(&self) -> Option<&KeyValue> {
         let owner = keys::owner_key(&self.dir);
         let tenure = keys::tenure_prefix(&self.dir);
-        self.junk
-            .iter()
-            .find(|kv| kv.key() == owner.as_bytes() || kv.key().starts_with(tenure.as_bytes()))
+        let legacy = keys::legacy_tenure_prefix(&self.dir);
+        self.junk.iter().find(|kv| {
+            kv.key() == owner.as_bytes()
+                || kv.key().starts_with(tenure.as_bytes())
+                || kv.key().starts_with(legacy.as_bytes())
+        })
     }
 
     /// What stands between `waiter` (or, without one, a claim from outside the line) and the
@@ -266,6 +291,10 @@ pub(super) async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_cl
         ),
         TxnOp::get(keys::LINEAGE, None),
         TxnOp::get(keys::SETTLING, None),
+        TxnOp::get(
+            keys::tenure_prefix(dir),
+            Some(GetOptions::new().with_prefix()),
+        ),
     ]);
     let response = pool
         .call(|mut c| {
@@ -284,15 +313,15 @@ pub(super) async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_cl
             _ => None,
         })
         .collect();
-    let [dir_keys, lineage, settling] = gets.as_slice() else {
+    let [dir_keys, lineage, settling, tenures] = gets.as_slice() else {
         return Err(etcd_client::Error::InvalidArgs(
-            "a read of a lock directory answered without its three parts".to_owned(),
+            "a read of a lock directory answered without its four parts".to_owned(),
         ));
     };
     Ok(Snapshot::of(
         dir,
         header,
-        dir_keys.kvs(),
+        dir_keys.kvs().iter().chain(tenures.kvs()),
         lineage.kvs().first(),
         settling.kvs().first(),
     ))

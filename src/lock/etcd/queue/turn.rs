@@ -9,6 +9,8 @@ pub(in crate::lock::etcd) struct Turn {
     pub(in crate::lock::etcd) waiter: String,
     pub(in crate::lock::etcd) lease: i64,
     pub(in crate::lock::etcd) holder_line: String,
+    /// Our waiter key's value, as written (again, if the key goes).
+    pub(in crate::lock::etcd) waiter_line: String,
     /// When a normal waiter joins the fast class, and its key's value then.
     pub(in crate::lock::etcd) promote: Option<(tokio::time::Instant, String)>,
     /// The lease TTL: how long a lineage that begins here settles.
@@ -53,7 +55,33 @@ pub(in crate::lock::etcd) async fn wait_turn(
             .iter()
             .any(|(kv, _)| kv.key() == waiter.as_bytes())
         {
-            return Err("our place in the queue is gone (the lease expired)".to_owned());
+            // Our key went while our lease lives (a lock's keys or the whole prefix deleted by
+            // hand): queue again, at the back. Only a lease that is gone ends the wait.
+            let (lease, line) = (turn.lease, turn.waiter_line.clone());
+            let put = pool
+                .call(|mut c| {
+                    let (waiter, line) = (waiter.clone(), line.clone());
+                    async move {
+                        c.put(waiter, line, Some(PutOptions::new().with_lease(lease)))
+                            .await
+                    }
+                })
+                .await;
+            match put {
+                Ok(_) => report::line(&format!(
+                    "== {}: our place in its queue was removed (by hand?) while our lease lives: \
+                     queueing again ==",
+                    turn.label
+                )),
+                // NOT_FOUND: etcd knows our lease no more.
+                Err(etcd_client::Error::GRpcStatus(status))
+                    if i32::from(status.code()) == 5 =>
+                {
+                    return Err("our place in the queue is gone with our lease".to_owned());
+                }
+                Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+            }
+            continue;
         }
         let obstacle = snap.obstacle(Some(&waiter));
         let watched = match &obstacle {
@@ -66,6 +94,7 @@ pub(in crate::lock::etcd) async fn wait_turn(
                     Some(&waiter),
                     turn.lease,
                     &turn.holder_line,
+                    turn.ttl,
                     turn.stop_budget,
                 )
                 .await;
@@ -77,7 +106,7 @@ pub(in crate::lock::etcd) async fn wait_turn(
                 continue;
             }
             Some(Obstacle::Tenure(kv)) if kv.lease() == 0 => {
-                match lapse(&pool, kv, &turn.who).await {
+                match lapse(&pool, kv, &turn.who, turn.ttl).await {
                     Ok(Tenure::Alive) => kv.key().to_vec(),
                     Ok(_) => continue,
                     Err(_) => {
@@ -103,7 +132,7 @@ pub(in crate::lock::etcd) async fn wait_turn(
                 let value = TenureValue::parse(kv);
                 match value {
                     Some(value) if lapsed => {
-                        report::line(&lapsed_line(&turn.label, &value));
+                        report::line(&lapsed_line(&turn.label, &value, turn.ttl));
                     }
                     _ => {
                         let holder = value.and_then(|v| Holder::parse(&v.holder));
@@ -155,6 +184,7 @@ pub(in crate::lock::etcd) async fn wait_turn(
                     }
                 } => {
                     let (_, fast_line) = turn.promote.take().expect("only armed while set");
+                    turn.waiter_line = fast_line.clone();
                     // Keeps its creation revision: a promoted waiter keeps its place.
                     let lease = turn.lease;
                     let _ = pool
@@ -230,6 +260,7 @@ impl Etcd {
         let holder_line = value.holder.to_line();
         let id = session.id;
         let stop_budget = self.shared.stop_budget();
+        let ttl = self.shared.ttl;
         let pool = &self.shared.pool;
         let (claimed, snap) = self.shared.block_on("join the queue", REQUEST_TIMEOUT, {
             let (dir, waiter) = (dir.to_owned(), waiter.clone());
@@ -252,6 +283,7 @@ impl Etcd {
                         Some(&waiter),
                         id,
                         &holder_line,
+                        ttl,
                         stop_budget,
                     );
                     if let Some(claimed) = claimed.await? {
