@@ -104,7 +104,8 @@ def main():
     except Cancelled:
         step.kill()
         # The workspace goes 13-45 ms after the signal, whatever is still running in it.
-        threading.Timer(0.02, shutil.rmtree, args=(base,), kwargs={"ignore_errors": True}).start()
+        remove = threading.Timer(0.02, shutil.rmtree, args=(base,), kwargs={"ignore_errors": True})
+        remove.start()
         print("received signal, terminating process", file=sys.stderr, flush=True)
         end = time.monotonic() + read_on
         while True:
@@ -123,6 +124,9 @@ def main():
             except BrokenPipeError:
                 break
         time.sleep(0.05)
+        # The removal is under way, not waited for by the cancel; the process ends only once it
+        # is done (os._exit would cut it short on a busy machine, leaving half a workspace).
+        remove.join()
         os._exit(0)
     shutil.rmtree(base, ignore_errors=True)
     sys.exit(0 if code == 0 else 1)

@@ -763,7 +763,10 @@ fn a_cluster_restored_from_before_the_claim_is_a_loss_and_the_lineage_begins_aga
     let Some(mut cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let ttl = 4;
+    // The restore stops, restores and restarts three members: seconds on a busy machine. With a
+    // lease short enough for that to outlast the holder's keepalive window, the holder would
+    // tear down for its silent lease before it could see the cluster went back in time.
+    let ttl = 10;
     let (a, b) = (Host::on(&cluster, ttl), Host::on(&cluster, ttl));
     let mut r0 = Proc::spawn(a.run("r0", &[], HOLD));
     let zeroth = token_of(&r0.wait_for(Stream::Out, "ready"));
