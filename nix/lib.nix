@@ -433,6 +433,7 @@ rec {
       CapabilityBoundingSet = [
         "CAP_KILL"
         "CAP_DAC_OVERRIDE"
+        "CAP_SYS_PTRACE"
       ];
       ProtectKernelTunables = true;
       ProtectKernelModules = true;

@@ -41,4 +41,5 @@ mod run_signals;
 mod runner_user;
 mod runs_stop;
 mod shipping;
+mod systemd_host;
 mod util;

@@ -291,18 +291,35 @@ fn after_a_reboot_a_root_janitor_leaves_the_runner_a_lock_dir_of_its_own() {
     let swept = run(with_config(
         &sandbox,
         &with_user,
-        &["janitor", "--json", "--metrics-file", prom.to_str().unwrap()],
+        &[
+            "janitor",
+            "--json",
+            "--metrics-file",
+            prom.to_str().unwrap(),
+        ],
     ));
     swept.assert_code(0);
     assert!(!env.exists(), "{}", swept.transcript());
     let locks = std::fs::metadata(sandbox.locks()).unwrap();
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&locks), RUNNER);
-    assert!(std::fs::read_to_string(&prom).unwrap().contains("ccci_janitor_sweep_failed 0"));
+    assert!(
+        std::fs::read_to_string(&prom)
+            .unwrap()
+            .contains("ccci_janitor_sweep_failed 0")
+    );
     run(as_runner(&with_config(
         &sandbox,
         &with_user,
         &[
-            "run", "--recipe", "custom-html", "--pr", "8", "--run-id", "r8", "--no-fetch", "--",
+            "run",
+            "--recipe",
+            "custom-html",
+            "--pr",
+            "8",
+            "--run-id",
+            "r8",
+            "--no-fetch",
+            "--",
             "true",
         ],
     )))
@@ -319,7 +336,12 @@ fn after_a_reboot_a_root_janitor_leaves_the_runner_a_lock_dir_of_its_own() {
     let failed = run(with_config(
         &sandbox,
         &with_user,
-        &["janitor", "--json", "--metrics-file", prom.to_str().unwrap()],
+        &[
+            "janitor",
+            "--json",
+            "--metrics-file",
+            prom.to_str().unwrap(),
+        ],
     ));
     failed.assert_code(1);
     let report: serde_json::Value = serde_json::from_str(&failed.out.join("\n"))
