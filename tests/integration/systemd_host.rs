@@ -472,6 +472,7 @@ fn the_shipped_janitor_unit_under_systemd(runner: Runner) {
     host.ok("ccci-run lock shared -- true");
     host.ok(&Host::as_runner(runner, "ccci-run lock shared -- true"));
     assert_eq!(not_the_runners(&host, runner, &work_dirs), "");
+    let record_before = host.ok(&format!("stat -c '%U %a' {RUNS_DIR}/d1/run.json"));
     // The janitor, as systemd starts it: the daemon killed, the app reaped, the sweep a success.
     let (result, journal) = host.janitor();
     assert_eq!(result, "success", "{journal}");
@@ -485,6 +486,15 @@ fn the_shipped_janitor_unit_under_systemd(runner: Runner) {
     assert!(metrics.contains("ccci_janitor_sweep_failed 0"), "{metrics}");
     // The dead run's record keeps its owner and mode; the runner's own runs reads it.
     let record = host.ok(&format!("stat -c '%U %a' {RUNS_DIR}/d1/run.json"));
+    assert_eq!(
+        record, record_before,
+        "the janitor changed the record's owner or mode"
+    );
+    assert!(
+        host.ok(&format!("cat {RUNS_DIR}/d1/run.json"))
+            .contains("\"reaped\": \""),
+        "the janitor noted nothing in the record"
+    );
     assert_eq!(record.split_whitespace().next(), Some(runner.user()));
     let runs = host.ok(&Host::as_runner(runner, "ccci-run runs --all --json"));
     assert!(runs.contains("\"d1\""), "{runs}");
