@@ -289,7 +289,8 @@ rec {
     { option = "convergeStable"; key = "converge_stable"; rule = durationRule { min = "0s"; max = "365d"; }; }
   ];
   # Every key of the configuration file and where the module takes it from: an option of
-  # services.ccci-run, or (runner_user) the runner's unit. docs/operations.md's table follows.
+  # services.ccci-run (runner_user: runnerUser, else the runner's unit's User=).
+  # docs/operations.md's table follows.
   fileKeys =
     [
       { key = "lock_dir"; option = "lockDir"; }
@@ -301,7 +302,7 @@ rec {
       { key = "docker_host"; option = "dockerHost"; }
       { key = "docker_tls_verify"; option = "dockerTlsVerify"; }
       { key = "docker_cert_path"; option = "dockerCertPath"; }
-      { key = "runner_user"; option = "droneRunnerService"; }
+      { key = "runner_user"; option = "runnerUser"; }
       { key = "log_format"; option = "logFormat"; }
       { key = "cgroup"; option = "cgroup"; }
       { key = "etcd_endpoints"; option = "etcdEndpoints"; }
@@ -434,6 +435,7 @@ rec {
       CapabilityBoundingSet = [
         "CAP_KILL"
         "CAP_DAC_OVERRIDE"
+        "CAP_SYS_PTRACE"
       ];
       ProtectKernelTunables = true;
       ProtectKernelModules = true;

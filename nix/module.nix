@@ -638,7 +638,16 @@ in
 
         assertions = [
           {
-            assertion = !dynamicRunner || cfg.runnerUser != null;
+            assertion = cfg.runnerUser == null || runner == null
+              || (if unitUser == null then "root" else unitUser) == cfg.runnerUser;
+            message = ''
+              services.ccci-run.runnerUser is ${toString cfg.runnerUser}, but
+              systemd.services.${toString runner} runs as ${if unitUser == null then "root" else unitUser}:
+              the runs would be one user's and the janitor another's. Set one user in both places.
+            '';
+          }
+          {
+            assertion = !dynamicRunner;
             message = ''
               systemd.services.${toString runner} has DynamicUser=true: its user exists only while
               it runs, so no directory can be made its own and the janitor cannot run as it. Give
@@ -782,6 +791,10 @@ in
             Delegate = mkOptionDefault true;
             # A stop gives runs the time their teardown may take before systemd's SIGKILL.
             TimeoutStopSec = mkOptionDefault stopTimeout;
+          }
+          # The user services.ccci-run.runnerUser names runs the runner too.
+          // lib.optionalAttrs (cfg.runnerUser != null && cfg.runnerUser != "root") {
+            User = lib.mkDefault cfg.runnerUser;
           };
           # Left out when the runner's own file sets the capacity: the file would lose.
           environment = lib.optionalAttrs (cfg.runnerCapacity != null && !capacityInAFile) {

@@ -235,6 +235,9 @@ pub(crate) enum Mode {
     /// 0644 whatever the umask: a file that another user's process must read. The metrics are
     /// read by node_exporter under its own user, and the janitor's unit runs with UMask=0077.
     WorldReadable,
+    /// Exactly these permission bits, whatever the umask: a file rewritten by another process
+    /// than the one that made it (a janitor's note in a dead run's record) keeps its mode.
+    Exactly(u32),
 }
 
 /// One way to write a file others read: replace `path` with `bytes` (and a newline) so that
@@ -261,9 +264,14 @@ pub(crate) fn write_atomically(
         .tempfile_in(dir)?;
     // The umask applies to open(2) only: fchmod sets the mode itself, and before the rename,
     // so the name never shows a file its reader cannot open.
-    if mode == Mode::WorldReadable {
-        file.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    match mode {
+        Mode::Umasked => {}
+        Mode::WorldReadable => file
+            .as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?,
+        Mode::Exactly(bits) => file
+            .as_file()
+            .set_permissions(std::fs::Permissions::from_mode(bits & 0o777))?,
     }
     file.write_all(bytes)?;
     file.write_all(b"\n")?;

@@ -903,7 +903,10 @@ mod tests {
                 .as_str(),
             "7"
         );
-        assert_eq!(RunId::resolve(None, &build(None, "9")).unwrap().as_str(), "9");
+        assert_eq!(
+            RunId::resolve(None, &build(None, "9")).unwrap().as_str(),
+            "9"
+        );
     }
 
     #[rstest]
@@ -947,7 +950,11 @@ mod tests {
                 assert_ne!(a, b);
             }
         }
-        assert!(all[0].ends_with(".120") && all[0].starts_with("a-b-c."), "{}", all[0]);
+        assert!(
+            all[0].ends_with(".120") && all[0].starts_with("a-b-c."),
+            "{}",
+            all[0]
+        );
         let bad = DroneBuild {
             repo: Some("a/b".to_owned()),
             number: Some("bad/../id".to_owned()),

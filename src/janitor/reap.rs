@@ -247,7 +247,7 @@ fn note_in_record(
         return;
     };
     if note(&mut record) {
-        if let Err(err) = record.write(&path) {
+        if let Err(err) = record.write_keeping_mode(&path) {
             tracing::warn!(path = %path.display(), "failed to mark run record {what}: {err}");
         }
     }

@@ -137,6 +137,15 @@ impl RunRecord {
         self.write_with(path, false)
     }
 
+    /// Write atomically over the record at `path`, keeping its mode (a janitor's note, under the
+    /// janitor unit's `UMask=0077`, never closes a record to the runner's other readers).
+    pub(crate) fn write_keeping_mode(&self, path: &Path) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::symlink_metadata(path)?.permissions().mode();
+        let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        crate::files::write_atomically(path, &json, false, crate::files::Mode::Exactly(mode))
+    }
+
     /// Write atomically and durably: temp file, fsync, rename.
     pub(crate) fn write_durably(&self, path: &Path) -> io::Result<()> {
         self.write_with(path, true)

@@ -1151,7 +1151,9 @@ fn the_recipe_fixture_is_reaped_whole_after_its_supervisor_dies_and_redeploys_at
     let first = build.step.wait_for(Stream::Out, "mark ");
     let env = server_repo.join(format!("{domain}.env"));
     assert!(env.exists(), "the app's .env is not behind the link");
-    let supervisor = sandbox.record("coop-cloud.lemp.41")["pid"].as_i64().unwrap() as i32;
+    let supervisor = sandbox.record("coop-cloud.lemp.41")["pid"]
+        .as_i64()
+        .unwrap() as i32;
     signal(supervisor, Signal::SIGKILL);
     assert!(wait_exited(supervisor));
 

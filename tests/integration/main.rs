@@ -43,4 +43,5 @@ mod runner_user;
 mod runs_stop;
 mod shipping;
 mod stop_proof;
+mod systemd_host;
 mod util;

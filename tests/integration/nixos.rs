@@ -820,10 +820,16 @@ fn nixos_module_merges_with_the_hosts_runner() {
         );
     }
     for (name, words) in [
-        ("runner_user_in_run_lock", "cannot create lock files in /run/lock"),
+        (
+            "runner_user_in_run_lock",
+            "cannot create lock files in /run/lock",
+        ),
         ("runner_dynamic_user", "DynamicUser=true"),
         ("runner_home_as_runs_dir", "the home of drone"),
-        ("runner_left_alone_of_its_own_user", "set services.ccci-run.runnerUser"),
+        (
+            "runner_left_alone_of_its_own_user",
+            "set services.ccci-run.runnerUser",
+        ),
     ] {
         let failed = messages(&results[name], "failedAssertions");
         assert!(
@@ -1402,10 +1408,45 @@ fn the_module_and_the_binary_read_every_duration_alike() {
         return;
     }
     let table = [
-        "0", "90", "1.5", "0.001", "90s", "13.5s", "1.5m", "1.5h", "1.5d", "2.25w", "500ms",
-        "5m", "1h30m", "1h 30m", "1 m", "1.5 m", "1s1s", "1m1h", "14d", "365d", "2w", ".5", "1.",
-        "0.5ms", "1.25ms", "1.0001", "0.0001s", "366d", "1y", "1M", "5S", "90min", "1hour",
-        "1h30", "1e3", "-1", "", "10 parsecs", "3days",
+        "0",
+        "90",
+        "1.5",
+        "0.001",
+        "90s",
+        "13.5s",
+        "1.5m",
+        "1.5h",
+        "1.5d",
+        "2.25w",
+        "500ms",
+        "5m",
+        "1h30m",
+        "1h 30m",
+        "1 m",
+        "1.5 m",
+        "1s1s",
+        "1m1h",
+        "14d",
+        "365d",
+        "2w",
+        ".5",
+        "1.",
+        "0.5ms",
+        "1.25ms",
+        "1.0001",
+        "0.0001s",
+        "366d",
+        "1y",
+        "1M",
+        "5S",
+        "90min",
+        "1hour",
+        "1h30",
+        "1e3",
+        "-1",
+        "",
+        "10 parsecs",
+        "3days",
     ];
     let exprs: Vec<String> = table
         .iter()
@@ -1422,7 +1463,11 @@ fn the_module_and_the_binary_read_every_duration_alike() {
         .args(["--eval", "--strict", "--json", "-E", &expr])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let module: Vec<Option<u64>> = serde_json::from_slice(&out.stdout).unwrap();
     // The binary's reading of the same value, as `config --json` shows it, in milliseconds.
     let millis = |shown: &str| -> u64 {
@@ -1474,8 +1519,13 @@ fn the_module_and_the_binary_read_every_duration_alike() {
             millis(&shown)
         });
         if binary != module {
-            differ.push(format!("{value:?}: binary {binary:?} ms, module {module:?} ms"));
+            differ.push(format!(
+                "{value:?}: binary {binary:?} ms, module {module:?} ms"
+            ));
         }
     }
-    assert!(differ.is_empty(), "the module and the binary differ: {differ:#?}");
+    assert!(
+        differ.is_empty(),
+        "the module and the binary differ: {differ:#?}"
+    );
 }

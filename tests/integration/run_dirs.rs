@@ -280,7 +280,8 @@ fn two_repositories_builds_of_one_number_each_keep_their_own_run() {
         if let Some(id) = run_id {
             cmd.args(["--run-id", id]);
         }
-        cmd.args(["--", "sh", "-c", script]).envs(drone.iter().copied());
+        cmd.args(["--", "sh", "-c", script])
+            .envs(drone.iter().copied());
         cmd
     };
     let live = "echo \"run=$CCCI_RUN_ID\"; echo ready $$; read line || :";
@@ -298,8 +299,16 @@ fn two_repositories_builds_of_one_number_each_keep_their_own_run() {
     let mut b = Proc::spawn(step("lemp", &lemp, None, live));
     a.wait_ready();
     b.wait_ready();
-    assert!(a.out.iter().any(|l| l == "run=coop-cloud.custom-html.120"), "{:?}", a.out);
-    assert!(b.out.iter().any(|l| l == "run=coop-cloud.lemp.120"), "{:?}", b.out);
+    assert!(
+        a.out.iter().any(|l| l == "run=coop-cloud.custom-html.120"),
+        "{:?}",
+        a.out
+    );
+    assert!(
+        b.out.iter().any(|l| l == "run=coop-cloud.lemp.120"),
+        "{:?}",
+        b.out
+    );
     let ccci = |args: &[&str]| {
         let mut cmd = sandbox.ccci();
         cmd.args(args);
@@ -320,13 +329,18 @@ fn two_repositories_builds_of_one_number_each_keep_their_own_run() {
         })
         .collect();
     assert!(
-        repos.contains(&("coop-cloud.custom-html.120", "coop-cloud/custom-html", "live"))
-            && repos.contains(&("coop-cloud.lemp.120", "coop-cloud/lemp", "live")),
+        repos.contains(&(
+            "coop-cloud.custom-html.120",
+            "coop-cloud/custom-html",
+            "live"
+        )) && repos.contains(&("coop-cloud.lemp.120", "coop-cloud/lemp", "live")),
         "{repos:?}"
     );
     let one = ccci(&["runs", "coop-cloud.lemp.120"]);
     assert!(
-        one.out.iter().any(|l| l.starts_with("repo") && l.ends_with("coop-cloud/lemp")),
+        one.out
+            .iter()
+            .any(|l| l.starts_with("repo") && l.ends_with("coop-cloud/lemp")),
         "{}",
         one.transcript()
     );
@@ -354,7 +368,9 @@ fn two_repositories_builds_of_one_number_each_keep_their_own_run() {
     first.finish().assert_code(0);
     let later = run(step("lemp", &lemp, Some("shared"), "echo later-ran"));
     later.assert_code(125);
-    later.assert_stderr_has("keeps the record of another repository's run (repository coop-cloud/custom-html");
+    later.assert_stderr_has(
+        "keeps the record of another repository's run (repository coop-cloud/custom-html",
+    );
     assert!(!later.out.iter().any(|l| l == "later-ran"));
     let kept = sandbox.record("shared");
     assert_eq!(kept["repo"], "coop-cloud/custom-html");

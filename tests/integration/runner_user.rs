@@ -10,7 +10,7 @@ use std::process::Command;
 
 use nix::sys::signal::Signal;
 
-use crate::util::{Finished, Proc, Sandbox, run, signal, wait_exited};
+use crate::util::{Finished, Proc, Sandbox, list, run, signal, wait_exited};
 
 const RUNNER: u32 = 65534;
 
@@ -291,18 +291,35 @@ fn after_a_reboot_a_root_janitor_leaves_the_runner_a_lock_dir_of_its_own() {
     let swept = run(with_config(
         &sandbox,
         &with_user,
-        &["janitor", "--json", "--metrics-file", prom.to_str().unwrap()],
+        &[
+            "janitor",
+            "--json",
+            "--metrics-file",
+            prom.to_str().unwrap(),
+        ],
     ));
     swept.assert_code(0);
     assert!(!env.exists(), "{}", swept.transcript());
     let locks = std::fs::metadata(sandbox.locks()).unwrap();
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&locks), RUNNER);
-    assert!(std::fs::read_to_string(&prom).unwrap().contains("ccci_janitor_sweep_failed 0"));
+    assert!(
+        std::fs::read_to_string(&prom)
+            .unwrap()
+            .contains("ccci_janitor_sweep_failed 0")
+    );
     run(as_runner(&with_config(
         &sandbox,
         &with_user,
         &[
-            "run", "--recipe", "custom-html", "--pr", "8", "--run-id", "r8", "--no-fetch", "--",
+            "run",
+            "--recipe",
+            "custom-html",
+            "--pr",
+            "8",
+            "--run-id",
+            "r8",
+            "--no-fetch",
+            "--",
             "true",
         ],
     )))
@@ -319,7 +336,12 @@ fn after_a_reboot_a_root_janitor_leaves_the_runner_a_lock_dir_of_its_own() {
     let failed = run(with_config(
         &sandbox,
         &with_user,
-        &["janitor", "--json", "--metrics-file", prom.to_str().unwrap()],
+        &[
+            "janitor",
+            "--json",
+            "--metrics-file",
+            prom.to_str().unwrap(),
+        ],
     ));
     failed.assert_code(1);
     let report: serde_json::Value = serde_json::from_str(&failed.out.join("\n"))
@@ -332,4 +354,56 @@ fn after_a_reboot_a_root_janitor_leaves_the_runner_a_lock_dir_of_its_own() {
     assert!(stuck_env.exists());
     let text = std::fs::read_to_string(&prom).unwrap();
     assert!(text.contains("ccci_janitor_sweep_failed 1"), "{text}");
+}
+
+/// Started as root with `runner_user` set but without the right to switch (the shipped unit's
+/// capability bounding set and system call filter forbid it), a command that writes refuses
+/// before it touches anything, naming what to do; a read-only one works as root.
+#[test]
+fn a_root_command_that_cannot_become_the_runner_refuses_and_touches_nothing() {
+    if !nix::unistd::Uid::effective().is_root() {
+        crate::util::skip(
+            "needs root",
+            "run the suite as root to switch to another user",
+        );
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let with_user = config(&sandbox, true);
+    let confined = |args: &[&str]| {
+        let ccci = with_config(&sandbox, &with_user, args);
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--bounding-set=-all,+kill,+dac_override,+sys_ptrace",
+            "--inh-caps=-all",
+            "--",
+        ])
+        .arg(ccci.get_program())
+        .args(ccci.get_args());
+        for (key, value) in ccci.get_envs() {
+            match value {
+                Some(value) => cmd.env(key, value),
+                None => cmd.env_remove(key),
+            };
+        }
+        run(cmd)
+    };
+    let tree = || -> Vec<String> {
+        let mut found = Vec::new();
+        for dir in [sandbox.locks(), sandbox.runs(), sandbox.state()] {
+            found.push(format!(
+                "{}: {:?}",
+                dir.display(),
+                dir.exists().then(|| list(&dir))
+            ));
+        }
+        found
+    };
+    let before = tree();
+    let refused = confined(&["janitor"]);
+    refused.assert_code(125);
+    refused.assert_stderr_has("cannot act as the runner's user (uid 65534, runner_user)");
+    assert_eq!(tree(), before, "the refused janitor made something");
+    confined(&["janitor", "--dry-run"]).assert_code(0);
+    confined(&["runs", "--all"]).assert_code(0);
 }

@@ -1292,9 +1292,6 @@ fn the_module_offers_every_key_the_binary_reads() {
         })
         .collect();
     let mut table = table;
-    // runner_user comes from the runner's unit, which the table names in words.
-    table.retain(|(k, _)| k != "runner_user");
-    module.retain(|(k, _)| k != "runner_user");
     module.sort();
     table.sort();
     assert_eq!(
@@ -1387,4 +1384,48 @@ fn every_shell_completes_run_ids_lock_names_and_man_pages() {
     }
     signal(live.pid(), Signal::SIGTERM);
     live.finish();
+}
+
+/// What a container cannot show: there `/run` stays writable under `ProtectSystem=strict`, so a
+/// directory missing from the janitor unit's `ReadWritePaths=` would pass under nspawn. Checked
+/// on the files: every directory the shipped configuration names (and the metrics file's) is
+/// writable under the shipped unit.
+#[test]
+fn the_janitor_unit_can_write_every_directory_of_the_shipped_configuration() {
+    let unit = std::fs::read_to_string(repo().join("systemd/ccci-run-janitor.service")).unwrap();
+    let writable: Vec<String> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("ReadWritePaths="))
+        .flat_map(|l| l.split_whitespace())
+        .map(|p| p.trim_start_matches('-').to_owned())
+        .collect();
+    let config: toml::Value =
+        toml::from_str(&std::fs::read_to_string(repo().join("systemd/config.toml")).unwrap())
+            .unwrap();
+    let mut needed: Vec<String> = ["lock_dir", "runs_dir", "state_dir", "abra_home"]
+        .iter()
+        .map(|k| config[*k].as_str().unwrap().to_owned())
+        .collect();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .unwrap();
+    let metrics = exec
+        .split_whitespace()
+        .skip_while(|w| *w != "--metrics-file")
+        .nth(1)
+        .unwrap();
+    needed.push(Path::new(metrics).parent().unwrap().display().to_string());
+    for dir in &needed {
+        assert!(
+            writable
+                .iter()
+                .any(|w| Path::new(dir).starts_with(Path::new(w))),
+            "{dir} is not in the janitor unit's ReadWritePaths: {writable:?}"
+        );
+    }
+    assert!(
+        unit.contains("ProtectSystem=strict"),
+        "the unit no longer confines what it writes"
+    );
 }
