@@ -148,9 +148,9 @@ impl Cause {
         let socket = settings.socket.display();
         let image = &settings.image;
         match self {
-            Self::NoCli => format!(
-                "the node sweep image {image} has no docker CLI there (node_sweep_image)"
-            ),
+            Self::NoCli => {
+                format!("the node sweep image {image} has no docker CLI there (node_sweep_image)")
+            }
             Self::NoEngine => format!(
                 "no engine answers at {socket} there, so its containers and volumes cannot be \
                  looked at (node_docker_socket)"
@@ -384,8 +384,9 @@ impl DockerSeam {
                                 continue;
                             }
                             set.insert(id.clone());
-                            why.entry(id.clone())
-                                .or_insert_with(|| reason(current.get(id), task, stack_live, settings));
+                            why.entry(id.clone()).or_insert_with(|| {
+                                reason(current.get(id), task, stack_live, settings)
+                            });
                         }
                         // A live task of the stack on a node that need not answer keeps it
                         // pending too.
@@ -500,7 +501,11 @@ impl DockerSeam {
                 task.state == Some(ApiTaskState::COMPLETE)
                     || (old.state != Some(ApiTaskState::COMPLETE) && task.at >= old.at)
             });
-            let mut kept = if newer { task } else { old.cloned().unwrap_or(task) };
+            let mut kept = if newer {
+                task
+            } else {
+                old.cloned().unwrap_or(task)
+            };
             kept.for_good = seen_for_good;
             by_node.insert(node, kept);
         }
@@ -767,7 +772,10 @@ mod tests {
             ..JobTask::default()
         };
         let s = &NodeSweepSettings::default();
-        assert_eq!(reason(None, None, false, s), "no longer a node of the swarm");
+        assert_eq!(
+            reason(None, None, false, s),
+            "no longer a node of the swarm"
+        );
         assert!(reason(Some(&node(false, true)), None, false, s).starts_with("the node is down"));
         assert!(
             reason(Some(&node(true, false)), None, false, s).starts_with("the node is drained")
@@ -798,7 +806,10 @@ mod tests {
     #[rstest::rstest]
     #[case::no_cli(None, 3)]
     #[case::no_engine(Some("echo 'Cannot connect to the Docker daemon' >&2; exit 1"), 4)]
-    #[case::denied(Some("echo 'permission denied while trying to connect' >&2; exit 1"), 5)]
+    #[case::denied(
+        Some("echo 'permission denied while trying to connect' >&2; exit 1"),
+        5
+    )]
     #[case::other_node(Some("echo n1"), 6)]
     #[case::not_a_swarm(Some("echo"), 6)]
     #[case::listing_fails(Some("[ \"$1\" = info ] && { echo n2; exit 0; }; exit 1"), 7)]

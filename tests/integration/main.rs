@@ -42,5 +42,6 @@ mod run_signals;
 mod runner_user;
 mod runs_stop;
 mod shipping;
+mod steer;
 mod stop_proof;
 mod util;
