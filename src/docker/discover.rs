@@ -42,12 +42,14 @@ impl DockerSeam {
         type Pick = fn(&mut StackResources) -> &mut Vec<Resource>;
         // Everything first: which stacks the engine knows by their labels decides what an
         // unlabelled name is.
-        let mut all: Vec<(
+        // Its labels, id, name, and where it goes.
+        type Listed = (
             Option<HashMap<String, String>>,
             Option<String>,
             Option<String>,
             Pick,
-        )> = Vec::new();
+        );
+        let mut all: Vec<Listed> = Vec::new();
         for s in services.map_err(failed("services"))? {
             let spec = s.spec.unwrap_or_default();
             all.push((spec.labels, s.id, spec.name, |r| &mut r.services));
