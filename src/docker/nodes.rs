@@ -56,7 +56,8 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 /// volumes on this node, look again, and succeed only when every listing succeeded and found
 /// nothing of them. Plain `sh` and the docker CLI only (the image may be a bare busybox with a
 /// docker CLI). A volume is the stack's when its namespace label names the stack, or when it
-/// has no such label and its name starts with `<stack>_`.
+/// has no such label, its name starts with `<stack>_`, and no longer stack the node knows by
+/// its labels (`<stack>_example_org`) begins that name.
 ///
 /// It fails closed, with an exit code that says why (see [`Cause`]): no docker CLI (3), an
 /// engine that does not answer at the socket (4), a socket its user may not open (5), the
@@ -82,9 +83,19 @@ done
 volumes_of() {
   all=$(docker volume ls --format "{{.Name}} {{.Label \"com.docker.stack.namespace\"}}") ||
     return 1
+  # Stacks this node knows by their labels: an unlabelled name a longer one extends is its.
+  known=$(printf '%s\n' "$all" | while read -r name label; do echo "$label"; done; \
+    docker ps -a --format "{{.Label \"com.docker.stack.namespace\"}}") || return 1
   printf '%s\n' "$all" | while read -r name label; do
     if [ "$label" = "$1" ]; then echo "$name"; fi
-    if [ -z "$label" ]; then case "$name" in "$1"_*) echo "$name" ;; esac; fi
+    if [ -z "$label" ]; then
+      case "$name" in "$1"_*) ;; *) continue ;; esac
+      theirs=
+      for o in $known; do
+        case "$o" in "$1"_*) case "$name" in "$o"_*) theirs=1 ;; esac ;; esac
+      done
+      [ -n "$theirs" ] || echo "$name"
+    fi
   done
 }
 try=0
@@ -814,6 +825,13 @@ mod tests {
     #[case::not_a_swarm(Some("echo"), 6)]
     #[case::listing_fails(Some("[ \"$1\" = info ] && { echo n2; exit 0; }; exit 1"), 7)]
     #[case::clean(Some("[ \"$1\" = info ] && echo n2; exit 0"), 0)]
+    #[case::a_longer_stack_s_unlabelled_volume_is_not_the_stack_s(
+        Some(
+            "case \"$1 $2\" in info*) echo n2 ;; 'volume ls') printf '%s\\n' \
+             'ab-000000_x_test_example_org_data ' 'x ab-000000_x_test_example_org' ;; esac"
+        ),
+        0
+    )]
     fn the_script_fails_closed(#[case] docker: Option<&str>, #[case] code: i32) {
         use std::os::unix::fs::PermissionsExt;
         let bin = tempfile::tempdir().unwrap();
