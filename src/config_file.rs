@@ -40,9 +40,9 @@ fn refused(path: &Path, rule: String) -> NameError {
 pub(crate) fn read(path: &Path, required: bool) -> Result<Option<String>, NameError> {
     // In a directory others may write to (a sticky /tmp), whoever planted a link there would
     // choose what we read: the file must be there itself, never followed through a link.
-    let shared_dir = directories(path).first().is_some_and(|dir| {
-        std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o022 != 0)
-    });
+    let shared_dir = directories(path)
+        .first()
+        .is_some_and(|dir| std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o022 != 0));
     let no_follow = if shared_dir { nix::libc::O_NOFOLLOW } else { 0 };
     let file = match std::fs::OpenOptions::new()
         .read(true)

@@ -27,6 +27,9 @@ pub(crate) enum Owners {
     Any,
     /// Ours or root's only.
     UsOrRoot,
+    /// Ours (the runner's user's too, when root and `runner_user` says so, [`crate::trust`])
+    /// or root's only.
+    Trusted,
 }
 
 /// What a file must be to be read.
@@ -53,6 +56,14 @@ impl Rules {
     pub(crate) const fn ours(self) -> Self {
         Self {
             owners: Owners::UsOrRoot,
+            ..self
+        }
+    }
+
+    /// The same, believed only of the files [`crate::trust`] takes as ours, or root's.
+    pub(crate) const fn trusted(self) -> Self {
+        Self {
+            owners: Owners::Trusted,
             ..self
         }
     }
@@ -161,6 +172,13 @@ fn check(file: &File, path: &Path, rules: &Rules) -> Result<(), ReadError> {
         return Err(refused(format!(
             "it is {}, not a regular file",
             kind_name(kind)
+        )));
+    }
+    if rules.owners == Owners::Trusted && meta.uid() != 0 && !crate::trust::ours(meta.uid()) {
+        return Err(refused(format!(
+            "it is owned by uid {}, neither {} nor root",
+            meta.uid(),
+            crate::trust::who()
         )));
     }
     if rules.owners == Owners::UsOrRoot {

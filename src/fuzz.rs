@@ -149,12 +149,31 @@ fn urls(value: &str) {
     }
 }
 
-/// Outside text made safe for a terminal: no control character survives.
+/// Outside text made safe for a terminal: no control character survives, in a text report
+/// (but its line breaks) or in any string a JSON document decodes to.
 fn escapes(value: &str) {
     let shown = crate::names::escape_outside(value.as_bytes());
     assert!(
         !shown.chars().any(char::is_control),
         "{value:?} → {shown:?}"
+    );
+    let bidi = |c: char| matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    let text = crate::names::visible_text(value);
+    assert!(
+        !text
+            .chars()
+            .any(|c| (c.is_control() && c != '\n') || bidi(c)),
+        "{value:?} → {text:?}"
+    );
+    let doc = serde_json::to_string_pretty(&serde_json::json!({ "v": value, "k": [value] }))
+        .expect("a string serialises");
+    let json = crate::names::visible_json(&doc);
+    let back: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{value:?} → {json:?}: {e}"));
+    let decoded = back["v"].as_str().unwrap_or_default();
+    assert!(
+        !decoded.chars().any(|c| c.is_control() || bidi(c)),
+        "{value:?} → {decoded:?}"
     );
 }
 
@@ -190,7 +209,16 @@ const TARGETS: [Target; 9] = [
             "/srv/a@b/x.git",
         ],
     ),
-    ("escapes", escapes, &["\u{1b}[31mred\n", "plain", "a\\b"]),
+    (
+        "escapes",
+        escapes,
+        &[
+            "\u{1b}[31mred\n",
+            "plain",
+            "a\\b",
+            "\u{202e}txt\u{85}\"\\u001b",
+        ],
+    ),
     (
         "names",
         names,

@@ -450,6 +450,8 @@ fn check_dirs(command: &Command, global: &Global) -> Result<(), Error> {
             Dir::Lock if global.etcd.is_some() => continue,
             Dir::Lock => &global.lock_dir,
             Dir::Runs => &global.runs_dir,
+            // In the runs dir (the default): made with it, which the runs dir's look covers.
+            Dir::State if global.state_dir.parent() == Some(global.runs_dir.as_path()) => continue,
             Dir::State => &global.state_dir,
         };
         look(dir, path)?;
@@ -585,7 +587,11 @@ fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
             .map(|s| format!("{:<keys$} {:<values$} {}\n", s.key, s.value, s.origin))
             .collect::<String>()
     };
-    let text = if args.json { text } else { names::visible_text(&text) };
+    let text = if args.json {
+        text
+    } else {
+        names::visible_text(&text)
+    };
     emit(text.as_bytes()).map(|()| 0)
 }
 
@@ -787,8 +793,7 @@ struct OneRun<'a> {
 fn json(value: &impl serde::Serialize) -> String {
     // No control or bidi character reaches a reader of any document, raw or decoded.
     names::visible_json(
-        &serde_json::to_string_pretty(value)
-            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")),
+        &serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")),
     )
 }
 

@@ -535,10 +535,7 @@ fn needs_escape(c: char) -> bool {
 /// bidirectional formatting character escaped as [`visible`] does, but the line breaks that
 /// make its lines.
 pub(crate) fn visible_text(text: &str) -> String {
-    text.split('\n')
-        .map(visible)
-        .collect::<Vec<_>>()
-        .join("\n")
+    text.split('\n').map(visible).collect::<Vec<_>>().join("\n")
 }
 
 /// A JSON document whose strings carry no control or bidirectional formatting character, raw or
@@ -666,6 +663,14 @@ pub(crate) const DOMAINS_DIR: &str = ".domains";
 pub(crate) const NAMED_LOCK_PREFIX: &str = "ccci-";
 pub(crate) const NAMED_LOCK_SUFFIX: &str = ".lock";
 const QUEUE_SUFFIX: &str = ".queue";
+
+/// The state dir when none is configured, in the runs dir: the runs' user's own.
+pub(crate) const STATE_DIR: &str = ".state";
+
+/// `<runs-dir>/.state`: the default state dir.
+pub(crate) fn state_dir_of(runs_dir: &std::path::Path) -> std::path::PathBuf {
+    runs_dir.join(STATE_DIR)
+}
 
 /// `<runs-dir>/.domains`.
 pub(crate) fn domains_dir(runs_dir: &std::path::Path) -> std::path::PathBuf {
@@ -1057,7 +1062,9 @@ mod tests {
 
     #[test]
     fn json_escapes_read_as_runs_json_writes_them() {
-        let doc = serde_json::to_string(&serde_json::json!(["a\u{1b}[31m\n\u{202e}b\u{85}", "c\\d"])).unwrap();
+        let doc =
+            serde_json::to_string(&serde_json::json!(["a\u{1b}[31m\n\u{202e}b\u{85}", "c\\d"]))
+                .unwrap();
         let back: Vec<String> = serde_json::from_str(&visible_json(&doc)).unwrap();
         assert_eq!(back, ["a\\u{1b}[31m\\n\\u{202e}b\\u{85}", "c\\d"]);
     }

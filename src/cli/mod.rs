@@ -82,7 +82,7 @@ pub(crate) struct GlobalArgs {
     /// Directory of the per-run directories and run records [default: /var/lib/cc-ci-runs].
     #[arg(long, value_name = "DIR", env = "CCCI_RUNS_DIR")]
     pub runs_dir: Option<PathBuf>,
-    /// Directory of the run-scoped state files [default: /tmp].
+    /// Directory of the run-scoped state files [default: RUNS_DIR/.state].
     #[arg(long, value_name = "DIR", env = "CCCI_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Run-app domains end in `.SUFFIX` [default: ci.commoninternet.net].

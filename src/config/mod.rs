@@ -136,6 +136,12 @@ pub(crate) const LEASE_HEADROOM: Duration =
 /// election timeout), above an hour a dead holder blocks the fleet for too long.
 pub(crate) const LEASE_TTL_RANGE: std::ops::RangeInclusive<u32> = 2..=3600;
 
+/// The largest stop budget any configuration can give a holder: it must fit in its lease TTL
+/// ([`EtcdSettings::check_stop_budget`]), at most the longest TTL. A record that says more was
+/// not written by a holder.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) const MAX_STOP_BUDGET: Duration = Duration::from_secs(*LEASE_TTL_RANGE.end() as u64);
+
 /// The one form an etcd endpoint is written in, as every refusal names it.
 pub(crate) const ENDPOINT_FORM: &str =
     "write each endpoint as http://HOST:PORT (https:// is not supported by this build)";

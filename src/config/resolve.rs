@@ -183,7 +183,13 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
     )?;
     let state_dir = absolute(
         "state_dir",
-        pick(i.state_dir, file.state_dir, &from_file, "/tmp".into()),
+        // The runs' user's own, beside its runs: never a directory others may write to.
+        pick(
+            i.state_dir,
+            file.state_dir,
+            &from_file,
+            crate::names::state_dir_of(&runs_dir.0),
+        ),
     )?;
     let default_suffix = crate::names::DEFAULT_DOMAIN_SUFFIX.to_owned();
     let domain_suffix = pick(

@@ -5,6 +5,8 @@
 //! domain only through the run-app pattern, so nothing outside the run-app namespace, and
 //! nothing labelled for another stack, is ever touched.
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 impl DockerSeam {
@@ -37,54 +39,78 @@ impl DockerSeam {
         fn failed(kind: &'static str) -> impl Fn(BollardError) -> DockerError {
             move |e| DockerError(format!("failed to list {kind}: {e}"))
         }
-        let mut found: BTreeMap<AppDomain, StackResources> = BTreeMap::new();
-        let mut add = |labels: Option<&HashMap<String, String>>,
-                       id: Option<String>,
-                       name: Option<String>,
-                       pick: fn(&mut StackResources) -> &mut Vec<Resource>| {
-            let (Some(id), Some(name)) = (id, name) else {
-                return;
-            };
-            // Labels decide: an object labelled for a stack is that stack's, whatever its
-            // name (an app whose domain extends a run app's has names that begin with the run
-            // app's stack). Only what carries no stack label goes by its name.
-            let (domain, by) = match labels.and_then(|l| l.get(STACK_LABEL)) {
-                Some(stack) => (pattern.domain_of_stack(stack), Match::Label),
-                None => (pattern.domain_of_resource(&name), Match::Name),
-            };
-            let Some(domain) = domain else {
-                return;
-            };
-            let name = name.trim_start_matches('/').to_owned();
-            pick(found.entry(domain).or_default()).push(Resource { id, name, by });
-        };
+        type Pick = fn(&mut StackResources) -> &mut Vec<Resource>;
+        // Everything first: which stacks the engine knows by their labels decides what an
+        // unlabelled name is.
+        // Its labels, id, name, and where it goes.
+        type Listed = (
+            Option<HashMap<String, String>>,
+            Option<String>,
+            Option<String>,
+            Pick,
+        );
+        let mut all: Vec<Listed> = Vec::new();
         for s in services.map_err(failed("services"))? {
             let spec = s.spec.unwrap_or_default();
-            add(spec.labels.as_ref(), s.id, spec.name, |r| &mut r.services);
+            all.push((spec.labels, s.id, spec.name, |r| &mut r.services));
         }
         for c in containers.map_err(failed("containers"))? {
             let name = c.names.and_then(|n| n.into_iter().next());
-            add(c.labels.as_ref(), c.id, name, |r| &mut r.containers);
+            all.push((c.labels, c.id, name, |r| &mut r.containers));
         }
         for n in networks.map_err(failed("networks"))? {
-            add(n.labels.as_ref(), n.id, n.name, |r| &mut r.networks);
+            all.push((n.labels, n.id, n.name, |r| &mut r.networks));
         }
         for v in volumes
             .map_err(failed("volumes"))?
             .volumes
             .unwrap_or_default()
         {
-            add(Some(&v.labels), Some(v.name.clone()), Some(v.name), |r| {
+            all.push((Some(v.labels), Some(v.name.clone()), Some(v.name), |r| {
                 &mut r.volumes
-            });
+            }));
         }
         for s in secrets.map_err(failed("secrets"))? {
             let spec = s.spec.unwrap_or_default();
-            add(spec.labels.as_ref(), s.id, spec.name, |r| &mut r.secrets);
+            all.push((spec.labels, s.id, spec.name, |r| &mut r.secrets));
         }
         for c in configs.map_err(failed("configs"))? {
             let spec = c.spec.unwrap_or_default();
-            add(spec.labels.as_ref(), c.id, spec.name, |r| &mut r.configs);
+            all.push((spec.labels, c.id, spec.name, |r| &mut r.configs));
+        }
+        let labelled: BTreeSet<String> = all
+            .iter()
+            .filter_map(|(labels, ..)| labels.as_ref()?.get(STACK_LABEL).cloned())
+            .collect();
+        let mut found: BTreeMap<AppDomain, StackResources> = BTreeMap::new();
+        for (labels, id, name, pick) in all {
+            let (Some(id), Some(name)) = (id, name) else {
+                continue;
+            };
+            let name = name.trim_start_matches('/').to_owned();
+            // Labels decide: an object labelled for a stack is that stack's, whatever its
+            // name (an app whose domain extends a run app's has names that begin with the run
+            // app's stack). Only what carries no stack label goes by its name, and never by a
+            // prefix another stack the engine knows extends: `<run stack>_example_org_…` is
+            // the app `….example.org`'s while that app's stack is there.
+            let (domain, by) = match labels.as_ref().and_then(|l| l.get(STACK_LABEL)) {
+                Some(stack) => (pattern.domain_of_stack(stack), Match::Label),
+                None => {
+                    let domain = pattern.domain_of_resource(&name).filter(|domain| {
+                        let own = domain.stack_name();
+                        !labelled.iter().any(|other| {
+                            other.len() > own.len()
+                                && other.starts_with(&format!("{own}_"))
+                                && name.starts_with(&format!("{other}_"))
+                        })
+                    });
+                    (domain, Match::Name)
+                }
+            };
+            let Some(domain) = domain else {
+                continue;
+            };
+            pick(found.entry(domain).or_default()).push(Resource { id, name, by });
         }
         Ok(found)
     }

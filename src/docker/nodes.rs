@@ -56,7 +56,8 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 /// volumes on this node, look again, and succeed only when every listing succeeded and found
 /// nothing of them. Plain `sh` and the docker CLI only (the image may be a bare busybox with a
 /// docker CLI). A volume is the stack's when its namespace label names the stack, or when it
-/// has no such label and its name starts with `<stack>_`.
+/// has no such label, its name starts with `<stack>_`, and no longer stack the node knows by
+/// its labels (`<stack>_example_org`) begins that name.
 ///
 /// It fails closed, with an exit code that says why (see [`Cause`]): no docker CLI (3), an
 /// engine that does not answer at the socket (4), a socket its user may not open (5), the
@@ -82,9 +83,19 @@ done
 volumes_of() {
   all=$(docker volume ls --format "{{.Name}} {{.Label \"com.docker.stack.namespace\"}}") ||
     return 1
+  # Stacks this node knows by their labels: an unlabelled name a longer one extends is its.
+  known=$(printf '%s\n' "$all" | while read -r name label; do echo "$label"; done; \
+    docker ps -a --format "{{.Label \"com.docker.stack.namespace\"}}") || return 1
   printf '%s\n' "$all" | while read -r name label; do
     if [ "$label" = "$1" ]; then echo "$name"; fi
-    if [ -z "$label" ]; then case "$name" in "$1"_*) echo "$name" ;; esac; fi
+    if [ -z "$label" ]; then
+      case "$name" in "$1"_*) ;; *) continue ;; esac
+      theirs=
+      for o in $known; do
+        case "$o" in "$1"_*) case "$name" in "$o"_*) theirs=1 ;; esac ;; esac
+      done
+      [ -n "$theirs" ] || echo "$name"
+    fi
   done
 }
 try=0
@@ -148,9 +159,9 @@ impl Cause {
         let socket = settings.socket.display();
         let image = &settings.image;
         match self {
-            Self::NoCli => format!(
-                "the node sweep image {image} has no docker CLI there (node_sweep_image)"
-            ),
+            Self::NoCli => {
+                format!("the node sweep image {image} has no docker CLI there (node_sweep_image)")
+            }
             Self::NoEngine => format!(
                 "no engine answers at {socket} there, so its containers and volumes cannot be \
                  looked at (node_docker_socket)"
@@ -384,8 +395,9 @@ impl DockerSeam {
                                 continue;
                             }
                             set.insert(id.clone());
-                            why.entry(id.clone())
-                                .or_insert_with(|| reason(current.get(id), task, stack_live, settings));
+                            why.entry(id.clone()).or_insert_with(|| {
+                                reason(current.get(id), task, stack_live, settings)
+                            });
                         }
                         // A live task of the stack on a node that need not answer keeps it
                         // pending too.
@@ -500,7 +512,11 @@ impl DockerSeam {
                 task.state == Some(ApiTaskState::COMPLETE)
                     || (old.state != Some(ApiTaskState::COMPLETE) && task.at >= old.at)
             });
-            let mut kept = if newer { task } else { old.cloned().unwrap_or(task) };
+            let mut kept = if newer {
+                task
+            } else {
+                old.cloned().unwrap_or(task)
+            };
             kept.for_good = seen_for_good;
             by_node.insert(node, kept);
         }
@@ -767,7 +783,10 @@ mod tests {
             ..JobTask::default()
         };
         let s = &NodeSweepSettings::default();
-        assert_eq!(reason(None, None, false, s), "no longer a node of the swarm");
+        assert_eq!(
+            reason(None, None, false, s),
+            "no longer a node of the swarm"
+        );
         assert!(reason(Some(&node(false, true)), None, false, s).starts_with("the node is down"));
         assert!(
             reason(Some(&node(true, false)), None, false, s).starts_with("the node is drained")
@@ -798,11 +817,21 @@ mod tests {
     #[rstest::rstest]
     #[case::no_cli(None, 3)]
     #[case::no_engine(Some("echo 'Cannot connect to the Docker daemon' >&2; exit 1"), 4)]
-    #[case::denied(Some("echo 'permission denied while trying to connect' >&2; exit 1"), 5)]
+    #[case::denied(
+        Some("echo 'permission denied while trying to connect' >&2; exit 1"),
+        5
+    )]
     #[case::other_node(Some("echo n1"), 6)]
     #[case::not_a_swarm(Some("echo"), 6)]
     #[case::listing_fails(Some("[ \"$1\" = info ] && { echo n2; exit 0; }; exit 1"), 7)]
     #[case::clean(Some("[ \"$1\" = info ] && echo n2; exit 0"), 0)]
+    #[case::a_longer_stack_s_unlabelled_volume_is_not_the_stack_s(
+        Some(
+            "case \"$1 $2\" in info*) echo n2 ;; 'volume ls') printf '%s\\n' \
+             'ab-000000_x_test_example_org_data ' 'x ab-000000_x_test_example_org' ;; esac"
+        ),
+        0
+    )]
     fn the_script_fails_closed(#[case] docker: Option<&str>, #[case] code: i32) {
         use std::os::unix::fs::PermissionsExt;
         let bin = tempfile::tempdir().unwrap();

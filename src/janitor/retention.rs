@@ -89,7 +89,7 @@ const SYSTEM_DIRS: &[&str] = &[
 const PSEUDO_FS: &[&str] = &["/proc", "/sys"];
 
 /// The runs dir's entries that are ccci-run's own but not run directories.
-const OWN_ENTRIES: &[&str] = &[names::DOMAINS_DIR];
+const OWN_ENTRIES: &[&str] = &[names::DOMAINS_DIR, names::STATE_DIR];
 
 /// An entry of the runs dir that retention left alone because nothing proves it a run
 /// directory of ours, and why.

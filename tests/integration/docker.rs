@@ -510,3 +510,47 @@ fn concurrent_janitors_never_fight_over_a_stack() {
         assert_gone_now(stack);
     }
 }
+
+/// Another app whose domain extends the run app's (`<run app>.example.org`), deployed beside
+/// it, with an unlabelled secret and volume named under its own stack (`<run stack>_example_org_…`,
+/// which begins with the run app's stack): neither the dry run nor the reap takes them as the
+/// run app's, and they survive the reap with the other app's services.
+#[test]
+fn another_app_extending_the_run_app_s_domain_keeps_its_unlabelled_objects() {
+    let Some((sandbox, domain, stack, _cleanup)) = docker_case("extd") else {
+        return;
+    };
+    let other = format!("{stack}_example_org");
+    let _other_cleanup = Cleanup(other.clone());
+    deploy(&sandbox, &stack);
+    deploy(&sandbox, &other);
+    let volume = format!("{other}_data");
+    docker(&["volume", "create", &volume]);
+    let secret = format!("{other}_external_key");
+    sandbox.plant_env("ci", &domain, "X=1\n");
+
+    let (report, done) = sandbox.janitor(&["--dry-run"]);
+    done.assert_code(0);
+    let objects = candidate(&report, &domain)["objects"].to_string();
+    assert!(
+        !objects.contains(&other),
+        "the other app's objects are taken as the run app's: {report:#}"
+    );
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(
+        candidate(&report, &domain)["decision"],
+        "reap",
+        "{report:#}"
+    );
+    for (kind, name) in [("secret", &secret), ("volume", &volume)] {
+        assert_eq!(
+            docker(&[kind, "ls", "-q", "--filter", &format!("name={name}")])
+                .lines()
+                .count(),
+            1,
+            "the other app's {kind} {name} was removed"
+        );
+    }
+    assert_eq!(running_containers(&other), 2, "the other app was touched");
+}

@@ -981,3 +981,34 @@ fn a_teardown_acts_on_the_app_only_after_etcd_confirms_the_lock() {
         "{record}"
     );
 }
+
+/// A tenure record planted with a stop budget no configuration gives (`8e12` ms would bind the
+/// lock to a lease of centuries; `u64::MAX` one etcd refuses): junk, removed by the claim in its
+/// way, and the lock is taken at once; and by the janitor, which exits 0.
+#[rstest::rstest]
+#[case::centuries("8000000000000")]
+#[case::u64_max("18446744073709551615")]
+fn a_tenure_record_with_a_stop_budget_no_configuration_gives_is_junk(#[case] budget_ms: &str) {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let host = Host::on(&cluster, 3);
+    let tenure = "/ccci-run/named/cache/tenure/0000000000000001";
+    let record = format!("{{\"holder\":\"pid 1 run x\",\"stop_budget_ms\":{budget_ms}}}");
+    etcdctl(&cluster, &["put", tenure, &record]);
+    let started = std::time::Instant::now();
+    let done = run(host.lock(&["--wait", "10"], "echo ran"));
+    done.assert_code(0);
+    assert!(done.out.join("\n").contains("ran"), "{}", done.transcript());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}\n{}",
+        started.elapsed(),
+        done.transcript()
+    );
+    etcdctl(&cluster, &["put", tenure, &record]);
+    let (report, swept) = host.janitor();
+    swept.assert_code(0);
+    assert!(report["tidied"].to_string().contains(tenure), "{report:#}");
+    assert!(cluster.keys().is_empty(), "{}", cluster.keys());
+}

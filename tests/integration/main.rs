@@ -42,6 +42,7 @@ mod run_signals;
 mod runner_user;
 mod runs_stop;
 mod shipping;
+mod steer;
 mod stop_proof;
 mod systemd_host;
 mod util;

@@ -49,33 +49,36 @@ pub(crate) fn acquire(
 
 /// Note that the holder of lock `name` waited `waited` for it, for the metrics: beside the lock
 /// file (`<lock-dir>/ccci-<NAME>.lock.last-wait`), outside the queue directory its waiters
-/// watch, written in place at a fixed width so that a reader never sees half a number.
+/// watch, replaced whole so that a reader never sees half a number.
 pub(crate) fn record_last_wait(
     lock_dir: &Path,
     name: &LockName,
     waited: Duration,
 ) -> io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    let line = format!("{:015.3}\n", waited.as_secs_f64().min(99_999_999_999.0));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        // Without blocking: a FIFO planted there (any process of the lock's user can) must not
-        // hold up the holder's command; and only a regular file is written to.
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
-        .open(last_wait_path(lock_dir, name))
-        .and_then(|file| {
-            let kind = file.metadata()?.file_type();
-            if !kind.is_file() {
-                return Err(io::Error::other(format!(
-                    "it is {}, not a regular file; left alone",
-                    crate::files::kind_name(kind)
-                )));
-            }
-            file.write_all_at(line.as_bytes(), 0)
-        })
+    use std::os::unix::fs::MetadataExt;
+    let line = format!("{:.3}", waited.as_secs_f64().min(99_999_999_999.0));
+    let path = last_wait_path(lock_dir, name);
+    // One writer: ours. Another user's record (or anything but a regular file, a FIFO planted
+    // there) is left alone and never written into; ours is replaced whole, through a file
+    // made exclusively beside it, so no reader sees half a line.
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) if !meta.is_file() => {
+            return Err(io::Error::other(format!(
+                "it is {}, not a regular file; left alone",
+                crate::files::kind_name(meta.file_type())
+            )));
+        }
+        Ok(meta) if !crate::trust::ours(meta.uid()) => {
+            return Err(io::Error::other(format!(
+                "it is owned by uid {}, not {}; left alone",
+                meta.uid(),
+                crate::trust::who()
+            )));
+        }
+        _ => {}
+    }
+    crate::files::write_atomically(&path, line.as_bytes(), false, crate::files::Mode::Umasked)?;
+    Ok(())
 }
 
 /// Where the last wait for lock `name` is recorded.
@@ -89,7 +92,7 @@ pub(crate) fn last_wait_path(lock_dir: &Path, name: &LockName) -> PathBuf {
 
 /// The last holder's wait recorded at `path`, in seconds.
 pub(crate) fn last_wait(path: &Path) -> Option<f64> {
-    let text = crate::files::read_text(path, &crate::files::Rules::small(64)).ok()?;
+    let text = crate::files::read_text(path, &crate::files::Rules::small(64).trusted()).ok()?;
     text.trim()
         .parse::<f64>()
         .ok()

@@ -61,8 +61,13 @@ pub(super) struct TenureValue {
 }
 
 impl TenureValue {
+    /// The record, when a holder can have written it: one whose stop budget is above what any
+    /// configuration gives (a planted `8e12` ms would bind the lock to a lease of centuries) is
+    /// junk, removed as any other.
     pub(super) fn parse(kv: &KeyValue) -> Option<Self> {
-        serde_json::from_slice(kv.value()).ok()
+        serde_json::from_slice::<Self>(kv.value())
+            .ok()
+            .filter(|v| v.stop_budget() <= crate::config::MAX_STOP_BUDGET)
     }
 
     pub(super) fn stop_budget(&self) -> Duration {
