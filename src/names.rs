@@ -351,11 +351,10 @@ pub(crate) mod etcd {
             return false;
         };
         let mut parts = rest.splitn(4, '/');
-        match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some(TENURE), Some(_), Some(_), Some(_)) => true,
-            (Some(_), Some(_), Some("tenure"), Some(_)) => true,
-            _ => false,
-        }
+        matches!(
+            (parts.next(), parts.next(), parts.next(), parts.next()),
+            (Some(TENURE), Some(_), Some(_), Some(_)) | (Some(_), Some(_), Some("tenure"), Some(_))
+        )
     }
 }
 
