@@ -615,8 +615,10 @@ pub(crate) fn cgroup_owner(name: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "etcd")]
     use super::etcd as keys;
 
+    #[cfg(feature = "etcd")]
     #[test]
     fn tenure_keys_live_beside_the_lock_directories_and_parse_as_their_locks() {
         let dir = keys::lock_dir(keys::NAMED, "cache");
