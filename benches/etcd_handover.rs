@@ -7,7 +7,7 @@
 //!
 //! Each holder's command appends `$EPOCHREALTIME host token` to one shared log every 50 ms, as
 //! in the partition tests. Contenders, in the same run on the same cluster: `ccci-run lock` and
-//! `ccci-run run` (lease TTL 5 s, kill grace 2 s) and `etcdctl lock --ttl 5` (etcd's own lock
+//! `ccci-run run` (lease TTL 6 s, kill grace 2 s) and `etcdctl lock --ttl 6` (etcd's own lock
 //! recipe and client: the baseline). Not a timed test: it prints medians, p90s and ratios.
 //!
 //! `etcdctl lock` does not stop its command when its session is lost: after a lapse its holder
@@ -34,7 +34,7 @@ mod netfleet;
 use netfleet::{Fleet, Host};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ccci-run");
-const TTL: &str = "5";
+const TTL: &str = "6";
 const KILL_GRACE: &str = "2";
 /// How long any wait may take before the bench gives up.
 const PATIENCE: Duration = Duration::from_secs(60);

@@ -413,7 +413,10 @@ pub(crate) mod etcd {
     /// (`owner`, `queue/<lease>`, and for a tenure key, wherever it lives, `<lease>`).
     pub(crate) fn key_parts(key: &str) -> Option<(&str, &str, &str)> {
         let rest = key.strip_prefix(PREFIX)?;
-        let rest = rest.strip_prefix(TENURE).and_then(|r| r.strip_prefix('/')).unwrap_or(rest);
+        let rest = rest
+            .strip_prefix(TENURE)
+            .and_then(|r| r.strip_prefix('/'))
+            .unwrap_or(rest);
         let (kind, rest) = rest.split_once('/')?;
         let (name, rest) = rest.split_once('/')?;
         Some((kind, name, rest.strip_prefix("tenure/").unwrap_or(rest)))
@@ -425,11 +428,10 @@ pub(crate) mod etcd {
             return false;
         };
         let mut parts = rest.splitn(4, '/');
-        match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some(TENURE), Some(_), Some(_), Some(_)) => true,
-            (Some(_), Some(_), Some("tenure"), Some(_)) => true,
-            _ => false,
-        }
+        matches!(
+            (parts.next(), parts.next(), parts.next(), parts.next()),
+            (Some(TENURE), Some(_), Some(_), Some(_)) | (Some(_), Some(_), Some("tenure"), Some(_))
+        )
     }
 }
 
@@ -775,6 +777,38 @@ pub(crate) fn cgroup_owner(name: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "etcd")]
+    use super::etcd as keys;
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn tenure_keys_live_beside_the_lock_directories_and_parse_as_their_locks() {
+        let dir = keys::lock_dir(keys::NAMED, "cache");
+        let tenure = keys::tenure_key(&dir, 0x2a);
+        assert_eq!(tenure, "/ccci-run/tenure/named/cache/000000000000002a");
+        assert!(
+            !tenure.starts_with(&dir),
+            "a per-lock delete must not reach it"
+        );
+        assert_eq!(
+            keys::key_parts(&tenure),
+            Some(("named", "cache", "000000000000002a"))
+        );
+        assert!(keys::is_tenure(&tenure));
+        let old = format!("{}000000000000002a", keys::legacy_tenure_prefix(&dir));
+        assert_eq!(
+            keys::key_parts(&old),
+            Some(("named", "cache", "000000000000002a"))
+        );
+        assert!(keys::is_tenure(&old));
+        // A lock named "tenure" is a lock, not the tenure tree.
+        let owner = keys::owner_key(&keys::lock_dir(keys::NAMED, "tenure"));
+        assert_eq!(keys::key_parts(&owner), Some(("named", "tenure", "owner")));
+        assert!(!keys::is_tenure(&owner));
+        assert!(!keys::is_tenure(&keys::queue_key(&dir, 1)));
+        assert!(!keys::is_tenure(keys::FLEET) && keys::key_parts(keys::FLEET).is_none());
+    }
+
     #[test]
     fn visible_escapes_control_and_bidi_characters_only() {
         assert_eq!(visible("run 7 \u{e9}"), "run 7 \u{e9}");

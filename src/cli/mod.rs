@@ -116,8 +116,8 @@ pub(crate) struct GlobalArgs {
     pub etcd_endpoints: Option<Vec<String>>,
     /// How long an etcd lease outlives its holder's last keepalive (whole seconds, 2s-1h): how
     /// soon a dead holder's lock frees, and how long etcd may be unreachable before a holder
-    /// stops its command; at least the kill grace + 2s, so the command is gone before the lease
-    /// can expire [default: 15s].
+    /// stops its command; at least the kill grace + 4s, so the command is gone before the lease
+    /// can expire and a leader election passes unnoticed [default: 15s].
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true, env = "CCCI_LEASE_TTL", value_parser = lease_ttl)]
     pub lease_ttl: Option<Duration>,
     /// Diagnostics format: text, or json (then all of stderr is JSON, one object a line, status

@@ -226,7 +226,8 @@ impl EtcdSettings {
             rule: format!(
                 "a holder must be able to stop its command before etcd can expire its lease: \
                  with a kill grace of {} its stop budget is {} (the grace and {} for the kill \
-                 to take effect), and the lease needs {} more for keepalives; the smallest \
+                 to take effect), and the lease needs {} more for keepalives and an etcd leader \
+                 election; the smallest \
                  lease TTL that works is {smallest} s (--lease-ttl, CCCI_LEASE_TTL, \
                  lease_ttl){or_grace}",
                 crate::duration::show(kill_grace),

@@ -101,7 +101,7 @@ enum EtcdFault {
 }
 
 /// The lease TTL of two-host schedules, seconds.
-const CHAOS_TTL: u32 = 4;
+const CHAOS_TTL: u32 = 5;
 
 #[derive(Debug, Clone)]
 struct Plan {

@@ -466,7 +466,14 @@ impl Fleet {
             let mut cmd = Command::new("etcdctl");
             cmd.env("ETCDCTL_API", "3")
                 .args(["--endpoints", &live, "--dial-timeout", "1s"])
-                .args(["--command-timeout", "1s", "endpoint", "status", "-w", "json"]);
+                .args([
+                    "--command-timeout",
+                    "1s",
+                    "endpoint",
+                    "status",
+                    "-w",
+                    "json",
+                ]);
             let out = self.on_observer(&cmd).output().expect("run etcdctl");
             let statuses: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
             let ids: Vec<&Value> = statuses

@@ -463,19 +463,26 @@ impl Bench {
             }
             Mode::Lock => cmd.args(["lock", "partition", "--wait", "120"]),
         };
-        cmd.args(["--kill-grace", self.settings(host).grace, "--", "bash", "-c", HOLDER])
-            .env("LOG", log)
-            .env("STOP", stop)
-            .env("TAG", host.tag())
-            // Only the holder's command is put to the test; the waiter's stops at once.
-            .env(
-                "KIND",
-                if host == spec.holder {
-                    spec.kind.name()
-                } else {
-                    Kind::Prompt.name()
-                },
-            );
+        cmd.args([
+            "--kill-grace",
+            self.settings(host).grace,
+            "--",
+            "bash",
+            "-c",
+            HOLDER,
+        ])
+        .env("LOG", log)
+        .env("STOP", stop)
+        .env("TAG", host.tag())
+        // Only the holder's command is put to the test; the waiter's stops at once.
+        .env(
+            "KIND",
+            if host == spec.holder {
+                spec.kind.name()
+            } else {
+                Kind::Prompt.name()
+            },
+        );
         self.fleet.on_host(host, &cmd)
     }
 
@@ -486,7 +493,8 @@ impl Bench {
             .keys("/ccci-run/")
             .into_iter()
             .filter(|k| {
-                !["/ccci-run/lineage", "/ccci-run/settling", "/ccci-run/fleet"].contains(&k.as_str())
+                !["/ccci-run/lineage", "/ccci-run/settling", "/ccci-run/fleet"]
+                    .contains(&k.as_str())
             })
             .collect()
     }
@@ -594,7 +602,9 @@ impl Bench {
             Upset::KillLeader => {
                 let (_, election) = self.fleet.kill_leader();
                 self.elections.borrow_mut().push(election.as_secs_f64());
-                std::thread::sleep(Duration::from_secs(2 * u64::from(self.settings(holder_host).ttl)));
+                std::thread::sleep(Duration::from_secs(
+                    2 * u64::from(self.settings(holder_host).ttl),
+                ));
             }
         }
         let upset_end = now();
@@ -952,8 +962,7 @@ fn a_revoked_lease_of_a_cut_off_holder_is_waited_out_before_the_next_host_starts
 
 /// The same with a 15 s lease: the holder's at-risk point is 12.5 s after its last keepalive.
 #[test]
-fn a_revoked_lease_of_a_cut_off_holder_with_a_long_ttl_is_waited_out_before_the_next_host_starts()
-{
+fn a_revoked_lease_of_a_cut_off_holder_with_a_long_ttl_is_waited_out_before_the_next_host_starts() {
     let long = Settings { ttl: 15, ..USUAL };
     scenario_with(
         "lease revoked, holder cut off, run, TTL 15 s",

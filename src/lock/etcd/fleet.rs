@@ -83,7 +83,11 @@ pub(super) async fn raise(pool: &Pool, ours: Bound) -> Result<(), etcd_client::E
             })
             .await?;
         if response.succeeded() {
-            tracing::info!(ttl_ms = new.ttl_ms, stop_budget_ms = new.stop_budget_ms, "fleet record raised");
+            tracing::info!(
+                ttl_ms = new.ttl_ms,
+                stop_budget_ms = new.stop_budget_ms,
+                "fleet record raised"
+            );
             return Ok(());
         }
     }
@@ -95,7 +99,10 @@ pub(super) async fn raise(pool: &Pool, ours: Bound) -> Result<(), etcd_client::E
 
 /// The longest any holder may still run after its keys are gone, at least `own`: the fleet
 /// record's TTL, and the longest TTL granted to any lease that is still alive.
-pub(super) async fn longest_hold(pool: &Pool, own: Duration) -> Result<Duration, etcd_client::Error> {
+pub(super) async fn longest_hold(
+    pool: &Pool,
+    own: Duration,
+) -> Result<Duration, etcd_client::Error> {
     let mut longest = own;
     let response = pool
         .call(|mut c| async move { c.get(keys::FLEET, None).await })
@@ -103,9 +110,7 @@ pub(super) async fn longest_hold(pool: &Pool, own: Duration) -> Result<Duration,
     if let Some(bound) = response.kvs().first().and_then(Bound::parse) {
         longest = longest.max(bound.ttl());
     }
-    let leases = pool
-        .call(|mut c| async move { c.leases().await })
-        .await?;
+    let leases = pool.call(|mut c| async move { c.leases().await }).await?;
     for id in leases.leases().iter().map(etcd_client::LeaseStatus::id) {
         let alive = pool
             .call(|mut c| async move { c.lease_time_to_live(id, None).await })

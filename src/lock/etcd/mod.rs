@@ -299,8 +299,7 @@ impl LockBackend for Etcd {
                     waiter: waiter.clone(),
                     lease: session.id,
                     holder_line: wait.holder.to_line(),
-                    waiter_line: serde_json::to_string(&value)
-                        .expect("a waiter always serialises"),
+                    waiter_line: serde_json::to_string(&value).expect("a waiter always serialises"),
                     promote,
                     ttl: self.shared.ttl,
                     label: self.describe(key),
@@ -478,10 +477,7 @@ impl Etcd {
             let Some((kind, name, _)) = keys::key_parts(key) else {
                 continue;
             };
-            if kv.lease() != 0
-                || !keys::is_tenure(key)
-                || queue::TenureValue::parse(kv).is_none()
-            {
+            if kv.lease() != 0 || !keys::is_tenure(key) || queue::TenureValue::parse(kv).is_none() {
                 continue;
             }
             let label = format!("etcd key {}", keys::owner_key(&keys::lock_dir(kind, name)));

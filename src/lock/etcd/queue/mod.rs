@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use super::Etcd;
 use super::client::{Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Shared};
-use super::lease::Session;
 use super::fleet;
+use super::lease::Session;
 use super::lineage::{self, Lineage};
 use crate::config::Class;
 use crate::lock::backend::{LockKey, Wait};

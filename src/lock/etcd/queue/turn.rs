@@ -74,9 +74,7 @@ pub(in crate::lock::etcd) async fn wait_turn(
                     turn.label
                 )),
                 // NOT_FOUND: etcd knows our lease no more.
-                Err(etcd_client::Error::GRpcStatus(status))
-                    if i32::from(status.code()) == 5 =>
-                {
+                Err(etcd_client::Error::GRpcStatus(status)) if i32::from(status.code()) == 5 => {
                     return Err("our place in the queue is gone with our lease".to_owned());
                 }
                 Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
