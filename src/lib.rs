@@ -184,6 +184,8 @@ pub fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(err) => return command_line_error(&with_dash_dash_tip(err)),
     };
+    // A `--json` command prints its envelope whatever happens: on a failure, with the error.
+    let json_when_failed = cli.command.json_when_failed();
     match dispatch(cli, &matches, start_ppid) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
@@ -192,6 +194,11 @@ pub fn main() -> ExitCode {
                 err.kind(),
                 err.exit_code(),
             );
+            if let Some(fields) = json_when_failed {
+                let document = report::Envelope::new(&fields, vec![err.to_string()]);
+                // A closed or full stdout loses the document, never the exit code.
+                let _ = report::stdout(format!("{}\n", json(&document)).as_bytes());
+            }
             ExitCode::from(err.exit_code())
         }
     }
@@ -621,13 +628,18 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
         }
         None => {}
     }
-    let text = if args.json {
+    // Every error of the sweep on stderr, under the one prefix, whatever stdout shows.
+    let code = if report.failed() { exit::FAILURE } else { 0 };
+    for err in &report.errors {
+        report::failure(&format!("ccci-run: error: {err}"), "janitor", code);
+    }
+    let text = if args.json() {
         format!("{}\n", json(&report::Envelope::versioned(&report)))
     } else {
-        janitor::report::render_table(&report)
+        janitor::report::render_table(&report, args.wide())
     };
     emit(text.as_bytes())?;
-    Ok(if report.failed() { exit::FAILURE } else { 0 })
+    Ok(code)
 }
 
 /// `ccci-run doctor`: every check, exit 1 when any failed.
@@ -669,11 +681,11 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
             });
         }
     };
-    let text = if args.json {
+    let text = if args.json() {
         let locks = Locks { locks: &locks };
         format!("{}\n", json(&report::Envelope::new(&locks, errors)))
     } else {
-        lock::list::render_table(&locks)
+        lock::list::render_table(&locks, args.wide())
     };
     emit(text.as_bytes()).map(|()| 0)
 }

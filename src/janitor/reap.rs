@@ -129,6 +129,24 @@ pub(crate) fn reap_dead_runs_cgroups(
     reported
 }
 
+/// `found` without the processes a dry run already lists in a dead run's cgroup it would kill:
+/// a real sweep kills the cgroup first, so its environment scan never meets them again; one
+/// process is listed once.
+pub(crate) fn not_in_cgroups(
+    found: Vec<LeftoverProcess>,
+    cgroups: &[DeadCgroup],
+) -> Vec<LeftoverProcess> {
+    let listed: HashSet<i32> = cgroups
+        .iter()
+        .filter(|c| c.unresolvable.is_none())
+        .flat_map(|c| cgroup::member_pids(&c.path))
+        .collect();
+    found
+        .into_iter()
+        .filter(|p| !listed.contains(&p.pid))
+        .collect()
+}
+
 /// Kill (unless `dry_run`) the processes of dead supervisors of the configuration `scope`
 /// found by their environment, and wait until they are gone. A process whose supervisor
 /// cannot be judged is left alone and reported.

@@ -186,7 +186,19 @@ fn doctor_judges_directory_modes_and_warns_of_a_lock_dir_not_on_tmpfs() {
     // A lock dir yet to be made is judged where it would be made.
     let later = lock_dir(&on_tmpfs.path().join("later"));
     assert_state(&later, "lock_dir on tmpfs", "ok", "on tmpfs");
+    assert_state(&later, "lock_dir on tmpfs", "ok", "later is missing;");
     assert_state(&later, "dir lock_dir", "warn", "it is made at first use");
+    // A missing one is said to be missing, not to be off tmpfs.
+    let missing = lock_dir(&on_disk.path().join("later"));
+    assert_state(&missing, "lock_dir on tmpfs", "warn", "later is missing;");
+    let detail = check(&missing, "lock_dir on tmpfs")["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        !detail.contains("later is not on tmpfs"),
+        "a missing lock dir is missing: {detail}"
+    );
     // One whose parent is missing is never made: what every command refuses, doctor fails.
     let never = lock_dir(&on_tmpfs.path().join("no/locks"));
     assert_state(
