@@ -989,6 +989,31 @@ fn every_json_command_prints_its_envelope_when_it_fails() {
     }
 }
 
+/// What the README tells a newcomer stays true: how to install Rust (rustup's command), no
+/// count of tests (they change with every test; none is stated rather than a stale one), and
+/// the race hunt runs the very test command the README gives.
+#[test]
+fn the_readme_gives_the_rustup_command_no_test_counts_and_the_hunt_its_test_command() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(
+        readme.contains("https://sh.rustup.rs | sh"),
+        "the README does not say how to install Rust with rustup"
+    );
+    let count = regex::Regex::new(r"\b\d+ (integration |unit )?tests\b").unwrap();
+    let counts: Vec<&str> = count.find_iter(&readme).map(|m| m.as_str()).collect();
+    assert!(counts.is_empty(), "the README counts tests: {counts:?}");
+    let command = "cargo test --locked --features etcd";
+    assert!(
+        readme.contains(&format!("```sh\n{command}\n```")),
+        "the README's test command"
+    );
+    let hunt = std::fs::read_to_string(repo().join("scripts/race-hunt.sh")).unwrap();
+    assert!(
+        hunt.contains(command),
+        "scripts/race-hunt.sh runs another command"
+    );
+}
+
 /// The comparison of [`same_keys`] can fail, at any depth.
 #[test]
 fn the_json_example_check_sees_a_nested_key_that_differs() {
