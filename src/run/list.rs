@@ -377,7 +377,9 @@ fn lock_use(record: &RunRecord) -> Option<LockUse> {
     let entered = |phase: Phase| record.phases.iter().any(|p| p.name == phase.as_str());
     let state = if entered(Phase::AppLock) {
         "held"
-    } else if record.phases.last()?.name == Phase::Janitor.as_str() {
+    } else if [Phase::Janitor.as_str(), Phase::Waiting.as_str()]
+        .contains(&record.phases.last()?.name.as_str())
+    {
         "waiting"
     } else {
         return None;
