@@ -52,6 +52,19 @@ fn sigkilled_run_is_reaped_by_the_next_sweep() {
         record["reaped"].is_string(),
         "run.json not marked reaped: {record:#}"
     );
+    // `stop` of it says a janitor has been, not that one will come.
+    let mut stop = sandbox.ccci();
+    stop.args(["stop", "77"]);
+    let stopped = run(stop);
+    stopped.assert_code(1);
+    stopped.assert_stderr_has("a janitor already reaped what it left at ");
+    assert!(
+        !stopped
+            .stderr()
+            .contains("the next janitor sweep clears it"),
+        "{}",
+        stopped.transcript()
+    );
     assert!(
         !done.out.join("\n").contains("hunter2"),
         ".env contents leaked"
