@@ -371,3 +371,30 @@ fn a_lock_changing_hands_is_never_shown_as_a_holder_without_a_line() {
         .collect();
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// With Docker, the holder's teardown reaps its app and unlinks its lock file while the next
+/// run waits on it: the waiter's wait begins again on the live path, and is still said once.
+#[test]
+fn a_hand_off_with_docker_says_the_waiting_line_once() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    for round in 0..2 {
+        let mut first =
+            Proc::spawn(sandbox.run_sh(&format!("a{round}"), &[], "echo ready $$; read line || :"));
+        first.wait_ready();
+        let mut second = Proc::spawn(sandbox.run_sh(&format!("b{round}"), &[], "echo ready $$"));
+        second.wait_for(Stream::Err, WAITING);
+        first.close_stdin();
+        first.finish().assert_code(0);
+        second.wait_ready();
+        let done = second.finish();
+        done.assert_code(0);
+        assert_eq!(
+            done.err.iter().filter(|l| l.contains(WAITING)).count(),
+            1,
+            "{}",
+            done.transcript()
+        );
+    }
+}
