@@ -725,6 +725,9 @@ fn state_files_of_a_sigkilled_run_are_tidied_by_the_next_sweep() {
     cmd.args(["janitor", "--dry-run"]);
     let table = run(cmd).out.join("\n");
     assert!(!table.contains("(0 process(es))"), "{table}");
+    if sandbox.record("reused")["cgroup"].is_string() {
+        assert!(table.contains("would remove the empty cgroup "), "{table}");
+    }
     let tidied = report["tidied"].to_string();
     assert!(
         dead_files.iter().all(|f| tidied.contains(f.as_str())),
