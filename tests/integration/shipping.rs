@@ -1014,6 +1014,37 @@ fn the_readme_gives_the_rustup_command_no_test_counts_and_the_hunt_its_test_comm
     );
 }
 
+/// `config --json` writes an absent value as `null`: no `-`, no empty string, no sentence
+/// standing for nothing (the table says `none …` in its place).
+#[test]
+fn config_json_writes_absent_values_as_null() {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["config", "--json"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let printed: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let settings = printed["settings"].as_array().unwrap();
+    let value = |key: &str| {
+        settings
+            .iter()
+            .find(|s| s["key"] == key)
+            .unwrap_or_else(|| panic!("no {key}: {printed:#}"))["value"]
+            .clone()
+    };
+    for key in ["runner_user", "etcd_endpoints", "lock_wait", "keep_runs"] {
+        assert!(value(key).is_null(), "{key}: {printed:#}");
+    }
+    for s in settings {
+        let v = s["value"].as_str().unwrap_or("null");
+        assert!(!v.is_empty() && v != "-" && !v.starts_with("none"), "{s}");
+    }
+    let mut cmd = sandbox.ccci();
+    cmd.arg("config");
+    let table = run(cmd).out.join("\n");
+    assert!(table.contains("none (until the deadline)"), "{table}");
+}
+
 /// The comparison of [`same_keys`] can fail, at any depth.
 #[test]
 fn the_json_example_check_sees_a_nested_key_that_differs() {
