@@ -151,8 +151,16 @@ fn doctor_fails_a_config_file_others_may_rewrite_or_another_user_owns() {
 fn doctor_judges_directory_modes_and_warns_of_a_lock_dir_not_on_tmpfs() {
     let sandbox = host();
     std::fs::set_permissions(sandbox.locks(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let (report, _) = doctor(&sandbox, &[]);
+    let (report, done) = doctor(&sandbox, &[]);
     assert_state(&report, "dir lock_dir", "fail", "mode 777");
+    // A failed check fails the command, said on stderr under the one prefix and in errors.
+    done.assert_code(1);
+    done.assert_stderr_has("ccci-run: error: doctor: ");
+    done.assert_stderr_has("dir lock_dir");
+    assert!(
+        !report["errors"].as_array().unwrap().is_empty(),
+        "{report:#}"
+    );
     std::fs::set_permissions(sandbox.locks(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let (report, _) = doctor(&sandbox, &[]);
     assert_state(&report, "dir lock_dir", "ok", "mode 1777");
