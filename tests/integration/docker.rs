@@ -265,9 +265,9 @@ fn labels_decide_and_an_object_labelled_for_another_stack_is_never_reaped() {
     );
     assert_eq!(by(&format!("{stack}_app")).as_deref(), Some("label"));
     assert_eq!(by(&foreign), None, "{objects:#?}");
-    // The table an operator reads says it too.
+    // The table an operator reads says it too (in full: -o wide).
     let mut cmd = sandbox.ccci();
-    cmd.args(["janitor", "--dry-run"]);
+    cmd.args(["janitor", "--dry-run", "-o", "wide"]);
     let done = run(cmd);
     done.assert_code(0);
     let text = done.out.join("\n");

@@ -151,8 +151,16 @@ fn doctor_fails_a_config_file_others_may_rewrite_or_another_user_owns() {
 fn doctor_judges_directory_modes_and_warns_of_a_lock_dir_not_on_tmpfs() {
     let sandbox = host();
     std::fs::set_permissions(sandbox.locks(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let (report, _) = doctor(&sandbox, &[]);
+    let (report, done) = doctor(&sandbox, &[]);
     assert_state(&report, "dir lock_dir", "fail", "mode 777");
+    // A failed check fails the command, said on stderr under the one prefix and in errors.
+    done.assert_code(1);
+    done.assert_stderr_has("ccci-run: error: doctor: ");
+    done.assert_stderr_has("dir lock_dir");
+    assert!(
+        !report["errors"].as_array().unwrap().is_empty(),
+        "{report:#}"
+    );
     std::fs::set_permissions(sandbox.locks(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let (report, _) = doctor(&sandbox, &[]);
     assert_state(&report, "dir lock_dir", "ok", "mode 1777");
@@ -186,7 +194,19 @@ fn doctor_judges_directory_modes_and_warns_of_a_lock_dir_not_on_tmpfs() {
     // A lock dir yet to be made is judged where it would be made.
     let later = lock_dir(&on_tmpfs.path().join("later"));
     assert_state(&later, "lock_dir on tmpfs", "ok", "on tmpfs");
+    assert_state(&later, "lock_dir on tmpfs", "ok", "later is missing;");
     assert_state(&later, "dir lock_dir", "warn", "it is made at first use");
+    // A missing one is said to be missing, not to be off tmpfs.
+    let missing = lock_dir(&on_disk.path().join("later"));
+    assert_state(&missing, "lock_dir on tmpfs", "warn", "later is missing;");
+    let detail = check(&missing, "lock_dir on tmpfs")["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        !detail.contains("later is not on tmpfs"),
+        "a missing lock dir is missing: {detail}"
+    );
     // One whose parent is missing is never made: what every command refuses, doctor fails.
     let never = lock_dir(&on_tmpfs.path().join("no/locks"));
     assert_state(
