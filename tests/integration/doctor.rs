@@ -246,6 +246,92 @@ fn doctor_makes_a_real_cgroup_and_removes_it() {
     assert_eq!(check(&report, "cgroup v2")["state"], "skip");
 }
 
+/// The step's PATH and variables are what the runner is told to pass, wherever it is told:
+/// `DRONE_RUNNER_PATH` in the runner's own configuration file (named by its `ExecStart=`)
+/// replaces the unit's PATH; `DRONE_RUNNER_ENVIRON` and `DRONE_RUNNER_ENVFILE` (here from an
+/// `EnvironmentFile=`) pass variables to every step, and a `CCCI_*` among them is a warning.
+#[test]
+fn doctor_reads_the_runner_s_own_environment_for_its_step_checks() {
+    let sandbox = host();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for program in ["abra", "git", "setsid", "ccci-run"] {
+        let path = bin.join(program);
+        std::fs::write(&path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = dir.path().join("runner-config");
+    std::fs::write(
+        &config,
+        format!(
+            "# the runner's own file\nDRONE_RUNNER_CAPACITY=2\nDRONE_RUNNER_PATH={}\n\
+             DRONE_RUNNER_ENVIRON=CCCI_CGROUP:off,LANG:C.UTF-8\n",
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let envfile = dir.path().join("unit-env");
+    let step_vars = dir.path().join("step-vars");
+    std::fs::write(&step_vars, "export FOO=\"bar\"\n").unwrap();
+    std::fs::write(
+        &envfile,
+        format!("DRONE_RUNNER_ENVFILE={}\n", step_vars.display()),
+    )
+    .unwrap();
+    let unit = dir.path().join("drone-runner-exec.service");
+    std::fs::write(
+        &unit,
+        format!(
+            "[Service]\nExecStart=/usr/bin/drone-runner-exec daemon {}\n\
+             Environment=PATH=/nonexistent\nEnvironmentFile={}\n\
+             EnvironmentFile=-/nonexistent/optional\n",
+            config.display(),
+            envfile.display()
+        ),
+    )
+    .unwrap();
+    let unit_arg = unit.to_str().unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    for program in ["abra", "git", "setsid", "ccci-run"] {
+        assert_state(
+            &report,
+            &format!("step PATH {program}"),
+            "ok",
+            "DRONE_RUNNER_PATH",
+        );
+    }
+    assert_state(
+        &report,
+        "step environment",
+        "warn",
+        "CCCI_CGROUP (by DRONE_RUNNER_ENVIRON)",
+    );
+
+    // Without the CCCI_ variable: every variable passed is named; without DRONE_RUNNER_PATH
+    // the unit's PATH is the step's, where nothing is.
+    std::fs::write(&config, "DRONE_RUNNER_ENVIRON=LANG:C.UTF-8\n").unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    assert_state(
+        &report,
+        "step environment",
+        "ok",
+        "LANG (by DRONE_RUNNER_ENVIRON)",
+    );
+    assert_state(
+        &report,
+        "step environment",
+        "ok",
+        "FOO (by DRONE_RUNNER_ENVFILE)",
+    );
+    assert_state(&report, "step PATH abra", "fail", "the runner's PATH");
+
+    // A file the runner is told to read that is not there fails the check.
+    std::fs::remove_file(&step_vars).unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    assert_state(&report, "step environment", "fail", "DRONE_RUNNER_ENVFILE");
+}
+
 /// A runner unit without delegation, with another kill mode and a stop timeout shorter than a
 /// teardown fails each check; the shipped drop-in over a bare unit passes them all, until the
 /// teardown timeout outgrows its TimeoutStopSec. The step's PATH is the unit's.
