@@ -899,6 +899,9 @@ for _ in range(5000):
     if child == 0:
         if os.getpid() == n:
             os.setsid()
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
             os.execvp("sleep", ["sleep", "100000"])
         os._exit(0)
     if child == n:
