@@ -146,7 +146,9 @@ impl Run<'_> {
             Some(Ok(seam)) => seam.several_nodes(),
             _ => false,
         };
-        if !several && !app::app_has_leftovers(self.global, &self.docker, domain) {
+        let given = self.given_names();
+        let given_by = |d: &crate::names::AppDomain| (d == domain).then(|| given.clone()).flatten();
+        if !several && !app::app_has_leftovers(self.global, &self.docker, domain, &given_by) {
             return Ok(());
         }
         self.save();
@@ -158,7 +160,10 @@ impl Run<'_> {
         if let Some(wait) = self.cfg.lock_wait {
             budget = budget.min(wait);
         }
-        let removal = app::remove_app_now(self.global, &self.docker, domain, budget);
+        let removal = app::remove_app_now(self.global, &self.docker, domain, &given_by, budget);
+        for kept in &removal.kept {
+            report::line(&kept_line("app lock", kept));
+        }
         if removal.removed.counts().iter().any(|(_, n)| *n > 0) {
             report::line(&format!(
                 "== app lock: removed what a previous run of {domain} left: {} ==",
@@ -177,4 +182,29 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+impl Run<'_> {
+    /// The names the run's app gives Docker's objects: its own recipe's (read before anything
+    /// was deployed) and those every recorded run of its domain gave. `None` when nothing says:
+    /// then what carries no stack label is kept.
+    pub(super) fn given_names(&self) -> Option<crate::names::GivenNames> {
+        let domain = self.cfg.identity.domain.as_str();
+        let mut recorded = crate::rundir::given_names(&self.global.runs_dir).remove(domain);
+        match (&mut recorded, &self.record.given_names) {
+            (Some(all), Some(own)) => all.merge(own),
+            (None, Some(own)) => recorded = Some(own.clone()),
+            _ => {}
+        }
+        recorded
+    }
+}
+
+/// The line that says an object named like the app's was kept, and why.
+pub(super) fn kept_line(step: &str, kept: &crate::docker::Kept) -> String {
+    crate::names::visible(&format!(
+        "== {step}: kept {} {}: {} ==",
+        kept.kind, kept.name, kept.why
+    ))
+    .into_owned()
 }
