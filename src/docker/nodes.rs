@@ -92,7 +92,7 @@ volumes_of() {
     if [ -z "$label" ]; then
       case "$name" in "$1"_*) ;; *) continue ;; esac
       given=
-      for v in $CCCI_VOLUMES; do [ "$v" = "$name" ] && given=1; done
+      for v in ${CCCI_VOLUMES:-}; do [ "$v" = "$name" ] && given=1; done
       [ -n "$given" ] || continue
       theirs=
       for o in $known; do
@@ -849,6 +849,36 @@ mod tests {
         0
     )]
     fn the_script_fails_closed(#[case] docker: Option<&str>, #[case] code: i32) {
+        let (out, _) = run_script(docker);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// An unlabelled volume is taken only by a name the app gives, exactly: the stack's given
+    /// `…_data` goes, `…_other` (no name it gives) and the longer stack's stay.
+    #[test]
+    fn the_script_takes_an_unlabelled_volume_only_by_a_given_name() {
+        let docker = "case \"$1 $2\" in info*) echo n2 ;; \
+             'volume ls') [ -f \"${0%/docker}/removed\" ] || echo 'ab-000000_x_test_data '; \
+               printf '%s\\n' 'ab-000000_x_test_other ' 'ab-000000_x_test_example_org_data ' ;; \
+             'volume rm') echo \"$*\" >> \"${0%/docker}/removed\" ;; esac";
+        let (out, bin) = run_script(Some(docker));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let removed = std::fs::read_to_string(bin.path().join("removed")).unwrap();
+        assert_eq!(removed, "volume rm ab-000000_x_test_data\n");
+    }
+
+    /// The node sweep's script with a stand-in `docker` whose body is `docker` (none: no CLI).
+    fn run_script(docker: Option<&str>) -> (std::process::Output, tempfile::TempDir) {
         use std::os::unix::fs::PermissionsExt;
         let bin = tempfile::tempdir().unwrap();
         for tool in ["sh", "date", "sleep"] {
@@ -869,15 +899,11 @@ mod tests {
             .env_clear()
             .env("PATH", bin.path())
             .env("CCCI_STACKS", "ab-000000_x_test")
+            .env("CCCI_VOLUMES", "ab-000000_x_test_data")
             .env("CCCI_NODE", "n2")
             .env("SWEEP_LABEL", SWEEP_LABEL)
             .output()
             .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        (out, bin)
     }
 }
