@@ -264,7 +264,12 @@ pub(crate) fn remove_app_now(
             let mut stack = stacks.remove(domain).unwrap_or_default();
             out.kept = std::mem::take(&mut stack.kept);
             Ok(seam
-                .reap(&global.pattern, given, vec![(domain.clone(), stack)], budget)
+                .reap(
+                    &global.pattern,
+                    given,
+                    vec![(domain.clone(), stack)],
+                    budget,
+                )
                 .pop()
                 .unwrap_or_default())
         });

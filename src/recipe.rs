@@ -463,10 +463,7 @@ mod tests {
         .unwrap()[0];
         let v = vars(&[("STACK_NAME", "s"), ("SECRET_DB_PASSWORD_VERSION", "v3")]);
         let names = compose_names(doc, "s", &v);
-        let listed: Vec<(Kind, &str)> = names
-            .iter()
-            .map(|(k, _, n, _)| (*k, n.as_str()))
-            .collect();
+        let listed: Vec<(Kind, &str)> = names.iter().map(|(k, _, n, _)| (*k, n.as_str())).collect();
         let forms: Vec<&str> = names.iter().map(|(_, _, _, f)| f.as_str()).collect();
         assert_eq!(
             forms,

@@ -59,7 +59,12 @@ impl DockerSeam {
         let mut all: Vec<Listed> = Vec::new();
         for s in services.map_err(failed("services"))? {
             let spec = s.spec.unwrap_or_default();
-            all.push((spec.labels, s.id, spec.name, ("service", |r| &mut r.services)));
+            all.push((
+                spec.labels,
+                s.id,
+                spec.name,
+                ("service", |r| &mut r.services),
+            ));
         }
         for c in containers.map_err(failed("containers"))? {
             let name = c.names.and_then(|n| n.into_iter().next());
@@ -73,7 +78,12 @@ impl DockerSeam {
             .volumes
             .unwrap_or_default()
         {
-            all.push((Some(v.labels), Some(v.name.clone()), Some(v.name), ("volume", |r| &mut r.volumes)));
+            all.push((
+                Some(v.labels),
+                Some(v.name.clone()),
+                Some(v.name),
+                ("volume", |r| &mut r.volumes),
+            ));
         }
         for s in secrets.map_err(failed("secrets"))? {
             let spec = s.spec.unwrap_or_default();
