@@ -873,7 +873,11 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let removed = std::fs::read_to_string(bin.path().join("removed")).unwrap();
+        let removed = crate::files::read_text(
+            &bin.path().join("removed"),
+            &crate::files::Rules::small(1 << 10),
+        )
+        .unwrap();
         assert_eq!(removed, "volume rm ab-000000_x_test_data\n");
     }
 
