@@ -147,7 +147,7 @@ impl Run<'_> {
             _ => false,
         };
         let given = self.given_names();
-        let given_by = |d: &crate::names::AppDomain| (d == domain).then(|| given.clone()).flatten();
+        let given_by = |d: &crate::names::AppDomain| given.of(d);
         if !several && !app::app_has_leftovers(self.global, &self.docker, domain, &given_by) {
             return Ok(());
         }
@@ -184,19 +184,46 @@ impl Run<'_> {
     }
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
     /// The names the run's app gives Docker's objects: its own recipe's (read before anything
-    /// was deployed) and those every recorded run of its domain gave. `None` when nothing says:
-    /// then what carries no stack label is kept.
-    pub(super) fn given_names(&self) -> Option<crate::names::GivenNames> {
-        let domain = self.cfg.identity.domain.as_str();
-        let mut recorded = crate::rundir::given_names(&self.global.runs_dir).remove(domain);
-        match (&mut recorded, &self.record.given_names) {
-            (Some(all), Some(own)) => all.merge(own),
-            (None, Some(own)) => recorded = Some(own.clone()),
-            _ => {}
+    /// was deployed) and those every recorded run of its domain gave, read on first need.
+    /// `None` when nothing says: then what carries no stack label is kept.
+    pub(super) fn given_names(&self) -> GivenNames<'a> {
+        GivenNames {
+            runs_dir: &self.global.runs_dir,
+            domain: &self.cfg.identity.domain,
+            own: self.record.given_names.clone(),
+            read: std::cell::OnceCell::new(),
         }
-        recorded
+    }
+}
+
+/// [`Run::given_names`]: the run app's given names, its runs' records read on first need.
+pub(super) struct GivenNames<'a> {
+    runs_dir: &'a std::path::Path,
+    domain: &'a crate::names::AppDomain,
+    own: Option<crate::names::GivenNames>,
+    read: std::cell::OnceCell<Option<crate::names::GivenNames>>,
+}
+
+impl GivenNames<'_> {
+    /// The names `domain`'s app gives, when it is the run's (no other app's are known here).
+    pub(super) fn of(&self, domain: &crate::names::AppDomain) -> Option<crate::names::GivenNames> {
+        if domain != self.domain {
+            return None;
+        }
+        self.read
+            .get_or_init(|| {
+                let mut recorded =
+                    crate::rundir::given_names(self.runs_dir).remove(self.domain.as_str());
+                match (&mut recorded, &self.own) {
+                    (Some(all), Some(own)) => all.merge(own),
+                    (None, Some(own)) => recorded = Some(own.clone()),
+                    _ => {}
+                }
+                recorded
+            })
+            .clone()
     }
 }
 

@@ -131,7 +131,7 @@ impl Run<'_> {
             .saturating_duration_since(Instant::now());
         let domain = &self.cfg.identity.domain;
         let given = self.given_names();
-        let given_by = |d: &crate::names::AppDomain| (d == domain).then(|| given.clone()).flatten();
+        let given_by = |d: &crate::names::AppDomain| given.of(d);
         let app::Removal {
             removed,
             errors,
