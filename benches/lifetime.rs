@@ -11,9 +11,15 @@
 //!
 //!    Both with `--kill-grace 1` (CCCI_KILL_GRACE). Baseline in the same run: the same step
 //!    cancelled by a TERM to ccci-run directly.
-//! 3. **Supervisor SIGKILL.** A run whose command daemonised N processes loses its supervisor
-//!    to SIGKILL; the clock runs over the next `ccci-run janitor` until every leftover is gone.
-//!    Baseline in the same run: the same janitor sweep with nothing to kill.
+//! 3. **Supervisor SIGKILL, the run's dead-man.** A run whose command daemonised N processes,
+//!    each holding the run's output (as a Drone step's would), loses its supervisor to SIGKILL
+//!    (the OOM killer); the clock runs from the kill until the output's end (nothing holds it)
+//!    and every process of the run is gone: the run's own dead-man (its fence) did it, no
+//!    janitor. With cgroups (`cgroup.kill`) and without (the marker scan). Baseline in the same
+//!    run: the same run ended by a TERM to ccci-run.
+//! 4. **Supervisor and dead-man SIGKILL.** The same, but the dead-man is killed with the
+//!    supervisor (a crash of both); the clock runs over the next `ccci-run janitor` until every
+//!    leftover is gone. Baseline in the same run: the same janitor sweep with nothing to kill.
 //!
 //! `cargo bench --bench lifetime [-- ITERATIONS]` (default 10). Docker is off: this measures
 //! the process side of the bound; `docker_reap` measures removal. The host's settings reach
@@ -122,25 +128,47 @@ fn alive(pid: i32) -> bool {
 /// One step under the runner stand-in, ended as `end` says; returns the time from the signal
 /// to "nothing of the run left".
 fn ended_step(dir: &Path, build: u32, end: End) -> Duration {
-    let workspace = dir.join(format!("ws-{build}/drone/src"));
-    std::fs::create_dir_all(workspace.join("ci")).unwrap();
-    for file in ["ci/recipe-ci-step.sh", "ci/recipe-tests.sh"] {
-        std::fs::copy(repo().join(file), workspace.join(file)).unwrap();
+    let root = dir.join(format!("ws-{build}"));
+    // The repository the runner's clone step clones: the step's scripts, committed (once).
+    let origin = dir.join("pipeline.git");
+    if !origin.exists() {
+        std::fs::create_dir_all(origin.join("ci")).unwrap();
+        for file in ["ci/recipe-ci-step.sh", "ci/recipe-tests.sh"] {
+            std::fs::copy(repo().join(file), origin.join(file)).unwrap();
+        }
+        for args in [
+            &["init", "-q", "-b", "main"][..],
+            &["add", "-A"],
+            &[
+                "-c",
+                "user.name=b",
+                "-c",
+                "user.email=b@b",
+                "commit",
+                "-q",
+                "-m",
+                "p",
+            ],
+        ] {
+            assert!(
+                Command::new("git")
+                    .arg("-C")
+                    .arg(&origin)
+                    .args(args)
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }
     }
-    let script = dir.join(format!("step-{build}"));
-    std::fs::write(
-        &script,
-        "\nset -e\n\necho + \"exec sh ci/recipe-ci-step.sh sh -c \\\"\\$STEP_COMMAND\\\"\"\n\
-         exec sh ci/recipe-ci-step.sh sh -c \"$STEP_COMMAND\"\n",
-    )
-    .unwrap();
+    let script = "\nset -e\n\necho + \"exec sh ci/recipe-ci-step.sh sh -c \\\"\\$STEP_COMMAND\\\"\"\n\
+                  exec sh ci/recipe-ci-step.sh sh -c \"$STEP_COMMAND\"\n";
     let mut env = serde_json::Map::new();
     let mut put = |k: &str, v: String| {
         env.insert(k.to_owned(), serde_json::Value::String(v));
     };
     put("PATH", std::env::var("PATH").unwrap_or_default());
     put("USER", "root".into());
-    put("HOME", "/root".into());
     put("CCCI_BIN", BIN.into());
     put("DRONE_REPO_NAME", "custom-html".into());
     put("DRONE_PULL_REQUEST", build.to_string());
@@ -161,8 +189,10 @@ fn ended_step(dir: &Path, build: u32, end: End) -> Duration {
     std::fs::create_dir_all(dir.join("abra/recipes/custom-html/.git")).unwrap();
     let mut runner = Command::new("python3")
         .arg(repo().join("tests/integration/drone_runner.py"))
-        .arg(&workspace)
-        .arg(&script)
+        .arg(&root)
+        .arg(&origin)
+        .arg("recipe-ci")
+        .arg(script)
         .arg(serde_json::Value::Object(env).to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -202,22 +232,59 @@ fn ended_step(dir: &Path, build: u32, end: End) -> Duration {
     }
     drop(out);
     runner.wait().unwrap();
-    let _ = std::fs::remove_dir_all(dir.join(format!("ws-{build}")));
+    let _ = std::fs::remove_dir_all(&root);
     elapsed
 }
 
-/// A run whose supervisor is SIGKILLed with `daemons` daemonised processes left; returns the
-/// janitor's wall time and whether every leftover was gone after it.
-fn sweep_after_supervisor_kill(dir: &Path, id: u32, daemons: usize) -> Duration {
+/// The fences (dead-men) `supervisor` started: its children whose first argument is the tag.
+fn fences_of(supervisor: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse()
+                        .ok()
+                });
+            let tag = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ppid == Some(supervisor)
+                && tag.split(|b| *b == 0).nth(1) == Some(b"__ccci-run-fence".as_slice())
+        })
+        .collect()
+}
+
+/// Start a run whose command daemonised `daemons` processes that hold its stdout; returns the
+/// run, its stdout and the pids of its processes.
+fn daemonised_run(
+    dir: &Path,
+    id: &str,
+    daemons: usize,
+    cgroup: &str,
+) -> (std::process::Child, std::process::ChildStdout, Vec<i32>) {
     let script = format!(
-        "for i in $(seq {daemons}); do setsid sh -c 'exec sleep 100000' </dev/null >/dev/null 2>&1 & echo d $!; done; \
+        "for i in $(seq {daemons}); do setsid sh -c 'exec sleep 100000' </dev/null & echo d $!; done; \
          echo ready $$; exec sleep 100000"
     );
     let mut cmd = Command::new(BIN);
     host_env(&mut cmd, dir);
-    cmd.args(["run", "--recipe", "custom-html", "--no-fetch", "--run-id"])
-        .arg(format!("k{id}"))
+    cmd.env("CCCI_CGROUP", cgroup)
+        .args([
+            "run",
+            "--recipe",
+            "custom-html",
+            "--no-fetch",
+            "--run-id",
+            id,
+        ])
         .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut run = cmd.spawn().unwrap();
@@ -226,8 +293,47 @@ fn sweep_after_supervisor_kill(dir: &Path, id: u32, daemons: usize) -> Duration 
         .map(|_| read_until(&mut out, "d ").trim().parse().unwrap())
         .collect();
     pids.push(read_until(&mut out, "ready ").trim().parse().unwrap());
+    (run, out, pids)
+}
+
+/// A run with `daemons` daemonised processes holding its output, ended by `signal` to its
+/// supervisor; returns the time from the signal until its output ended and every process of
+/// it was gone.
+fn supervisor_end(dir: &Path, id: &str, daemons: usize, cgroup: &str, signal: i32) -> Duration {
+    let (mut run, mut out, pids) = daemonised_run(dir, id, daemons, cgroup);
+    let started = Instant::now();
+    // SAFETY: kill(2) of our own unreaped child.
+    unsafe { nix::libc::kill(run.id() as i32, signal) };
+    let mut rest = Vec::new();
+    out.read_to_end(&mut rest).unwrap();
+    for pid in &pids {
+        assert!(
+            wait_gone(*pid, Duration::from_secs(10)),
+            "{pid} outlived its run"
+        );
+    }
+    let elapsed = started.elapsed();
+    run.wait().unwrap();
+    elapsed
+}
+
+/// A run whose supervisor and dead-man are SIGKILLed with `daemons` daemonised processes left;
+/// returns the janitor's wall time, once every leftover was gone after it.
+fn sweep_after_supervisor_kill(dir: &Path, id: u32, daemons: usize) -> Duration {
+    let (mut run, out, pids) = daemonised_run(dir, &format!("k{id}"), daemons, "auto");
+    drop(out);
+    let fences = fences_of(run.id() as i32);
+    for fence in &fences {
+        // SAFETY: kill(2) of a process this bench just found; a stopped fence never acts.
+        unsafe { nix::libc::kill(*fence, nix::libc::SIGSTOP) };
+    }
     run.kill().unwrap();
     run.wait().unwrap();
+    for fence in &fences {
+        // SAFETY: as above; it is stopped, so still that process.
+        unsafe { nix::libc::kill(*fence, nix::libc::SIGKILL) };
+        assert!(wait_gone(*fence, Duration::from_secs(10)));
+    }
     let mut janitor = Command::new(BIN);
     host_env(&mut janitor, dir);
     janitor
@@ -300,6 +406,36 @@ fn main() {
     );
 
     let daemons = 8;
+    for cgroup in ["auto", "off"] {
+        let mut dead_man = Vec::new();
+        let mut term = Vec::new();
+        for i in 0..iterations {
+            dead_man.push(supervisor_end(
+                dir.path(),
+                &format!("dm-{cgroup}-{i}"),
+                daemons,
+                cgroup,
+                nix::libc::SIGKILL,
+            ));
+            term.push(supervisor_end(
+                dir.path(),
+                &format!("tm-{cgroup}-{i}"),
+                daemons,
+                cgroup,
+                nix::libc::SIGTERM,
+            ));
+        }
+        report(
+            &format!(
+                "supervisor SIGKILL with {daemons} daemonised processes holding the output → the \
+                 run's dead-man leaves nothing (cgroup {cgroup}; goal < 1 s):"
+            ),
+            &dead_man,
+            "TERM to ccci-run itself",
+            &term,
+        );
+    }
+
     let mut reap = Vec::new();
     let mut empty = Vec::new();
     for i in 0..iterations {
@@ -308,7 +444,7 @@ fn main() {
     }
     report(
         &format!(
-            "supervisor SIGKILL with {daemons} daemonised processes → janitor sweep until every leftover is gone:"
+            "supervisor and dead-man SIGKILL with {daemons} daemonised processes → janitor sweep until every leftover is gone:"
         ),
         &reap,
         "the same sweep with nothing to kill",

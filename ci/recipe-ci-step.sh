@@ -19,8 +19,20 @@
 # share one run directory.
 #
 # Whatever ccci-run needs beyond the PR (its directories, Docker, etcd, its bounds) comes from
-# its configuration file: the runner passes only PATH, USER, HOME and DRONE_*/CI_* to a step.
+# its configuration file: the runner passes only PATH, USER, a HOME in the build's workspace
+# (removed with it, maybe mid-teardown) and DRONE_*/CI_* to a step.
 set -eu
+
+# HOME is the runner's user's own home, whichever user the runner runs as (root's /root is no
+# other user's to read: docker would warn on every call that it cannot open its config there).
+home=
+if command -v getent >/dev/null 2>&1; then
+  home=$(getent passwd "$(id -u)" | cut -d: -f6)
+fi
+if [ -n "$home" ] && [ -d "$home" ]; then
+  HOME=$home
+  export HOME
+fi
 
 : "${CCCI_BIN:=ccci-run}"
 : "${RECIPE:=${DRONE_REPO_NAME:?set RECIPE or DRONE_REPO_NAME}}"

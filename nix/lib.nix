@@ -458,6 +458,9 @@ rec {
     }
     // (if network then { } else { IPAddressDeny = "any"; });
 
+  # Whether a boolean setting of a unit is on, as systemd reads it (true, "yes", "on", ...).
+  systemdTrue = v: any (yes: v == yes) [ true "1" "yes" "y" "true" "t" "on" ];
+
   # Whether a Delegate= value hands the cgroup subtree over ("yes", true, a controller list).
   delegates =
     v: !(any (no: v == no) [ false "no" "false" "off" "0" "" ]);

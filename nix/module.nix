@@ -176,7 +176,7 @@ let
     else if runner != null && runnerService.serviceConfig ? Group then runnerService.serviceConfig.Group
     else if declaredGroup != "" then declaredGroup
     else runnerUser;
-  dynamicRunner = runner != null && (runnerService.serviceConfig.DynamicUser or false) == true;
+  dynamicRunner = runner != null && helpers.systemdTrue (runnerService.serviceConfig.DynamicUser or false);
   hostStop = if runner == null then null else runnerService.serviceConfig.TimeoutStopSec or null;
   hostStopNanos = if builtins.isString hostStop then helpers.timespanNanos hostStop else null;
 

@@ -16,7 +16,8 @@
 # the start). The test binaries are built once before the first round, with nothing burning;
 # set CARGO_TARGET_DIR to hunt from a copy of target/ while you build in this one (cargo locks
 # its target directory for as long as a `cargo test` runs). Exit status: 0 when every round
-# passed, 1 otherwise.
+# passed, 1 otherwise. Each round's line gives its wall time and, with /usr/bin/time (Debian's
+# `time` package), its CPU time.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -71,15 +72,23 @@ for round in $(seq "$rounds"); do
   log="$out/round-$round.log"
   start=$(date +%s)
   status=0
-  cargo test --locked --features etcd "${extra[@]}" >"$log" 2>&1 || status=$?
+  # The round's CPU time too (user + system, the tests' processes included), so a reader can
+  # scale the wall time to another machine.
+  if [ -x /usr/bin/time ]; then
+    /usr/bin/time -f '%U %S' -o "$out/round-$round.cpu" \
+      cargo test --locked --features etcd "${extra[@]}" >"$log" 2>&1 || status=$?
+  else
+    cargo test --locked --features etcd "${extra[@]}" >"$log" 2>&1 || status=$?
+  fi
   secs=$(($(date +%s) - start))
+  cpu=$(awk 'END { if (NF == 2) printf ", %d s of CPU", $1 + $2 }' "$out/round-$round.cpu" 2>/dev/null || true)
   # libtest's failure lines: `test drone::x ... FAILED`, and a test binary that did not finish.
   failures=$(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$log" | sort -u)
   if [ "$status" -eq 0 ]; then
-    echo "round $round: passed ($secs s)"
+    echo "round $round: passed ($secs s$cpu)"
   else
     failed_rounds=$((failed_rounds + 1))
-    echo "round $round: FAILED, exit $status ($secs s), log $log"
+    echo "round $round: FAILED, exit $status ($secs s$cpu), log $log"
     if [ -n "$failures" ]; then
       printf '  %s\n' $failures
     else

@@ -22,8 +22,9 @@
 //! What no static script knows is asked of ccci-run itself, through its hidden `__complete`
 //! subcommand, at the moment Tab is pressed: the run ids after `runs`, the live ones after
 //! `stop`, the named locks after `lock`. Each shell's script gets a few lines that do so, only
-//! at that positional argument (not after an option that takes a value, not after `--`); bash
-//! passes on the `--config`, `--runs-dir` and `--lock-dir` typed on the line.
+//! at that positional argument (not after an option that takes a value, not after `--`); each
+//! passes on the `--config`, `--runs-dir` and `--lock-dir` typed on the line. The hidden
+//! subcommands themselves are never offered.
 //!
 //! Floor: entry (docs/architecture.md): the top floor, imported by nothing but the entry.
 
@@ -40,18 +41,66 @@ pub(crate) fn script(shell: Shell) -> Vec<u8> {
     let text = String::from_utf8_lossy(&out);
     match shell {
         Shell::Bash => {
-            let text = repair_bash(&text, BIN_NAME);
+            let text = repair_bash(&without_hidden(&text, shell), BIN_NAME);
             bash_dynamic(&text, &value_options(&crate::cli::base())).into_bytes()
         }
         Shell::Fish => {
-            let mut text = repair_fish(&text, BIN_NAME);
+            let mut text = repair_fish(&without_hidden(&text, shell), BIN_NAME);
             text.push_str(&fish_positional_values(&crate::cli::base(), BIN_NAME));
             text.push_str(FISH_DYNAMIC);
             text.into_bytes()
         }
-        Shell::Zsh => zsh_dynamic(&text).into_bytes(),
+        Shell::Zsh => zsh_dynamic(&without_hidden(&text, shell)).into_bytes(),
         _ => out,
     }
+}
+
+/// The hidden subcommands (`__complete`), which clap_complete offers like any other.
+fn hidden() -> Vec<String> {
+    crate::cli::base()
+        .get_subcommands()
+        .filter(|s| s.is_hide_set())
+        .map(|s| s.get_name().to_owned())
+        .collect()
+}
+
+/// The script without an offer of a hidden subcommand: not in bash's word lists, not among
+/// zsh's described commands, not as a fish candidate. (What completes after one, typed in
+/// full, stays: nobody is offered it.)
+fn without_hidden(script: &str, shell: Shell) -> String {
+    let mut text = script.to_owned();
+    for name in hidden() {
+        text = match shell {
+            // `opts="… config __complete doctor …"`: the word out of every list.
+            Shell::Bash => text
+                .lines()
+                .map(|line| {
+                    if line.trim_start().starts_with("opts=\"") {
+                        line.replace(&format!(" {name} "), " ")
+                            .replace(&format!("\"{name} "), "\"")
+                            .replace(&format!(" {name}\""), "\"")
+                    } else {
+                        line.to_owned()
+                    }
+                })
+                .map(|line| line + "\n")
+                .collect(),
+            // `'__complete:What a shell …' \` in each `commands=(…)` array.
+            Shell::Zsh => text
+                .lines()
+                .filter(|line| !line.starts_with(&format!("'{name}:")))
+                .map(|line| format!("{line}\n"))
+                .collect(),
+            // `complete -c ccci-run -n … -f -a "__complete" -d '…'`.
+            Shell::Fish => text
+                .lines()
+                .filter(|line| !line.contains(&format!(" -a \"{name}\"")))
+                .map(|line| format!("{line}\n"))
+                .collect(),
+            _ => text,
+        };
+    }
+    text
 }
 
 /// Which `__complete` list each subcommand's first positional argument takes.
@@ -132,21 +181,58 @@ _ccci_run_dynamic() {{
 /// fish: the same lists at the same places (not after `--`).
 const FISH_DYNAMIC: &str = r#"
 # The run ids after `runs`, the live ones after `stop`, the named locks after `lock`: asked of
-# ccci-run itself when Tab is pressed.
-complete -c ccci-run -n "__fish_ccci_run_using_subcommand stop" -f -a "(command ccci-run __complete live-run-ids 2>/dev/null)"
-complete -c ccci-run -n "__fish_ccci_run_using_subcommand runs" -f -a "(command ccci-run __complete run-ids 2>/dev/null)"
-complete -c ccci-run -n "__fish_ccci_run_using_subcommand lock; and not contains -- -- (commandline -opc)" -f -a "(command ccci-run __complete lock-names 2>/dev/null)"
+# ccci-run itself when Tab is pressed, with the --config, --runs-dir and --lock-dir typed so far.
+function __fish_ccci_run_dynamic
+    set -l words (commandline -opc)
+    set -l given
+    set -l i 2
+    while test $i -le (count $words)
+        switch $words[$i]
+            case --
+                break
+            case --config --runs-dir --lock-dir
+                set -l j (math $i + 1)
+                if test $j -le (count $words)
+                    set -a given $words[$i] $words[$j]
+                end
+                set i $j
+            case '--config=*' '--runs-dir=*' '--lock-dir=*'
+                set -a given $words[$i]
+        end
+        set i (math $i + 1)
+    end
+    command ccci-run $given __complete $argv[1] 2>/dev/null
+end
+complete -c ccci-run -n "__fish_ccci_run_using_subcommand stop" -f -a "(__fish_ccci_run_dynamic live-run-ids)"
+complete -c ccci-run -n "__fish_ccci_run_using_subcommand runs" -f -a "(__fish_ccci_run_dynamic run-ids)"
+complete -c ccci-run -n "__fish_ccci_run_using_subcommand lock; and not contains -- -- (commandline -opc)" -f -a "(__fish_ccci_run_dynamic lock-names)"
 "#;
 
 /// zsh: the positional arguments' `_default` actions become a function that adds what
 /// `ccci-run __complete` lists.
 fn zsh_dynamic(script: &str) -> String {
-    const FUNCTION: &str = "\n# The run ids after `runs`, the live ones after `stop`, the named locks after `lock`:\n\
-        # asked of ccci-run itself when Tab is pressed.\n\
-        # _arguments calls it with compadd's options first and the list's name last.\n\
-        _ccci_run_dynamic() {\n    local -a found\n    \
-        found=(${(f)\"$(command ccci-run __complete ${@[-1]} 2>/dev/null)\"})\n    \
-        compadd \"${@[1,-2]}\" -a found\n}\n";
+    const FUNCTION: &str = r#"
+# The run ids after `runs`, the live ones after `stop`, the named locks after `lock`:
+# asked of ccci-run itself when Tab is pressed, with the --config, --runs-dir and --lock-dir
+# typed so far (read from the line itself: _arguments has cut the words before the subcommand).
+# _arguments calls it with compadd's options first and the list's name last.
+_ccci_run_dynamic() {
+    local -a found given typed
+    local i
+    typed=(${(z)LBUFFER})
+    for (( i = 2; i <= $#typed; i++ )); do
+        case ${typed[i]} in
+            (--) break ;;
+            (--config|--runs-dir|--lock-dir)
+                (( i < $#typed )) && given+=(${typed[i]} ${(Q)typed[i+1]})
+                (( i++ )) ;;
+            (--config=*|--runs-dir=*|--lock-dir=*) given+=(${(Q)typed[i]}) ;;
+        esac
+    done
+    found=(${(f)"$(command ccci-run $given __complete ${@[-1]} 2>/dev/null)"})
+    compadd "${@[1,-2]}" -a found
+}
+"#;
     let mut out = String::new();
     for line in script.lines() {
         let mut line = line.to_owned();

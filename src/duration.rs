@@ -182,6 +182,21 @@ pub(crate) fn show(value: Duration) -> String {
         .collect()
 }
 
+/// An age as every table writes it: its two largest units, no space (`42s`, `5m3s`, `2h5m`,
+/// `3d4h`); `-` when unknown.
+pub(crate) fn age(secs: Option<u64>) -> String {
+    let Some(secs) = secs else {
+        return "-".to_owned();
+    };
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s}s"),
+        (0, _, _) => format!("{h}h{m}m"),
+        _ => format!("{d}d{h}h"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,5 +303,15 @@ mod tests {
         ] {
             assert_eq!(parse(&show(value), &ANY), Ok(value), "{}", show(value));
         }
+    }
+
+    #[test]
+    fn an_age_is_its_two_largest_units_without_a_space() {
+        assert_eq!(super::age(None), "-");
+        assert_eq!(super::age(Some(42)), "42s");
+        assert_eq!(super::age(Some(61)), "1m1s");
+        assert_eq!(super::age(Some(74)), "1m14s");
+        assert_eq!(super::age(Some(3 * 3600 + 59)), "3h0m");
+        assert_eq!(super::age(Some(3 * 86_400 + 4 * 3600)), "3d4h");
     }
 }

@@ -186,6 +186,8 @@ pub fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(err) => return command_line_error(&with_dash_dash_tip(err)),
     };
+    // A `--json` command prints its envelope whatever happens: on a failure, with the error.
+    let json_when_failed = cli.command.json_when_failed();
     match dispatch(cli, &matches, start_ppid) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
@@ -194,6 +196,11 @@ pub fn main() -> ExitCode {
                 err.kind(),
                 err.exit_code(),
             );
+            if let Some(fields) = json_when_failed {
+                let document = report::Envelope::new(&fields, vec![err.to_string()]);
+                // A closed or full stdout loses the document, never the exit code.
+                let _ = report::stdout(format!("{}\n", json(&document)).as_bytes());
+            }
             ExitCode::from(err.exit_code())
         }
     }
@@ -383,7 +390,16 @@ fn command(
                     code = code.max(if n.deployed { exit::FAILURE } else { 0 });
                 }
             }
-            emit(text.as_bytes()).map(|()| code)
+            emit(text.as_bytes())?;
+            if code != 0 {
+                report::failure(
+                    "ccci-run: error: app-domain: a name the recipe deploys is over Docker's \
+                     limit with this domain (the `over:` lines)",
+                    "app-domain",
+                    code,
+                );
+            }
+            Ok(code)
         }
         Command::Converge(args) => {
             let cfg = args.validate(global)?;
@@ -640,13 +656,40 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
         }
         None => {}
     }
-    let text = if args.json {
+    // Every error of the sweep on stderr, under the one prefix, whatever stdout shows; a sweep
+    // that failed for its apps alone says which.
+    let code = if report.failed() { exit::FAILURE } else { 0 };
+    for err in &report.errors {
+        report::failure(&format!("ccci-run: error: {err}"), "janitor", code);
+    }
+    if code != 0 && report.errors.is_empty() {
+        let failed: Vec<&str> = report
+            .candidates
+            .iter()
+            .filter(|c| {
+                use janitor::decide::Decision;
+                (c.error.is_some() && matches!(c.decision, Decision::Reap | Decision::WouldReap))
+                    || c.decision == Decision::ReapIncomplete
+            })
+            .map(|c| c.domain.as_str())
+            .collect();
+        report::failure(
+            &format!(
+                "ccci-run: error: janitor: {} app(s) not reaped: {}",
+                failed.len(),
+                failed.join(", ")
+            ),
+            "janitor",
+            code,
+        );
+    }
+    let text = if args.json() {
         format!("{}\n", json(&report::Envelope::versioned(&report)))
     } else {
-        names::visible_text(&janitor::report::render_table(&report))
+        names::visible_text(&janitor::report::render_table(&report, args.wide()))
     };
     emit(text.as_bytes())?;
-    Ok(if report.failed() { exit::FAILURE } else { 0 })
+    Ok(code)
 }
 
 /// `ccci-run doctor`: every check, exit 1 when any failed.
@@ -656,13 +699,36 @@ fn doctor(args: &cli::DoctorArgs, inputs: &config::Inputs) -> Result<u8, Error> 
         unit_file: args.unit_file.clone(),
     };
     let report = doctor::run(inputs, &opts);
+    // A failed check fails the command: said on stderr too, under the one prefix.
+    let failed: Vec<&str> = report
+        .checks
+        .iter()
+        .filter(|c| c.state == doctor::State::Fail)
+        .map(|c| c.name.as_str())
+        .collect();
+    let errors: Vec<String> = if failed.is_empty() {
+        Vec::new()
+    } else {
+        vec![format!(
+            "doctor: {} check(s) failed: {}",
+            failed.len(),
+            failed.join(", ")
+        )]
+    };
     let text = if args.json {
-        format!("{}\n", json(&report::Envelope::new(&report, Vec::new())))
+        format!(
+            "{}\n",
+            json(&report::Envelope::new(&report, errors.clone()))
+        )
     } else {
         names::visible_text(&doctor::render(&report))
     };
     emit(text.as_bytes())?;
-    Ok(if report.ok { 0 } else { exit::FAILURE })
+    let code = if report.ok { 0 } else { exit::FAILURE };
+    for error in &errors {
+        report::failure(&format!("ccci-run: error: {error}"), "doctor", code);
+    }
+    Ok(code)
 }
 
 /// `ccci-run locks`: every lock file, held or not.
@@ -688,11 +754,11 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
             });
         }
     };
-    let text = if args.json {
+    let text = if args.json() {
         let locks = Locks { locks: &locks };
         format!("{}\n", json(&report::Envelope::new(&locks, errors)))
     } else {
-        names::visible_text(&lock::list::render_table(&locks))
+        names::visible_text(&lock::list::render_table(&locks, args.wide()))
     };
     emit(text.as_bytes()).map(|()| 0)
 }

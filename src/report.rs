@@ -161,3 +161,74 @@ impl<'a, T: serde::Serialize> Envelope<'a, T> {
         }
     }
 }
+
+/// The width every default table fits (`runs`, `locks`, `janitor`); `-o wide` cuts nothing.
+pub(crate) const TABLE_WIDTH: usize = 100;
+
+/// `text` cut to `width` characters, its last one `…` when cut.
+pub(crate) fn fit(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// One column of a [`table`]: its header, the most characters it takes in the default table
+/// (longer values are cut with `…`), and whether it is aligned right.
+pub(crate) struct Column {
+    pub header: &'static str,
+    pub cap: usize,
+    pub right: bool,
+}
+
+/// A table: the columns as wide as their widest value (in the default table, at most their
+/// cap), one space apart, then two spaces and the last, free column (`last`, with each row's
+/// last cell), cut so that every line fits [`TABLE_WIDTH`] unless `wide`. Lines end without
+/// trailing spaces.
+pub(crate) fn table(columns: &[Column], last: &str, rows: &[Vec<String>], wide: bool) -> String {
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let widest = rows
+                .iter()
+                .filter_map(|row| row.get(i))
+                .map(|cell| cell.chars().count())
+                .chain([c.header.chars().count()])
+                .max()
+                .unwrap_or(0);
+            if wide { widest } else { widest.min(c.cap) }
+        })
+        .collect();
+    let line = |cells: &mut dyn Iterator<Item = &str>, rest: &str| {
+        let front: Vec<String> = columns
+            .iter()
+            .zip(&widths)
+            .zip(cells)
+            .map(|((c, &w), text)| {
+                let text = if wide { text.to_owned() } else { fit(text, w) };
+                if c.right {
+                    format!("{text:>w$}")
+                } else {
+                    format!("{text:<w$}")
+                }
+            })
+            .collect();
+        let front = front.join(" ");
+        let rest = if wide {
+            rest.to_owned()
+        } else {
+            fit(rest, TABLE_WIDTH.saturating_sub(front.chars().count() + 2))
+        };
+        format!("{front}  {rest}").trim_end().to_owned() + "\n"
+    };
+    let mut out = line(&mut columns.iter().map(|c| c.header), last);
+    for row in rows {
+        let n = columns.len();
+        let rest = row.get(n).map(String::as_str).unwrap_or_default();
+        out.push_str(&line(&mut row.iter().take(n).map(String::as_str), rest));
+    }
+    out
+}

@@ -7,9 +7,15 @@ pub(crate) struct JanitorArgs {
     /// Decide and report, but change nothing at all.
     #[arg(long)]
     pub dry_run: bool,
-    /// Print the report as one JSON object.
+    /// Print the report as one JSON object (also `-o json`).
     #[arg(long)]
     pub json: bool,
+    /// Every detail in full, nothing cut (also `-o wide`).
+    #[arg(long)]
+    pub wide: bool,
+    /// The output: `table` (fits 100 columns), `wide` or `json`.
+    #[arg(short = 'o', long = "output", value_name = "FORMAT", value_parser = ["table", "wide", "json"])]
+    pub output: Option<String>,
     /// Flag (never steal) a lock held for longer than DURATION
     /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = long_held)]
@@ -31,6 +37,14 @@ pub(crate) struct JanitorArgs {
 }
 
 impl JanitorArgs {
+    pub(crate) fn json(&self) -> bool {
+        self.json || self.output.as_deref() == Some("json")
+    }
+
+    pub(crate) fn wide(&self) -> bool {
+        self.wide || self.output.as_deref() == Some("wide")
+    }
+
     pub(crate) fn sweep_options(&self, global: &Global) -> SweepOptions {
         SweepOptions {
             dry_run: self.dry_run,

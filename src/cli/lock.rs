@@ -52,15 +52,31 @@ pub(crate) struct LockArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct LocksArgs {
-    /// Print the list as JSON.
+    /// Print the list as JSON (also `-o json`).
     #[arg(long)]
     pub json: bool,
+    /// Every holder and note in full, nothing cut (also `-o wide`).
+    #[arg(long)]
+    pub wide: bool,
+    /// The output: `table` (fits 100 columns), `wide` or `json`.
+    #[arg(short = 'o', long = "output", value_name = "FORMAT", value_parser = ["table", "wide", "json"])]
+    pub output: Option<String>,
     /// Flag a lock held for longer than DURATION
     /// [env: CCCI_LONG_HELD; file: long_held; default: 2h].
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = long_held)]
     pub long_held: Option<Duration>,
     #[command(flatten)]
     pub global: GlobalArgs,
+}
+
+impl LocksArgs {
+    pub(crate) fn json(&self) -> bool {
+        self.json || self.output.as_deref() == Some("json")
+    }
+
+    pub(crate) fn wide(&self) -> bool {
+        self.wide || self.output.as_deref() == Some("wide")
+    }
 }
 
 impl LockArgs {

@@ -288,6 +288,40 @@ fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {
 }
 
 impl Command {
+    /// The report's own fields of this command's `--json` document, empty, when `--json` was
+    /// asked for: what its envelope holds when the command fails before it has a report.
+    pub(crate) fn json_when_failed(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
+        use serde_json::{Value, json};
+        let fields: Value = match self {
+            Self::Runs(a) if a.json() && a.run_id.is_some() => json!({ "run": null }),
+            Self::Runs(a) if a.json() => json!({ "runs": [] }),
+            Self::Locks(a) if a.json() => json!({ "locks": [] }),
+            Self::Config(a) if a.json => json!({ "settings": [] }),
+            Self::Doctor(a) if a.json => json!({ "ok": false, "checks": [] }),
+            Self::Janitor(a) if a.json() => json!({
+                "dry_run": a.dry_run,
+                "candidates": [],
+                "tidied": [],
+                "dead_cgroups": [],
+                "leftover_processes": [],
+            }),
+            Self::Converge(a) if a.json => json!({
+                "stack": a.stack,
+                "converged": false,
+                "outcome": null,
+                "services": [],
+                "waited_s": 0.0,
+                "polls": 0,
+                "docker_calls": 0,
+            }),
+            _ => return None,
+        };
+        match fields {
+            Value::Object(map) => Some(map),
+            _ => None,
+        }
+    }
+
     /// The run settings given on the command line.
     pub(crate) fn timing_flags(&self) -> Vec<(Timing, Duration)> {
         let given: Vec<(Timing, Option<Duration>)> = match self {

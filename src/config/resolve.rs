@@ -38,12 +38,25 @@ impl std::fmt::Display for Origin {
     }
 }
 
-/// One effective setting, for `ccci-run config`.
-#[derive(Debug, Clone, Serialize)]
+/// One effective setting, for `ccci-run config`: `value` is what the table shows; a setting
+/// with no value (`absent`) is `null` in JSON, whatever the table says of it.
+#[derive(Debug, Clone)]
 pub(crate) struct Setting {
     pub key: &'static str,
     pub value: String,
+    pub absent: bool,
     pub origin: Origin,
+}
+
+impl Serialize for Setting {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("Setting", 3)?;
+        s.serialize_field("key", self.key)?;
+        s.serialize_field("value", &(!self.absent).then_some(&self.value))?;
+        s.serialize_field("origin", &self.origin)?;
+        s.end()
+    }
 }
 
 /// The resolved global settings (paths still to be validated by their users).
@@ -234,15 +247,10 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
             }
         }
     };
-    let runner_shown = setting(
-        "runner_user",
-        file.runner_user.clone().unwrap_or_else(|| "-".to_owned()),
-        if file.runner_user.is_some() {
-            &from_file
-        } else {
-            &Origin::Default
-        },
-    );
+    let runner_shown = match &file.runner_user {
+        Some(user) => setting("runner_user", user.clone(), &from_file),
+        None => unset("runner_user", "none", &Origin::Default),
+    };
     let docker_host_shown = match (&docker_host, &env_host) {
         (Some(h), _) => setting("docker_host", h.host.clone(), &h.origin),
         (None, Some(h)) => setting(
@@ -314,7 +322,11 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         runner_shown,
         setting("log_format", log_format.0.name().to_owned(), &log_format.1),
         setting("cgroup", cgroup.0.name().to_owned(), &cgroup.1),
-        setting("etcd_endpoints", endpoints.0.join(","), &endpoints.1),
+        if endpoints.0.is_empty() {
+            unset("etcd_endpoints", "none (local flocks)", &endpoints.1)
+        } else {
+            setting("etcd_endpoints", endpoints.0.join(","), &endpoints.1)
+        },
         setting(
             "lease_ttl",
             crate::duration::show(lease_ttl.0),
@@ -472,8 +484,10 @@ pub(super) fn resolve_timings(
         };
         timings.values[at] = value;
         timings.origins[at] = origin.clone();
-        let text = value.map_or_else(|| info.unset.to_owned(), crate::duration::show);
-        shown.push(setting(info.key, text, &origin));
+        shown.push(match value {
+            Some(value) => setting(info.key, crate::duration::show(value), &origin),
+            None => unset(info.key, info.unset, &origin),
+        });
     }
     Ok((timings, shown))
 }
@@ -482,7 +496,16 @@ pub(super) fn setting(key: &'static str, value: String, origin: &Origin) -> Sett
     Setting {
         key,
         value,
+        absent: false,
         origin: origin.clone(),
+    }
+}
+
+/// A setting with no value: `shown` in the table, `null` in JSON.
+fn unset(key: &'static str, shown: &str, origin: &Origin) -> Setting {
+    Setting {
+        absent: true,
+        ..setting(key, shown.to_owned(), origin)
     }
 }
 

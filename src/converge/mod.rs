@@ -177,17 +177,20 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
     let waited = started.elapsed();
     let (code, outcome, summary) = watch.conclude(&end, waited, last_error.as_deref());
     // The last line: progress when converged, the error the command ends with otherwise.
+    let said = format!(
+        "{} {summary} ({} poll{}, {} Docker calls)",
+        cfg.stack,
+        watch.polls,
+        if watch.polls == 1 { "" } else { "s" },
+        seam.list_calls()
+    );
     report::line(&format!(
-        "{} {} {summary} ({} poll{}, {} Docker calls)",
+        "{} {said}",
         if code == 0 {
             "ccci-run converge:"
         } else {
             "ccci-run: error: converge:"
         },
-        cfg.stack,
-        watch.polls,
-        if watch.polls == 1 { "" } else { "s" },
-        seam.list_calls()
     ));
     if cfg.json {
         let report = Report {
@@ -199,8 +202,15 @@ pub(crate) fn run(cfg: &ConvergeConfig, start_ppid: Pid) -> Result<u8, ConvergeE
             polls: watch.polls,
             docker_calls: seam.list_calls(),
         };
-        let text = serde_json::to_string_pretty(&crate::report::Envelope::new(&report, Vec::new()))
-            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+        let text = serde_json::to_string_pretty(&crate::report::Envelope::new(
+            &report,
+            if code == 0 {
+                Vec::new()
+            } else {
+                vec![format!("converge: {said}")]
+            },
+        ))
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
         // A closed or full stdout loses the report, never the exit code.
         let _ = crate::report::stdout(format!("{text}\n").as_bytes());
     }

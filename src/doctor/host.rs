@@ -60,18 +60,28 @@ pub(super) fn lock_dir_tmpfs(dir: &Path) -> Check {
             None => break,
         }
     }
+    // A missing lock dir is said to be missing: what is (or is not) on tmpfs is the directory
+    // it would be made in.
+    let what = if at == dir {
+        format!("{} is", dir.display())
+    } else {
+        format!(
+            "{} is missing; {}, where it would be made, is",
+            dir.display(),
+            at.display()
+        )
+    };
     match nix::sys::statfs::statfs(at) {
         Ok(fs) if fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC => {
-            check(NAME, State::Ok, format!("{} is on tmpfs", dir.display()))
+            check(NAME, State::Ok, format!("{what} on tmpfs"))
         }
         Ok(fs) => check(
             NAME,
             State::Warn,
             format!(
-                "{} is not on tmpfs (file system type {:#x}): lock files and the holder lines of \
-                 runs a reboot killed survive the reboot; nothing clears them at boot, so the \
+                "{what} not on tmpfs (file system type {:#x}): lock files and the holder lines \
+                 of runs a reboot killed survive the reboot; nothing clears them at boot, so the \
                  first janitor sweep after it must",
-                dir.display(),
                 fs.filesystem_type().0
             ),
         )

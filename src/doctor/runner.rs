@@ -216,45 +216,203 @@ fn runner_user(name: &'static str, user: Option<&str>, from: &str) -> Check {
     }
 }
 
-/// The programs a Drone step runs, on the `PATH` it sees: the runner unit's (its
-/// `Environment=PATH=`, else systemd's default), or ours where no unit could be read.
+/// What the runner hands every step of its own, as its unit and files say: the runner's
+/// environment is its unit's `Environment=`, overridden by its `EnvironmentFile=`s, then its
+/// own configuration file for what is still unset (godotenv never overrides); of that, a step
+/// gets `PATH` (and `USER`), overridden by `DRONE_RUNNER_ENVIRON` (`KEY:value,…`), then by the
+/// lines of `DRONE_RUNNER_ENVFILE`, then `PATH` by `DRONE_RUNNER_PATH`
+/// (drone-runner-exec's `daemon/config.go:66-68,117-137`, `engine/compiler/compiler.go:157-159`).
+struct StepEnvironment {
+    /// The step's `PATH`, and where it comes from.
+    path: Option<(String, String)>,
+    /// What `DRONE_RUNNER_ENVIRON` and `DRONE_RUNNER_ENVFILE` pass to every step: name, and
+    /// which of the two.
+    passed: Vec<(String, &'static str)>,
+    /// Files named that could not be read.
+    problems: Vec<String>,
+}
+
+fn step_environment(settings: &unit::UnitSettings, from: &str) -> StepEnvironment {
+    let mut problems = Vec::new();
+    let mut env: std::collections::BTreeMap<String, (String, String)> = settings
+        .environment
+        .iter()
+        .map(|(k, v)| (k.clone(), (v.clone(), format!("Environment= of {from}"))))
+        .collect();
+    let read = |path: &str| crate::files::read_text(Path::new(path), &ENV_FILE_RULES);
+    for (file, optional) in &settings.environment_files {
+        match read(file) {
+            Ok(text) => {
+                for (k, v) in unit::parse_env_file(&text) {
+                    env.insert(k, (v, file.clone()));
+                }
+            }
+            Err(_) if *optional => {}
+            Err(err) => problems.push(format!("EnvironmentFile={file}: {err}")),
+        }
+    }
+    let config = runner_config_file(&settings.exec_start);
+    match read(&config) {
+        Ok(text) => {
+            for (k, v) in unit::parse_env_file(&text) {
+                env.entry(k).or_insert((v, config.clone()));
+            }
+        }
+        // A runner configured by its unit alone has none.
+        Err(err) if err.is_missing() => {}
+        Err(err) => problems.push(format!("{config}: {err}")),
+    }
+    let mut path = env
+        .get("PATH")
+        .map(|(v, origin)| (v.clone(), format!("the runner's PATH ({origin})")));
+    let mut passed = Vec::new();
+    if let Some((environ, _)) = env.get("DRONE_RUNNER_ENVIRON") {
+        for (k, v) in unit::parse_runner_environ(environ) {
+            if k == "PATH" {
+                path = Some((v, "DRONE_RUNNER_ENVIRON's PATH".to_owned()));
+            }
+            passed.push((k, "DRONE_RUNNER_ENVIRON"));
+        }
+    }
+    if let Some((file, _)) = env.get("DRONE_RUNNER_ENVFILE") {
+        match read(file) {
+            Ok(text) => {
+                for (k, v) in unit::parse_env_file(&text) {
+                    if k == "PATH" {
+                        path = Some((v, format!("the PATH of DRONE_RUNNER_ENVFILE {file}")));
+                    }
+                    passed.push((k, "DRONE_RUNNER_ENVFILE"));
+                }
+            }
+            Err(err) => problems.push(format!("DRONE_RUNNER_ENVFILE {file}: {err}")),
+        }
+    }
+    if let Some((runner_path, _)) = env.get("DRONE_RUNNER_PATH").filter(|(p, _)| !p.is_empty()) {
+        path = Some((runner_path.clone(), "DRONE_RUNNER_PATH".to_owned()));
+    }
+    StepEnvironment {
+        path,
+        passed,
+        problems,
+    }
+}
+
+/// What the runner's environment files may be: regular files of any owner, small.
+const ENV_FILE_RULES: crate::files::Rules = crate::files::Rules {
+    max_len: 1 << 20,
+    follow_links: true,
+    owners: crate::files::Owners::Any,
+};
+
+/// The runner's own configuration file: the argument of `--config` (`service run`) or after
+/// `daemon`, else the one `service install` names.
+fn runner_config_file(exec_start: &[String]) -> String {
+    let mut words = exec_start.iter().skip(1);
+    while let Some(word) = words.next() {
+        if let Some(file) = word.strip_prefix("--config=") {
+            return file.to_owned();
+        }
+        if word == "--config" || word == "daemon" {
+            if let Some(file) = words.next().filter(|w| !w.starts_with('-')) {
+                return file.clone();
+            }
+        }
+    }
+    unit::RUNNER_CONFIG.to_owned()
+}
+
+/// The programs a Drone step runs, on the `PATH` it sees: the runner's (its unit's
+/// `Environment=PATH=`, its environment files', systemd's default), or `DRONE_RUNNER_PATH`,
+/// `DRONE_RUNNER_ENVIRON`'s or `DRONE_RUNNER_ENVFILE`'s where they set one; ours where no unit
+/// could be read. And what `DRONE_RUNNER_ENVIRON` and `DRONE_RUNNER_ENVFILE` pass to every step.
 pub(super) fn step_path(source: &UnitSource) -> Vec<Check> {
+    let mut checks = Vec::new();
     let (path, from): (OsString, String) = match source {
-        UnitSource::Settings { settings, from } => match &settings.path {
-            Some(path) => (path.into(), format!("the PATH of {from}")),
-            None => (
-                unit::DEFAULT_PATH.into(),
-                format!("systemd's default PATH ({from} sets none)"),
-            ),
-        },
+        UnitSource::Settings { settings, from } => {
+            let step = step_environment(settings, from);
+            checks.push(passed_check(&step, from));
+            match step.path {
+                Some((path, origin)) => (path.into(), format!("{origin}, of {from}")),
+                None => (
+                    unit::DEFAULT_PATH.into(),
+                    format!("systemd's default PATH ({from} sets none)"),
+                ),
+            }
+        }
         _ => (
             std::env::var_os("PATH").unwrap_or_default(),
             "this shell's PATH (no runner unit could be read)".to_owned(),
         ),
     };
-    STEP_PROGRAMS
+    checks.extend(STEP_PROGRAMS.iter().map(|program| {
+        let name = format!("step PATH {program}");
+        let found = std::env::split_paths(&path).find_map(|dir| {
+            use std::os::unix::fs::PermissionsExt;
+            let candidate = dir.join(program);
+            std::fs::metadata(&candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .then_some(candidate)
+        });
+        match found {
+            Some(at) => check(name, State::Ok, format!("{} (on {from})", at.display())),
+            None => check(
+                name,
+                State::Fail,
+                format!("{program} is not on {from}: a step that runs it fails"),
+            )
+            .fix(format!(
+                "install {program} into a directory of that PATH, or add its directory to \
+                 DRONE_RUNNER_PATH (or Environment=PATH=...) of the runner"
+            )),
+        }
+    }));
+    checks
+}
+
+/// The `step environment` check: what the runner passes to every step beyond its own
+/// variables. A `CCCI_*` among them steers every run past the configuration file.
+fn passed_check(step: &StepEnvironment, from: &str) -> Check {
+    let name = "step environment";
+    if !step.problems.is_empty() {
+        return check(
+            name,
+            State::Fail,
+            format!(
+                "the runner's environment could not be read whole: {}",
+                step.problems.join("; ")
+            ),
+        )
+        .fix("make the files the runner's unit and configuration name readable, or drop them");
+    }
+    let steering: Vec<String> = step
+        .passed
         .iter()
-        .map(|program| {
-            let name = format!("step PATH {program}");
-            let found = std::env::split_paths(&path).find_map(|dir| {
-                use std::os::unix::fs::PermissionsExt;
-                let candidate = dir.join(program);
-                std::fs::metadata(&candidate)
-                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                    .then_some(candidate)
-            });
-            match found {
-                Some(at) => check(name, State::Ok, format!("{} (on {from})", at.display())),
-                None => check(
-                    name,
-                    State::Fail,
-                    format!("{program} is not on {from}: a step that runs it fails"),
-                )
-                .fix(format!(
-                    "install {program} into a directory of that PATH, or add its directory with \
-                     Environment=PATH=... in the runner's unit"
-                )),
-            }
-        })
-        .collect()
+        .filter(|(k, _)| k.starts_with("CCCI_") || k == "DOCKER_HOST")
+        .map(|(k, via)| format!("{k} (by {via})"))
+        .collect();
+    if !steering.is_empty() {
+        return check(
+            name,
+            State::Warn,
+            format!(
+                "{} reach every step from {from}: they override the configuration file for \
+                 every run",
+                steering.join(", ")
+            ),
+        )
+        .fix("set them in the configuration file instead, and take them out of the runner's");
+    }
+    let names: Vec<String> = step
+        .passed
+        .iter()
+        .map(|(k, via)| format!("{k} (by {via})"))
+        .collect();
+    let detail = if names.is_empty() {
+        format!(
+            "{from} passes no variable of its own to steps (DRONE_RUNNER_ENVIRON, DRONE_RUNNER_ENVFILE unset)"
+        )
+    } else {
+        format!("{from} passes to every step: {}", names.join(", "))
+    };
+    check(name, State::Ok, detail)
 }

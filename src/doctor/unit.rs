@@ -26,6 +26,12 @@ pub(crate) struct UnitSettings {
     pub path: Option<String>,
     /// `User=`: the runner's user (none: root).
     pub user: Option<String>,
+    /// Every variable of `Environment=`, in the order set (a later one wins).
+    pub environment: Vec<(String, String)>,
+    /// `EnvironmentFile=`: each file, and whether a missing one is fine (`-path`).
+    pub environment_files: Vec<(String, bool)>,
+    /// `ExecStart=`'s words: the runner's own configuration file is its argument after `daemon`.
+    pub exec_start: Vec<String>,
 }
 
 impl UnitSettings {
@@ -64,7 +70,26 @@ impl UnitSettings {
                 "KillMode" => settings.kill_mode = Some(value.to_owned()),
                 "TimeoutStopUSec" => settings.timeout_stop = Some(value.to_owned()),
                 "User" => settings.user = (!value.is_empty()).then(|| value.to_owned()),
-                "Environment" => settings.path = environment_path(value).or(settings.path),
+                "Environment" => {
+                    settings.path = environment_path(value).or(settings.path);
+                    settings.environment.extend(environment_words(value));
+                }
+                // `/path (ignore_errors=no)`, one per line in `systemctl show`'s output.
+                "EnvironmentFiles" => {
+                    if let Some((path, rest)) = value.split_once(" (") {
+                        let optional = rest.contains("ignore_errors=yes");
+                        settings.environment_files.push((path.to_owned(), optional));
+                    }
+                }
+                // `{ path=… ; argv[]=/usr/bin/drone-runner-exec daemon FILE ; … }`.
+                "ExecStart" => {
+                    if let Some(argv) = value
+                        .split(" ; ")
+                        .find_map(|part| part.trim_start_matches("{ ").strip_prefix("argv[]="))
+                    {
+                        settings.exec_start = argv.split_whitespace().map(str::to_owned).collect();
+                    }
+                }
                 _ => {}
             }
         }
@@ -81,8 +106,27 @@ impl UnitSettings {
             // TimeoutSec= sets the start and the stop timeout alike.
             "TimeoutStopSec" | "TimeoutSec" => set(&mut self.timeout_stop),
             "User" => set(&mut self.user),
-            "Environment" if value.is_empty() => self.path = None,
-            "Environment" => self.path = environment_path(value).or(self.path.take()),
+            "Environment" if value.is_empty() => {
+                self.path = None;
+                self.environment.clear();
+            }
+            "Environment" => {
+                self.path = environment_path(value).or(self.path.take());
+                self.environment.extend(environment_words(value));
+            }
+            "EnvironmentFile" if value.is_empty() => self.environment_files.clear(),
+            "EnvironmentFile" => match value.strip_prefix('-') {
+                Some(path) => self.environment_files.push((path.to_owned(), true)),
+                None => self.environment_files.push((value.to_owned(), false)),
+            },
+            "ExecStart" if value.is_empty() => self.exec_start.clear(),
+            "ExecStart" => {
+                self.exec_start = value
+                    .trim_start_matches(['-', '@', ':', '+', '!'])
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect();
+            }
             _ => {}
         }
     }
@@ -132,6 +176,66 @@ fn logical_lines(text: &str) -> Vec<String> {
         lines.push(current);
     }
     lines
+}
+
+/// The space-separated (optionally double-quoted) assignments of `Environment=`.
+fn environment_words(value: &str) -> Vec<(String, String)> {
+    let mut word = String::new();
+    let mut quoted = false;
+    let mut words = Vec::new();
+    for c in value.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c.is_whitespace() && !quoted => words.push(std::mem::take(&mut word)),
+            c => word.push(c),
+        }
+    }
+    words.push(word);
+    words
+        .into_iter()
+        .filter_map(|w| {
+            let (k, v) = w.split_once('=')?;
+            (!k.is_empty()).then(|| (k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+/// Where the runner daemon reads its own configuration when its unit names none: what
+/// `drone-runner-exec service install` writes into the unit it makes.
+pub(crate) const RUNNER_CONFIG: &str = "/etc/drone-runner-exec/config";
+
+/// A file of `KEY=value` lines as godotenv reads it (the runner's configuration file,
+/// `DRONE_RUNNER_ENVFILE`) or systemd reads an `EnvironmentFile=`: comments, blank lines,
+/// `export `, and single or double quotes around a value.
+pub(crate) fn parse_env_file(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+                return None;
+            }
+            let line = line.strip_prefix("export ").unwrap_or(line);
+            let (key, value) = line.split_once('=').or_else(|| line.split_once(':'))?;
+            let value = value.trim();
+            let value = value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .or_else(|| value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+                .unwrap_or(value);
+            Some((key.trim().to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// `KEY:value,KEY:value` as the runner reads `DRONE_RUNNER_ENVIRON` (envconfig's map form).
+pub(crate) fn parse_runner_environ(text: &str) -> Vec<(String, String)> {
+    text.split(',')
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once(':')?;
+            let k = k.trim();
+            (!k.is_empty()).then(|| (k.to_owned(), v.to_owned()))
+        })
+        .collect()
 }
 
 /// `PATH` among the space-separated (optionally double-quoted) assignments of `Environment=`.
@@ -220,7 +324,8 @@ pub(crate) fn show(unit: &str) -> Result<UnitSettings, String> {
         .args([
             "show",
             unit,
-            "--property=LoadState,Delegate,KillMode,TimeoutStopUSec,Environment,User",
+            "--property=LoadState,Delegate,KillMode,TimeoutStopUSec,Environment,User,\
+             EnvironmentFiles,ExecStart",
         ])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -311,6 +416,40 @@ mod tests {
             parse_timespan(text),
             Ok(millis.map(Duration::from_millis)),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn the_runner_s_environment_files_and_map_are_read_as_it_reads_them() {
+        let env = parse_env_file("# c\n\nexport A=\"x y\"\nB='z'\nC=plain\n");
+        assert_eq!(
+            env,
+            [("A", "x y"), ("B", "z"), ("C", "plain")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .to_vec()
+        );
+        let map = parse_runner_environ("A:1,B:two:three,,:x");
+        assert_eq!(
+            map,
+            [("A", "1"), ("B", "two:three")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .to_vec()
+        );
+        let mut settings = UnitSettings::default();
+        settings.apply_file(
+            "[Service]\nEnvironment=\"A=1 2\" B=3\nEnvironmentFile=-/x\nExecStart=-/bin/r daemon /c\n",
+        );
+        assert_eq!(settings.environment.len(), 2);
+        assert_eq!(settings.environment_files, vec![("/x".to_owned(), true)]);
+        assert_eq!(settings.exec_start, vec!["/bin/r", "daemon", "/c"]);
+        let shown = UnitSettings::from_show(
+            "EnvironmentFiles=/etc/x (ignore_errors=no)\n\
+             ExecStart={ path=/bin/r ; argv[]=/bin/r service run --config /c ; ignore_errors=no }\n",
+        );
+        assert_eq!(shown.environment_files, vec![("/etc/x".to_owned(), false)]);
+        assert_eq!(
+            shown.exec_start,
+            vec!["/bin/r", "service", "run", "--config", "/c"]
         );
     }
 

@@ -33,7 +33,7 @@ use crate::config::dirs::{self, Dir};
 use crate::config::{DockerMode, Global, Hunt, SweepOptions};
 use crate::docker::{DockerLink, DockerSeam, Reaped, StackResources};
 use crate::janitor::decide::{Decision, Probe, decide};
-use crate::janitor::reap::{finish_reap, reap_dead_runs_cgroups, reap_leftovers};
+use crate::janitor::reap::{finish_reap, not_in_cgroups, reap_dead_runs_cgroups, reap_leftovers};
 use crate::janitor::report::{CandidateReport, Source, SweepReport};
 use crate::janitor::tidy::tidy_state_files;
 use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, is_lost};
@@ -144,7 +144,7 @@ impl<'a> DockerState<'a> {
             }
             Some(Err(err)) => {
                 status::line(&format!(
-                    "!! janitor: {err}; apps that may have Docker resources are not reaped"
+                    "ccci-run: warning: janitor: {err}; apps that may have Docker resources are not reaped"
                 ));
                 Some(Self::Unavailable(err.0.clone()))
             }
@@ -242,8 +242,8 @@ impl Sweep<'_> {
                 crate::janitor::reap::mark_runs_swept(self.global, &self.report.dead_cgroups);
             }
             if !nearby {
-                self.report.leftover_processes =
-                    reap_leftovers(scope, &mut self.report.errors, self.opts.dry_run);
+                let found = reap_leftovers(scope, &mut self.report.errors, self.opts.dry_run);
+                self.report.leftover_processes = not_in_cgroups(found, &self.report.dead_cgroups);
             }
         }
         let Some(mut docker) = DockerState::connect(link, &mut self.report) else {
@@ -261,8 +261,8 @@ impl Sweep<'_> {
         let to_reap = self.probe_all(&candidates, &docker);
         if let (Hunt::Nearby, false, Some(scope)) = (self.opts.hunt, to_reap.is_empty(), scope) {
             // Still before any app goes: the environment scan, now that one is to be reaped.
-            self.report.leftover_processes =
-                reap_leftovers(scope, &mut self.report.errors, self.opts.dry_run);
+            let found = reap_leftovers(scope, &mut self.report.errors, self.opts.dry_run);
+            self.report.leftover_processes = not_in_cgroups(found, &self.report.dead_cgroups);
         }
         self.reap(to_reap, &docker);
         if let DockerState::On(seam) = &docker {
@@ -457,7 +457,7 @@ impl Sweep<'_> {
                 line.decision = Decision::ReapIncomplete;
                 line.error = Some(problems.join("; "));
                 status::line(&format!(
-                    "!! janitor: {} is not gone yet: {}",
+                    "ccci-run: warning: janitor: {} is not gone yet: {}",
                     r.candidate.domain,
                     problems.join("; ")
                 ));
@@ -488,7 +488,10 @@ impl Sweep<'_> {
     fn leave_to_next_sweep(&mut self, r: &ToReap<'_>, why: String) {
         let line = &mut self.report.candidates[r.line];
         line.decision = Decision::ReapIncomplete;
-        status::line(&format!("!! janitor: {}: {why}", r.candidate.domain));
+        status::line(&format!(
+            "ccci-run: warning: janitor: {}: {why}",
+            r.candidate.domain
+        ));
         line.error = Some(why);
     }
 
@@ -580,7 +583,7 @@ impl Sweep<'_> {
             // says a live run owns the domain.
             (_, _, Some(note)) => {
                 status::line(&format!(
-                    "!! janitor: {domain}: its lock under {} is free, but it is {note} (lock file \
+                    "ccci-run: warning: janitor: {domain}: its lock under {} is free, but it is {note} (lock file \
                      deleted by hand, or a lock dir that differs between runs and janitor?); \
                      not reaping",
                     self.locks.describe(LockKey::App(domain))
@@ -588,7 +591,7 @@ impl Sweep<'_> {
                 line.error = Some(note);
             }
             (Probe::Foreign(why), _, _) => {
-                status::line(&format!("!! janitor: {domain}: {why}"));
+                status::line(&format!("ccci-run: warning: janitor: {domain}: {why}"));
                 line.error = Some(why.clone());
             }
             (Probe::Unreadable(why), _, _) => {
@@ -596,7 +599,7 @@ impl Sweep<'_> {
                 line.error = Some(why.clone());
             }
             (_, Decision::LongHeld, _) => status::line(&format!(
-                "!! lock for {domain} held >{} — possible leaked run; inspect with lslocks",
+                "ccci-run: warning: lock for {domain} held >{} — possible leaked run; inspect with lslocks",
                 crate::duration::show(self.opts.long_held)
             )),
             _ => {}

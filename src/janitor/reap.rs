@@ -129,6 +129,24 @@ pub(crate) fn reap_dead_runs_cgroups(
     reported
 }
 
+/// `found` without the processes a dry run already lists in a dead run's cgroup it would kill:
+/// a real sweep kills the cgroup first, so its environment scan never meets them again; one
+/// process is listed once.
+pub(crate) fn not_in_cgroups(
+    found: Vec<LeftoverProcess>,
+    cgroups: &[DeadCgroup],
+) -> Vec<LeftoverProcess> {
+    let listed: HashSet<i32> = cgroups
+        .iter()
+        .filter(|c| c.unresolvable.is_none())
+        .flat_map(|c| cgroup::member_pids(&c.path))
+        .collect();
+    found
+        .into_iter()
+        .filter(|p| !listed.contains(&p.pid))
+        .collect()
+}
+
 /// Kill (unless `dry_run`) the processes of dead supervisors of the configuration `scope`
 /// found by their environment, and wait until they are gone. A process whose supervisor
 /// cannot be judged is left alone and reported.
@@ -250,5 +268,51 @@ fn note_in_record(
         if let Err(err) = record.write_keeping_mode(&path) {
             tracing::warn!(path = %path.display(), "failed to mark run record {what}: {err}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leftover(pid: i32) -> LeftoverProcess {
+        LeftoverProcess {
+            pid,
+            supervisor: 1,
+            marker: "1-2-3-c1.2".to_owned(),
+            unresolvable: None,
+        }
+    }
+
+    /// A dry run lists a process of a dead run's cgroup with the cgroup it would kill, never a
+    /// second time as a leftover found by its environment; one in a cgroup left alone (its
+    /// supervisor not judged) is still listed.
+    #[test]
+    fn a_process_in_a_dead_cgroup_is_listed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (doomed, spared) = (dir.path().join("doomed"), dir.path().join("spared"));
+        for (cgroup, pids) in [(&doomed, "11\n12\n"), (&spared, "21\n")] {
+            std::fs::create_dir_all(cgroup.join("child")).unwrap();
+            std::fs::write(cgroup.join("cgroup.procs"), pids).unwrap();
+            std::fs::write(cgroup.join("child/cgroup.procs"), "13\n").unwrap();
+        }
+        let cgroup = |path: &std::path::Path, unresolvable: Option<&str>| DeadCgroup {
+            path: path.to_owned(),
+            supervisor: "1-2-3-c1.2".to_owned(),
+            processes: 3,
+            removed: false,
+            error: None,
+            unresolvable: unresolvable.map(str::to_owned),
+        };
+        let cgroups = [
+            cgroup(&doomed, None),
+            cgroup(&spared, Some("another pid namespace")),
+        ];
+        let found = [11, 13, 21, 99].map(leftover).to_vec();
+        let listed: Vec<i32> = not_in_cgroups(found, &cgroups)
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(listed, [21, 99]);
     }
 }

@@ -163,13 +163,31 @@ impl SweepReport {
 }
 
 /// The human-readable table.
-pub(crate) fn render_table(report: &SweepReport) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<40} {:<10} {:<11} {:>9}  DETAIL",
-        "DOMAIN", "SOURCES", "DECISION", "LOCK AGE"
-    );
+pub(crate) fn render_table(report: &SweepReport, wide: bool) -> String {
+    use crate::report::Column;
+    let columns = [
+        Column {
+            header: "DOMAIN",
+            cap: 33,
+            right: false,
+        },
+        Column {
+            header: "SOURCES",
+            cap: 15,
+            right: false,
+        },
+        Column {
+            header: "DECISION",
+            cap: 15,
+            right: false,
+        },
+        Column {
+            header: "LOCK AGE",
+            cap: 8,
+            right: true,
+        },
+    ];
+    let mut rows = Vec::new();
     for c in &report.candidates {
         let sources: Vec<&str> = c
             .sources
@@ -180,10 +198,7 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
                 Source::Lock => "lock",
             })
             .collect();
-        let age = c
-            .lock_age_s
-            .map(|s| humantime::format_duration(Duration::from_secs(s)).to_string())
-            .unwrap_or_else(|| "-".to_owned());
+        let age = crate::duration::age(c.lock_age_s);
         let detail = match &c.error {
             Some(err) => format!("error: {err}"),
             None if c.decision == Decision::Reap => format!("removed {}", c.removed.summary()),
@@ -228,24 +243,21 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
             }
             None => crate::names::visible(c.why.as_deref().unwrap_or_default()).into_owned(),
         };
-        let _ = writeln!(
-            out,
-            "{:<40} {:<10} {:<11} {:>9}  {}",
-            c.domain,
+        rows.push(vec![
+            c.domain.clone(),
             sources.join(","),
-            c.decision.as_str(),
+            c.decision.as_str().to_owned(),
             age,
-            detail
-        );
+            detail,
+        ]);
     }
+    let table = crate::report::table(&columns, "DETAIL", &rows, wide);
+    let mut out = String::new();
     for k in &report.kept {
         let _ = writeln!(
             out,
             "{}",
-            crate::names::visible(&format!(
-                "kept {} {} (named like {}'s): {}",
-                k.kind, k.name, k.domain, k.why
-            ))
+            crate::names::visible(&format!("kept {} {}: {}", k.kind, k.name, k.why))
         );
     }
     for path in &report.tidied {
@@ -276,11 +288,21 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
                 c.path.display(),
                 c.processes
             ),
+            (None, true, _) if c.processes == 0 => writeln!(
+                out,
+                "would remove the empty cgroup {} of a dead run",
+                c.path.display(),
+            ),
             (None, true, _) => writeln!(
                 out,
                 "would kill cgroup {} of a dead run ({} process(es))",
                 c.path.display(),
                 c.processes
+            ),
+            (None, false, true) if c.processes == 0 => writeln!(
+                out,
+                "removed the empty cgroup {} of a dead run",
+                c.path.display(),
             ),
             (None, false, true) => writeln!(
                 out,
@@ -310,14 +332,45 @@ pub(crate) fn render_table(report: &SweepReport) -> String {
             ),
         };
     }
-    for err in &report.errors {
-        let _ = writeln!(out, "error: {err}");
-    }
+    // The errors go to stderr (`ccci-run: error: …`), never into the table.
     if !report.scanned.is_empty() {
         let _ = writeln!(out, "scanned: {}", report.scanned.join("; "));
     }
     let _ = writeln!(out, "{}", summary(report));
-    out
+    if wide {
+        return table + &out;
+    }
+    let notes: String = out
+        .lines()
+        .map(|line| crate::report::fit(line, crate::report::TABLE_WIDTH) + "\n")
+        .collect();
+    table + &notes
+}
+
+/// What a sweep tidied, by kind: lock files, dead waiters' tickets (files in a named lock's
+/// `.queue` directory), and state files (the rest).
+struct Tidied {
+    locks: usize,
+    tickets: usize,
+    states: usize,
+}
+
+impl Tidied {
+    fn of(report: &SweepReport) -> Self {
+        let ticket = |p: &Path| {
+            p.parent()
+                .and_then(|d| d.extension())
+                .is_some_and(|e| e == "queue")
+        };
+        let lock = |p: &Path| !ticket(p) && p.extension().is_some_and(|e| e == "lock");
+        let locks = report.tidied.iter().filter(|p| lock(p)).count();
+        let tickets = report.tidied.iter().filter(|p| ticket(p)).count();
+        Self {
+            locks,
+            tickets,
+            states: report.tidied.len() - locks - tickets,
+        }
+    }
 }
 
 /// "3 candidate(s), 1 reaped, 1 would be reaped, 2 lock file(s) and 1 state file(s) tidied in
@@ -333,21 +386,11 @@ fn summary(report: &SweepReport) -> String {
     if report.dry_run || would > 0 {
         parts.push(format!("{would} would be reaped"));
     }
-    let locks = report
-        .tidied
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "lock"))
-        .count();
-    let tickets = report
-        .tidied
-        .iter()
-        .filter(|p| {
-            p.parent()
-                .and_then(|d| d.extension())
-                .is_some_and(|e| e == "queue")
-        })
-        .count();
-    let states = report.tidied.len() - locks - tickets;
+    let Tidied {
+        locks,
+        tickets,
+        states,
+    } = Tidied::of(report);
     let verb = if report.dry_run { "to tidy" } else { "tidied" };
     let tickets = if tickets > 0 {
         format!(", {tickets} dead waiter's ticket(s)")
@@ -415,11 +458,26 @@ pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()>
     for (kind, count) in totals {
         let _ = writeln!(out, "ccci_janitor_removed{{kind=\"{kind}\"}} {count}");
     }
+    let tidied = Tidied::of(report);
     let _ = writeln!(
         out,
         "# HELP ccci_janitor_tidied_lock_files Orphaned lock files unlinked by the last sweep.\n\
          # TYPE ccci_janitor_tidied_lock_files gauge\nccci_janitor_tidied_lock_files {}",
-        report.tidied.len()
+        tidied.locks
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ccci_janitor_tidied_state_files Orphaned state files of dead runs unlinked by the \
+         last sweep.\n\
+         # TYPE ccci_janitor_tidied_state_files gauge\nccci_janitor_tidied_state_files {}",
+        tidied.states
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ccci_janitor_tidied_tickets Dead waiters' queue tickets unlinked by the last \
+         sweep.\n\
+         # TYPE ccci_janitor_tidied_tickets gauge\nccci_janitor_tidied_tickets {}",
+        tidied.tickets
     );
     let _ = writeln!(
         out,

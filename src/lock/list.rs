@@ -6,7 +6,6 @@
 //! names a holder nobody here holds it for is tried once (and let go at once). What the holder
 //! line names is judged from here: alive, dead (it died holding the lock), or unresolvable.
 
-use std::fmt::Write as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -47,7 +46,6 @@ pub(crate) struct LockInfo {
     /// What this host, from where `locks` runs, can say of the holder its line names: `alive`,
     /// `dead` (it died holding the lock: its line was never cleared), or `unresolvable` (in a
     /// pid namespace not visible here, on another host), never a guess.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub holder_is: Option<&'static str>,
     /// Why the holder cannot be judged from here.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -203,86 +201,121 @@ fn held_unseen(path: &Path) -> bool {
     )
 }
 
-/// The human-readable table.
-pub(crate) fn render_table(locks: &[LockInfo]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<6} {:<40} {:<6} {:<12} {:>9} {:>7}  HOLDER",
-        "KIND", "NAME", "HELD", "PIDS", "AGE", "WAITERS"
-    );
-    for l in locks {
-        let pids: Vec<String> = l.holder_pids.iter().map(ToString::to_string).collect();
-        let age = l
-            .age_s
-            .map(|s| humantime::format_duration(Duration::from_secs(s)).to_string())
-            .unwrap_or_else(|| "-".to_owned());
-        let holder = match (&l.holder, &l.holder_raw) {
-            (Some(h), _) if h.run_id.is_empty() => escape_outside(
-                format!("pid {} on {} since {}", h.pid, h.host, h.started_at).as_bytes(),
-            ),
-            (Some(h), _) => escape_outside(
-                format!(
-                    "run {} pid {} on {} since {}",
-                    h.run_id, h.pid, h.host, h.started_at
-                )
-                .as_bytes(),
-            ),
-            (None, Some(raw)) => format!("unparsed: {}", escape_outside(raw.as_bytes())),
-            (None, None) => String::new(),
-        };
-        let mut notes = Vec::new();
-        if l.long_held {
-            notes.push("LONG-HELD".to_owned());
-        }
-        match (l.holder_is, &l.holder_unresolvable) {
-            (Some("dead"), _) => notes.push("its holder died holding it".to_owned()),
-            (Some("unresolvable"), Some(why)) => {
-                notes.push(format!("holder not judged from here: {why}"));
-            }
-            _ => {}
-        }
-        if let Some(queue) = l.queue.as_ref().filter(|q| !q.is_empty()) {
-            let tickets: Vec<String> = queue
-                .iter()
-                .map(|t| {
+/// The human-readable table: KIND, NAME, HELD, PIDS, AGE, WAITERS, then the holder and the
+/// notes; by default it fits [`crate::report::TABLE_WIDTH`] columns (long values cut with `…`,
+/// the holder without its start, which AGE says), `wide` cuts nothing.
+pub(crate) fn render_table(locks: &[LockInfo], wide: bool) -> String {
+    use crate::report::Column;
+    let columns = [
+        Column {
+            header: "KIND",
+            cap: 5,
+            right: false,
+        },
+        Column {
+            header: "NAME",
+            cap: 34,
+            right: false,
+        },
+        Column {
+            header: "HELD",
+            cap: 4,
+            right: false,
+        },
+        Column {
+            header: "PIDS",
+            cap: 11,
+            right: false,
+        },
+        Column {
+            header: "AGE",
+            cap: 6,
+            right: true,
+        },
+        Column {
+            header: "WAITERS",
+            cap: 7,
+            right: true,
+        },
+    ];
+    let rows: Vec<Vec<String>> = locks
+        .iter()
+        .map(|l| {
+            let pids: Vec<String> = l.holder_pids.iter().map(ToString::to_string).collect();
+            let since = |at: &str| {
+                if wide {
+                    format!(" since {at}")
+                } else {
+                    String::new()
+                }
+            };
+            let holder = match (&l.holder, &l.holder_raw) {
+                (Some(h), _) if h.run_id.is_empty() => escape_outside(
+                    format!("pid {} on {}{}", h.pid, h.host, since(&h.started_at)).as_bytes(),
+                ),
+                (Some(h), _) => escape_outside(
                     format!(
-                        "{} {} pid {} {}s",
-                        t.ticket.seq,
-                        t.ticket.class.as_str(),
-                        t.ticket.pid,
-                        t.age_s
+                        "run {} pid {} on {}{}",
+                        h.run_id,
+                        h.pid,
+                        h.host,
+                        since(&h.started_at)
                     )
-                })
-                .collect();
-            notes.push(format!("queue: {}", tickets.join(", ")));
-        }
-        if let Some(problem) = &l.problem {
-            notes.push(format!("!! {problem}"));
-        }
-        let _ = writeln!(
-            out,
-            "{:<6} {:<40} {:<6} {:<12} {:>9} {:>7}  {holder}{}{}",
-            match l.kind {
-                LockKind::App => "app",
-                LockKind::Named => "named",
-            },
-            l.name,
-            if l.held { "yes" } else { "no" },
-            if pids.is_empty() {
-                "-".to_owned()
-            } else {
-                pids.join(",")
-            },
-            age,
-            l.waiters,
-            if notes.is_empty() || holder.is_empty() {
-                ""
-            } else {
-                "  "
-            },
-            notes.join("; ")
-        );
-    }
-    out
+                    .as_bytes(),
+                ),
+                (None, Some(raw)) => format!("unparsed: {}", escape_outside(raw.as_bytes())),
+                (None, None) => String::new(),
+            };
+            let mut notes = Vec::new();
+            if !holder.is_empty() {
+                notes.push(holder);
+            }
+            if l.long_held {
+                notes.push("LONG-HELD".to_owned());
+            }
+            match (l.holder_is, &l.holder_unresolvable) {
+                (Some("dead"), _) => notes.push("its holder died holding it".to_owned()),
+                (Some("unresolvable"), Some(why)) => {
+                    notes.push(format!("holder not judged from here: {why}"));
+                }
+                _ => {}
+            }
+            if let Some(queue) = l.queue.as_ref().filter(|q| !q.is_empty()) {
+                let tickets: Vec<String> = queue
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "{} {} pid {} {}",
+                            t.ticket.seq,
+                            t.ticket.class.as_str(),
+                            t.ticket.pid,
+                            crate::duration::age(Some(t.age_s))
+                        )
+                    })
+                    .collect();
+                notes.push(format!("queue: {}", tickets.join(", ")));
+            }
+            if let Some(problem) = &l.problem {
+                notes.push(format!("!! {problem}"));
+            }
+            vec![
+                match l.kind {
+                    LockKind::App => "app",
+                    LockKind::Named => "named",
+                }
+                .to_owned(),
+                l.name.clone(),
+                if l.held { "yes" } else { "no" }.to_owned(),
+                if pids.is_empty() {
+                    "-".to_owned()
+                } else {
+                    pids.join(",")
+                },
+                crate::duration::age(l.age_s),
+                l.waiters.to_string(),
+                notes.join("; "),
+            ]
+        })
+        .collect();
+    crate::report::table(&columns, "HOLDER", &rows, wide)
 }

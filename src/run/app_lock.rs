@@ -66,27 +66,28 @@ impl Run<'_> {
         };
         let started = Instant::now();
         let mut waited = false;
-        let (record, record_path) = (&self.record, &self.record_path);
+        let (record, record_path) = (&mut self.record, &self.record_path);
         let taken = self
             .locks
             .take(LockKey::App(domain), &wait, &mut |holder, so_far| {
-                if !waited {
-                    // The wait may be long: the record says where the run is.
-                    save_or_warn(record, record_path);
-                }
-                waited = true;
                 let held_by = Holder::describe(holder);
-                if so_far.is_zero() {
+                if !waited {
+                    // The wait may be long: the record says where the run is, and since when.
+                    record.enter(Phase::Waiting);
+                    save_or_warn(record, record_path);
                     report::line(&format!(
                         "== app lock: another run of {domain} is in flight — waiting; held by \
                          {held_by} =="
                     ));
-                } else {
+                } else if !so_far.is_zero() {
+                    // A wait begun again (the lock file a reaper unlinked under us, at a
+                    // hand-off) is the same wait: said once, its time counted from the start.
                     report::line(&format!(
                         "== app lock: still waiting for {domain} after {} s; held by {held_by} ==",
-                        so_far.as_secs()
+                        started.elapsed().as_secs()
                     ));
                 }
+                waited = true;
             })?;
         if waited && matches!(taken, Taken::Held(_)) {
             report::line(&format!(

@@ -380,7 +380,9 @@ fn lock_use(record: &RunRecord) -> Option<LockUse> {
     let entered = |phase: Phase| record.phases.iter().any(|p| p.name == phase.as_str());
     let state = if entered(Phase::AppLock) {
         "held"
-    } else if record.phases.last()?.name == Phase::Janitor.as_str() {
+    } else if [Phase::Janitor.as_str(), Phase::Waiting.as_str()]
+        .contains(&record.phases.last()?.name.as_str())
+    {
         "waiting"
     } else {
         return None;
@@ -504,18 +506,9 @@ fn pr_ref(r: &RunInfo) -> String {
     }
 }
 
-/// An age as its two largest units: `5m 3s` -> `5m3s`, `2days 3h` -> `2d3h`.
+/// An age as every table writes it ([`crate::duration::age`]).
 fn short_age(secs: Option<u64>) -> String {
-    let Some(secs) = secs else {
-        return "-".to_owned();
-    };
-    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
-    match (d, h, m) {
-        (0, 0, 0) => format!("{s}s"),
-        (0, 0, _) => format!("{m}m{s}s"),
-        (0, _, _) => format!("{h}h{m}m"),
-        _ => format!("{d}d{h}h"),
-    }
+    crate::duration::age(secs)
 }
 
 /// The human-readable table, one line a run. By default it fits [`TABLE_WIDTH`] columns: RUN,

@@ -191,16 +191,24 @@ pub(crate) fn stop(runs_dir: &Path, cfg: &StopConfig) -> Result<Stopped, StopErr
     let target = verify(&dir, &supervisor, id).map_err(|why| match why {
         // Dead, or it just finished: a run that ended cleanly between our read of its record
         // and the look at its guard has written its exit by now.
-        NotLive::Dead => match RunRecord::read(&record_path).ok().and_then(|r| {
-            let code = r.exit_code?;
-            Some((code, r.shutdown_reason))
-        }) {
-            Some((code, reason)) => not_live(format!(
+        NotLive::Dead => match RunRecord::read(&record_path).ok() {
+            Some(RunRecord {
+                exit_code: Some(code),
+                shutdown_reason: reason,
+                ..
+            }) => not_live(format!(
                 "it has finished meanwhile ({}, exit {code}); record {}",
                 reason.as_deref().unwrap_or("command-ended"),
                 record_path.display()
             )),
-            None => not_live(NotLive::Dead.to_string()),
+            // A janitor has been: what it left is gone already, nothing is the next sweep's.
+            Some(RunRecord {
+                reaped: Some(at), ..
+            }) => not_live(format!(
+                "it is dead (its supervisor is gone and its record unfinished), and a janitor \
+                 already reaped what it left at {at}"
+            )),
+            _ => not_live(NotLive::Dead.to_string()),
         },
         NotLive::NotYours(why) => StopError::NotYours {
             run_id: id.clone(),
@@ -388,11 +396,14 @@ fn finished(id: &RunId, record_path: &Path) -> Result<Stopped, StopError> {
         source,
     })?;
     let Some(code) = record.exit_code else {
+        let after = match &record.reaped {
+            Some(at) => format!("a janitor already reaped what it left at {at}"),
+            None => "the next janitor sweep clears it".to_owned(),
+        };
         return Err(StopError::NotLive {
             run_id: id.clone(),
             why: format!(
-                "its supervisor ended without finishing its record {} (killed?): the next \
-                 janitor sweep clears it",
+                "its supervisor ended without finishing its record {} (killed?): {after}",
                 record_path.display()
             ),
         });
@@ -506,8 +517,12 @@ fn kill(
         drop(guard);
     }
     let record = RunRecord::read(&record_path).unwrap_or_else(|_| before.clone());
+    // Killed, it tore nothing down: its app (if it deployed one) is the janitor's now.
     Ok(Stopped {
         code: 0,
-        line: Some(final_line(&id, &record, code, &record_path)),
+        line: Some(format!(
+            "{}\nrun {id}: its app, if any, is left for the next janitor sweep",
+            final_line(&id, &record, code, &record_path)
+        )),
     })
 }

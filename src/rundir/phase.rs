@@ -19,6 +19,9 @@ pub(crate) enum Phase {
     Fetch,
     /// The start-of-run janitor sweep is over.
     Janitor,
+    /// The app lock is held by another run: this one waits for it (entered once, when the
+    /// wait begins; `app-lock` follows when it is taken).
+    Waiting,
     /// The app lock (and the domain's lock in the runs dir) are held.
     AppLock,
     /// The command was started.
@@ -40,6 +43,7 @@ impl Phase {
             Self::FetchCopied => "fetch-copied",
             Self::Fetch => "fetch",
             Self::Janitor => "janitor",
+            Self::Waiting => "waiting",
             Self::AppLock => "app-lock",
             Self::Command => "command",
             Self::Teardown => "teardown",

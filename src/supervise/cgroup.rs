@@ -400,6 +400,13 @@ pub(crate) fn find(scope: Scope, nearby: bool) -> (Vec<Found>, Vec<PathBuf>) {
 }
 
 /// How many processes are in the cgroup at `dir` and below.
+/// The pids in cgroup `dir` and below it (none when it cannot be read).
+pub(crate) fn member_pids(dir: &Path) -> Vec<i32> {
+    members(dir)
+        .map(|m| m.into_iter().map(nix::unistd::Pid::as_raw).collect())
+        .unwrap_or_default()
+}
+
 pub(crate) fn population(dir: &Path) -> usize {
     members(dir).map(|m| m.len()).unwrap_or(0)
 }

@@ -163,7 +163,56 @@ fn waiter_that_wins_an_unlinked_inode_retries_on_the_live_path() {
         "the live lock file must be held by the waiter"
     );
     waiter.close_stdin();
-    waiter.finish().assert_code(0);
+    let done = waiter.finish();
+    done.assert_code(0);
+    // The wait begun again on the live path is the same wait: said once.
+    assert_eq!(
+        done.err.iter().filter(|l| l.contains(WAITING)).count(),
+        1,
+        "{}",
+        done.transcript()
+    );
+}
+
+/// A run waiting for its app lock is in phase `waiting` from the moment it begins to wait, with
+/// that moment in its record (`runs RUN_ID` lists it); killed while it waits, it still says so.
+#[test]
+fn a_waiter_s_record_says_it_waits_and_since_when_also_once_it_is_killed() {
+    let sandbox = Sandbox::new();
+    let mut holder = Proc::spawn(sandbox.run_sh("h", &[], "echo ready $$; read line || :"));
+    holder.wait_ready();
+    let mut waiter = Proc::spawn(sandbox.run_sh("w", &[], "echo must-not-run"));
+    waiter.wait_for(Stream::Err, WAITING);
+    let runs = |args: &[&str]| {
+        let mut cmd = sandbox.ccci();
+        cmd.arg("runs").args(args).arg("--json");
+        let done = run(cmd);
+        done.assert_code(0);
+        serde_json::from_str::<serde_json::Value>(&done.out.join("\n")).unwrap()
+    };
+    let one = runs(&["w"]);
+    assert_eq!(one["run"]["phase"], "waiting", "{one:#}");
+    let phases = one["run"]["phases"].as_array().unwrap();
+    let waiting = phases
+        .iter()
+        .find(|p| p["name"] == "waiting")
+        .unwrap_or_else(|| panic!("no waiting phase: {one:#}"));
+    assert!(
+        waiting["at"].as_str().is_some_and(|at| at.ends_with('Z')),
+        "{one:#}"
+    );
+    let mut table = sandbox.ccci();
+    table.args(["runs", "w"]);
+    let text = run(table).out.join("\n");
+    assert!(text.contains("waiting"), "{text}");
+    // Killed while waiting (its supervisor, as the OOM killer does): still `waiting`.
+    signal(waiter.pid(), Signal::SIGKILL);
+    let _ = waiter.finish();
+    let one = runs(&["w"]);
+    assert_eq!(one["run"]["state"], "dead", "{one:#}");
+    assert_eq!(one["run"]["phase"], "waiting", "{one:#}");
+    holder.close_stdin();
+    holder.finish().assert_code(0);
 }
 
 #[test]
@@ -321,4 +370,31 @@ fn a_lock_changing_hands_is_never_shown_as_a_holder_without_a_line() {
         .filter(|l| l.contains("wrote no holder line") || l.contains("no metadata"))
         .collect();
     assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// With Docker, the holder's teardown reaps its app and unlinks its lock file while the next
+/// run waits on it: the waiter's wait begins again on the live path, and is still said once.
+#[test]
+fn a_hand_off_with_docker_says_the_waiting_line_once() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    for round in 0..2 {
+        let mut first =
+            Proc::spawn(sandbox.run_sh(&format!("a{round}"), &[], "echo ready $$; read line || :"));
+        first.wait_ready();
+        let mut second = Proc::spawn(sandbox.run_sh(&format!("b{round}"), &[], "echo ready $$"));
+        second.wait_for(Stream::Err, WAITING);
+        first.close_stdin();
+        first.finish().assert_code(0);
+        second.wait_ready();
+        let done = second.finish();
+        done.assert_code(0);
+        assert_eq!(
+            done.err.iter().filter(|l| l.contains(WAITING)).count(),
+            1,
+            "{}",
+            done.transcript()
+        );
+    }
 }

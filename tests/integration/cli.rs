@@ -131,7 +131,13 @@ fn help_lists_the_exit_codes() {
         cmd.args([sub.as_str(), "--help"]);
         let done = run(cmd);
         done.assert_code(0);
-        let text = done.out.join("\n");
+        // The help is wrapped to the terminal: read it as one line.
+        let text = done
+            .out
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
         assert!(
             text.contains("Exit codes: 0 ")
                 || text.contains("Exit codes: the command's own status"),
@@ -470,5 +476,28 @@ fn a_command_without_dash_dash_is_refused_with_where_it_goes() {
         done.assert_code(2);
         done.assert_stderr_has("unexpected argument 'sleep'");
         done.assert_stderr_has(&format!("tip: the command to run goes after `--`: {usage}"));
+    }
+}
+
+/// `--help` wraps to the terminal's width (COLUMNS where there is no terminal): no line is
+/// wider, but for a single word that is (a URL).
+#[test]
+fn help_wraps_to_the_terminal_width() {
+    for columns in [60, 100] {
+        for sub in [None, Some("run"), Some("janitor"), Some("locks")] {
+            let mut cmd = Command::new(crate::util::BIN);
+            cmd.env("COLUMNS", columns.to_string())
+                .args(sub)
+                .arg("--help");
+            let done = run(cmd);
+            done.assert_code(0);
+            let wide: Vec<&String> = done
+                .out
+                .iter()
+                .filter(|l| l.chars().count() > columns)
+                .filter(|l| l.split_whitespace().count() > 1)
+                .collect();
+            assert!(wide.is_empty(), "{sub:?} at {columns} columns: {wide:#?}");
+        }
     }
 }

@@ -516,4 +516,18 @@ fn inside_a_run_the_stack_is_the_runs_own() {
     let none = run(cmd);
     none.assert_code(1);
     none.assert_stderr_has("no such stack");
+    // With --json: the same exit code, and the error in the envelope's errors.
+    let mut cmd = sandbox.ccci();
+    cmd.args(["converge", "--json", "--stack", &format!("{stack}x")]);
+    let none = run(cmd);
+    none.assert_code(1);
+    let printed = report(&none.out.join("\n"));
+    assert_eq!(printed["converged"], false, "{printed:#}");
+    let errors = printed["errors"].as_array().unwrap();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.as_str().unwrap().contains("no such stack")),
+        "{printed:#}"
+    );
 }

@@ -273,9 +273,9 @@ fn labels_decide_and_an_object_labelled_for_another_stack_is_never_reaped() {
     );
     assert_eq!(by(&format!("{stack}_app")).as_deref(), Some("label"));
     assert_eq!(by(&foreign), None, "{objects:#?}");
-    // The table an operator reads says it too.
+    // The table an operator reads says it too (in full: -o wide).
     let mut cmd = sandbox.ccci();
-    cmd.args(["janitor", "--dry-run"]);
+    cmd.args(["janitor", "--dry-run", "-o", "wide"]);
     let done = run(cmd);
     done.assert_code(0);
     let text = done.out.join("\n");
@@ -705,13 +705,14 @@ fn an_extending_app_with_only_unlabelled_objects_left_survives_every_reap_and_te
         "{report:#}"
     );
     let mut cmd = sandbox.ccci();
-    cmd.args(["janitor", "--dry-run"]);
+    cmd.args(["janitor", "--dry-run", "--wide"]);
     let table = run(cmd);
     table.assert_code(0);
     let text = table.out.join("\n");
     assert!(
         text.contains(&format!(
-            "kept secret {other}_db_password_v1 (named like {domain}'s)"
+            "kept secret {other}_db_password_v1: no stack label, and not a name the recipe of \
+             {domain} gives"
         )),
         "{text}"
     );

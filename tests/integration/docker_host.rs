@@ -324,7 +324,13 @@ fn bad_docker_hosts_are_refused_with_exit_2_by_run_and_janitor() {
         let done = run(cmd);
         done.assert_code(2);
         done.assert_stderr_has(message);
-        assert!(done.out.is_empty(), "{}", done.transcript());
+        // --json: the envelope all the same, the refusal in its errors.
+        let printed: serde_json::Value = serde_json::from_str(&done.out.join("\n"))
+            .unwrap_or_else(|e| panic!("no envelope ({e}): {}", done.transcript()));
+        assert!(
+            printed["errors"][0].as_str().unwrap().contains(message),
+            "{printed:#}"
+        );
 
         let mut cmd = sandbox.ccci();
         cmd.envs(env.iter().copied())

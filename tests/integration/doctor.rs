@@ -151,8 +151,16 @@ fn doctor_fails_a_config_file_others_may_rewrite_or_another_user_owns() {
 fn doctor_judges_directory_modes_and_warns_of_a_lock_dir_not_on_tmpfs() {
     let sandbox = host();
     std::fs::set_permissions(sandbox.locks(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let (report, _) = doctor(&sandbox, &[]);
+    let (report, done) = doctor(&sandbox, &[]);
     assert_state(&report, "dir lock_dir", "fail", "mode 777");
+    // A failed check fails the command, said on stderr under the one prefix and in errors.
+    done.assert_code(1);
+    done.assert_stderr_has("ccci-run: error: doctor: ");
+    done.assert_stderr_has("dir lock_dir");
+    assert!(
+        !report["errors"].as_array().unwrap().is_empty(),
+        "{report:#}"
+    );
     std::fs::set_permissions(sandbox.locks(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let (report, _) = doctor(&sandbox, &[]);
     assert_state(&report, "dir lock_dir", "ok", "mode 1777");
@@ -186,7 +194,19 @@ fn doctor_judges_directory_modes_and_warns_of_a_lock_dir_not_on_tmpfs() {
     // A lock dir yet to be made is judged where it would be made.
     let later = lock_dir(&on_tmpfs.path().join("later"));
     assert_state(&later, "lock_dir on tmpfs", "ok", "on tmpfs");
+    assert_state(&later, "lock_dir on tmpfs", "ok", "later is missing;");
     assert_state(&later, "dir lock_dir", "warn", "it is made at first use");
+    // A missing one is said to be missing, not to be off tmpfs.
+    let missing = lock_dir(&on_disk.path().join("later"));
+    assert_state(&missing, "lock_dir on tmpfs", "warn", "later is missing;");
+    let detail = check(&missing, "lock_dir on tmpfs")["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        !detail.contains("later is not on tmpfs"),
+        "a missing lock dir is missing: {detail}"
+    );
     // One whose parent is missing is never made: what every command refuses, doctor fails.
     let never = lock_dir(&on_tmpfs.path().join("no/locks"));
     assert_state(
@@ -224,6 +244,92 @@ fn doctor_makes_a_real_cgroup_and_removes_it() {
 
     let (report, _) = doctor(&sandbox, &["--cgroup", "off"]);
     assert_eq!(check(&report, "cgroup v2")["state"], "skip");
+}
+
+/// The step's PATH and variables are what the runner is told to pass, wherever it is told:
+/// `DRONE_RUNNER_PATH` in the runner's own configuration file (named by its `ExecStart=`)
+/// replaces the unit's PATH; `DRONE_RUNNER_ENVIRON` and `DRONE_RUNNER_ENVFILE` (here from an
+/// `EnvironmentFile=`) pass variables to every step, and a `CCCI_*` among them is a warning.
+#[test]
+fn doctor_reads_the_runner_s_own_environment_for_its_step_checks() {
+    let sandbox = host();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for program in ["abra", "git", "setsid", "ccci-run"] {
+        let path = bin.join(program);
+        std::fs::write(&path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = dir.path().join("runner-config");
+    std::fs::write(
+        &config,
+        format!(
+            "# the runner's own file\nDRONE_RUNNER_CAPACITY=2\nDRONE_RUNNER_PATH={}\n\
+             DRONE_RUNNER_ENVIRON=CCCI_CGROUP:off,LANG:C.UTF-8\n",
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let envfile = dir.path().join("unit-env");
+    let step_vars = dir.path().join("step-vars");
+    std::fs::write(&step_vars, "export FOO=\"bar\"\n").unwrap();
+    std::fs::write(
+        &envfile,
+        format!("DRONE_RUNNER_ENVFILE={}\n", step_vars.display()),
+    )
+    .unwrap();
+    let unit = dir.path().join("drone-runner-exec.service");
+    std::fs::write(
+        &unit,
+        format!(
+            "[Service]\nExecStart=/usr/bin/drone-runner-exec daemon {}\n\
+             Environment=PATH=/nonexistent\nEnvironmentFile={}\n\
+             EnvironmentFile=-/nonexistent/optional\n",
+            config.display(),
+            envfile.display()
+        ),
+    )
+    .unwrap();
+    let unit_arg = unit.to_str().unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    for program in ["abra", "git", "setsid", "ccci-run"] {
+        assert_state(
+            &report,
+            &format!("step PATH {program}"),
+            "ok",
+            "DRONE_RUNNER_PATH",
+        );
+    }
+    assert_state(
+        &report,
+        "step environment",
+        "warn",
+        "CCCI_CGROUP (by DRONE_RUNNER_ENVIRON)",
+    );
+
+    // Without the CCCI_ variable: every variable passed is named; without DRONE_RUNNER_PATH
+    // the unit's PATH is the step's, where nothing is.
+    std::fs::write(&config, "DRONE_RUNNER_ENVIRON=LANG:C.UTF-8\n").unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    assert_state(
+        &report,
+        "step environment",
+        "ok",
+        "LANG (by DRONE_RUNNER_ENVIRON)",
+    );
+    assert_state(
+        &report,
+        "step environment",
+        "ok",
+        "FOO (by DRONE_RUNNER_ENVFILE)",
+    );
+    assert_state(&report, "step PATH abra", "fail", "the runner's PATH");
+
+    // A file the runner is told to read that is not there fails the check.
+    std::fs::remove_file(&step_vars).unwrap();
+    let (report, _) = doctor(&sandbox, &["--unit-file", unit_arg]);
+    assert_state(&report, "step environment", "fail", "DRONE_RUNNER_ENVFILE");
 }
 
 /// A runner unit without delegation, with another kill mode and a stop timeout shorter than a

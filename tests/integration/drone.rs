@@ -1,22 +1,27 @@
 //! The shipped pipeline under a stand-in for Drone's exec runner that does what the real one
-//! does (`docs/operations.md`, "Under Drone's exec runner"):
+//! does (`docs/operations.md`, "Under Drone's exec runner"; [`RUNNER_PARITY`] lists each
+//! behaviour with the runner's source line it copies):
 //!
 //! - the whole `.drone.yml` goes through the runner's variable substitution before it is read
 //!   ([`substitute`], checked row by row against `tests/data/drone-envsubst.tsv`, which was
-//!   measured on the substitution library the runner uses);
+//!   measured on the substitution library the runner uses), with the build's variables only
+//!   ([`build_vars`]: `${HOME}` is empty there);
 //! - the step's commands are written into a script (`set -e`, an `echo + "…"` line and the
 //!   command, each) and started as `/bin/sh -e FILE` by a runner process
 //!   (`drone_runner.py`) that leads its own session, from a workspace it makes
-//!   (`<root>/drone-<random>/{home/drone, drone/src, opt/<step>}`, all 0700) with a real clone
-//!   step, and removes 13–45 ms after a cancel, without waiting, or once the step ends;
-//! - the step's environment is the runner's making: PATH, USER (only when the runner has one)
-//!   and the proxy variables from the host, HOME, the `DRONE_*`/`CI_*` variables and the step's `environment:`, nothing else; so
-//!   ccci-run finds its directories in its configuration file, as on a host;
-//! - the build log is a pipe the runner reads on after a cancel until EOF or its own exit,
-//!   about 100 ms later (measured: 14–193 ms; `RUNNER_READ_ON_MS=0` is daemon mode, whose log
-//!   stops at once);
-//! - a cancel is SIGKILL to the step shell alone, and the runner exits 0; a failed step is exit
-//!   1, its code never printed; the runner's own death kills nobody.
+//!   (`<root>/drone-<random>/{home/drone, drone/src, opt/<step>}`, the base 0755, the rest 0700)
+//!   with a real clone step, and removes at once after a cancel, without waiting, or once the
+//!   step ends;
+//! - the step's environment is the runner's making ([`step_env`]): PATH, USER (only when the
+//!   runner has one) and the proxy variables from the host, the ~95 variables the runner sets
+//!   (never `CI_WORKSPACE`), HOME in the workspace, and the step's `environment:`, nothing else;
+//!   so ccci-run finds its directories in its configuration file, as on a host;
+//! - the build log is a pipe the runner reads on after a cancel until EOF or its own exit, right
+//!   after it removed the workspace; in daemon mode (`RUNNER_MODE=daemon`) until EOF, however
+//!   long;
+//! - a cancel is SIGKILL to the step shell alone, and the runner exits 0; a second signal while
+//!   it stops kills it by that signal; a failed step is exit 1, its code never printed; the
+//!   runner's own death kills nobody.
 
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixDatagram;
@@ -406,35 +411,216 @@ fn step_commands(text: &str) -> Vec<String> {
     commands
 }
 
-/// A build's variables, as the runner sets them for a pull request (and uses them to
-/// substitute the file): build `build` of pull request `pr` of recipe repository `repo`.
-fn build_vars(build: &str, pr: &str, repo: &str, workspace: &Path) -> BTreeMap<String, String> {
-    let workspace = workspace.display().to_string();
+/// A build's variables, as the runner makes them for a pull request and substitutes the file
+/// with: `environ.System`, `Repo`, `Build`, `Stage` and `Link` of runner-go, combined with the
+/// build's parameters (`command/exec.go:50-58`). Nothing else: not `HOME`, not the workspace's
+/// `DRONE_WORKSPACE`, not the step's `DRONE_STEP_NAME`. Build `build` of pull request `pr` of
+/// recipe repository `repo`.
+fn build_vars(build: &str, pr: &str, repo: &str) -> BTreeMap<String, String> {
     let full = format!("coop-cloud/{repo}");
+    let sha = "0123456789abcdef0123456789abcdef01234567";
+    let git_ref = format!("refs/pull/{pr}/head");
+    let link = format!("https://drone.example.org/{full}/{build}");
+    let commit_link = format!("https://git.example.org/{full}/pulls/{pr}");
+    let remote = format!("https://git.example.org/{full}.git");
+    let ssh = format!("git@git.example.org:{full}.git");
+    let repo_link = format!("https://git.example.org/{full}");
+    let now = "1700000000";
     [
+        // environ.System
         ("CI", "true"),
         ("DRONE", "true"),
-        ("DRONE_BUILD_EVENT", "pull_request"),
-        ("DRONE_BUILD_NUMBER", build),
-        ("DRONE_PULL_REQUEST", pr),
+        ("DRONE_SYSTEM_PROTO", "https"),
+        ("DRONE_SYSTEM_HOST", "drone.example.org"),
+        ("DRONE_SYSTEM_HOSTNAME", "drone.example.org"),
+        ("DRONE_SYSTEM_VERSION", "2.24.0"),
+        // environ.Repo
         ("DRONE_REPO", full.as_str()),
-        ("DRONE_REPO_NAME", repo),
+        ("DRONE_REPO_SCM", "git"),
         ("DRONE_REPO_OWNER", "coop-cloud"),
-        (
-            "DRONE_COMMIT_SHA",
-            "0123456789abcdef0123456789abcdef01234567",
-        ),
+        ("DRONE_REPO_NAMESPACE", "coop-cloud"),
+        ("DRONE_REPO_NAME", repo),
+        ("DRONE_REPO_LINK", repo_link.as_str()),
+        ("DRONE_REPO_BRANCH", "main"),
+        ("DRONE_REMOTE_URL", remote.as_str()),
+        ("DRONE_GIT_HTTP_URL", remote.as_str()),
+        ("DRONE_GIT_SSH_URL", ssh.as_str()),
+        ("DRONE_REPO_VISIBILITY", "public"),
+        ("DRONE_REPO_PRIVATE", "false"),
+        ("CI_REPO", full.as_str()),
+        ("CI_REPO_NAME", full.as_str()),
+        ("CI_REPO_LINK", repo_link.as_str()),
+        ("CI_REPO_REMOTE", remote.as_str()),
+        ("CI_REMOTE_URL", remote.as_str()),
+        ("CI_REPO_PRIVATE", "false"),
+        // environ.Build, for a pull request
+        ("DRONE_BRANCH", "main"),
         ("DRONE_SOURCE_BRANCH", "pr-branch"),
         ("DRONE_TARGET_BRANCH", "main"),
-        ("DRONE_STAGE_NAME", "recipe-ci"),
-        ("DRONE_STEP_NAME", "recipe-ci"),
-        ("DRONE_WORKSPACE", workspace.as_str()),
+        ("DRONE_COMMIT", sha),
+        ("DRONE_COMMIT_SHA", sha),
+        ("DRONE_COMMIT_BEFORE", ""),
+        ("DRONE_COMMIT_AFTER", sha),
+        ("DRONE_COMMIT_REF", git_ref.as_str()),
+        ("DRONE_COMMIT_BRANCH", "main"),
+        ("DRONE_COMMIT_LINK", commit_link.as_str()),
+        ("DRONE_COMMIT_MESSAGE", "the pull request's head"),
+        ("DRONE_COMMIT_AUTHOR", "someone"),
+        ("DRONE_COMMIT_AUTHOR_EMAIL", "someone@example.org"),
+        ("DRONE_COMMIT_AUTHOR_AVATAR", ""),
+        ("DRONE_COMMIT_AUTHOR_NAME", "Someone"),
+        ("DRONE_BUILD_NUMBER", build),
+        ("DRONE_BUILD_PARENT", "0"),
+        ("DRONE_BUILD_EVENT", "pull_request"),
+        ("DRONE_BUILD_ACTION", "opened"),
+        ("DRONE_BUILD_STATUS", "success"),
+        ("DRONE_BUILD_DEBUG", "false"),
+        ("DRONE_BUILD_CREATED", now),
+        ("DRONE_BUILD_STARTED", now),
+        ("DRONE_BUILD_FINISHED", now),
+        ("DRONE_DEPLOY_TO", ""),
+        ("DRONE_DEPLOY_ID", "0"),
+        ("DRONE_BUILD_TRIGGER", "@hook"),
+        ("DRONE_PULL_REQUEST", pr),
+        ("DRONE_PULL_REQUEST_TITLE", "a change"),
         ("CI_BUILD_NUMBER", build),
-        ("CI_WORKSPACE", workspace.as_str()),
+        ("CI_PARENT_BUILD_NUMBER", "0"),
+        ("CI_BUILD_CREATED", now),
+        ("CI_BUILD_STARTED", now),
+        ("CI_BUILD_FINISHED", now),
+        ("CI_BUILD_STATUS", "pending"),
+        ("CI_BUILD_EVENT", "pull_request"),
+        ("CI_BUILD_LINK", link.as_str()),
+        ("CI_BUILD_TARGET", ""),
+        ("CI_COMMIT_SHA", sha),
+        ("CI_COMMIT_REF", git_ref.as_str()),
+        ("CI_COMMIT_BRANCH", "main"),
+        ("CI_COMMIT_MESSAGE", "the pull request's head"),
+        ("CI_COMMIT_AUTHOR", "someone"),
+        ("CI_COMMIT_AUTHOR_NAME", "Someone"),
+        ("CI_COMMIT_AUTHOR_EMAIL", "someone@example.org"),
+        ("CI_COMMIT_AUTHOR_AVATAR", ""),
+        // environ.Stage
+        ("DRONE_STAGE_KIND", "pipeline"),
+        ("DRONE_STAGE_TYPE", "exec"),
+        ("DRONE_STAGE_NAME", "recipe-ci"),
+        ("DRONE_STAGE_NUMBER", "1"),
+        ("DRONE_STAGE_MACHINE", "ci-host"),
+        ("DRONE_STAGE_OS", "linux"),
+        ("DRONE_STAGE_ARCH", "amd64"),
+        ("DRONE_STAGE_VARIANT", ""),
+        ("DRONE_STAGE_VERSION", "0"),
+        ("DRONE_STAGE_STATUS", "success"),
+        ("DRONE_STAGE_STARTED", now),
+        ("DRONE_STAGE_FINISHED", now),
+        ("DRONE_STAGE_DEPENDS_ON", ""),
+        ("DRONE_CARD_PATH", "/dev/stdout"),
+        // environ.Link
+        ("DRONE_BUILD_LINK", link.as_str()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect()
+}
+
+/// The step's environment as the runner makes it from a build's variables `vars`
+/// (`engine/compiler/compiler.go:157-185`, `runtime/execer.go:163-168`): `PATH` and `USER`
+/// (when it has one) of its own, the proxy variables, the build's variables, the clone
+/// package's `GIT_AUTHOR_*`/`GIT_COMMITTER_*`, `GIT_TERMINAL_PROMPT=0` and the step's name and
+/// number. The workspace's `HOME`, `HOMEPATH`, `USERPROFILE`, `DRONE_HOME` and
+/// `DRONE_WORKSPACE` the stand-in adds once it made the workspace, then the step's
+/// `environment:`. Never `CI_WORKSPACE`, never the runner's other variables.
+fn step_env(vars: &BTreeMap<String, String>, bin: &Path) -> BTreeMap<String, String> {
+    let mut env = vars.clone();
+    let host_path = std::env::var("PATH").unwrap_or_default();
+    env.insert("PATH".into(), format!("{}:{host_path}", bin.display()));
+    if let Ok(user) = std::env::var("USER") {
+        env.insert("USER".into(), user);
+    }
+    for proxy in [
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+    ] {
+        if let Ok(value) = std::env::var(proxy) {
+            env.insert(proxy.into(), value);
+        }
+    }
+    for (k, v) in [
+        ("GIT_AUTHOR_NAME", "Someone"),
+        ("GIT_AUTHOR_EMAIL", "someone@example.org"),
+        ("GIT_COMMITTER_NAME", "Someone"),
+        ("GIT_COMMITTER_EMAIL", "someone@example.org"),
+        ("GIT_TERMINAL_PROMPT", "0"),
+        ("DRONE_STEP_NAME", "recipe-ci"),
+        // The clone step is number 1.
+        ("DRONE_STEP_NUMBER", "2"),
+    ] {
+        env.insert(k.into(), v.into());
+    }
+    env
+}
+
+/// The `environment:` of the pipeline's step, as `text` (a `.drone.yml`) gives it: plain
+/// `KEY: value` lines.
+fn step_environment(text: &str) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let mut inside: Option<usize> = None;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let trimmed = line.trim();
+        match inside {
+            None if trimmed == "environment:" => inside = Some(indent),
+            Some(base) if !trimmed.is_empty() && !trimmed.starts_with('#') => {
+                if indent <= base {
+                    break;
+                }
+                if let Some((k, v)) = trimmed.split_once(':') {
+                    env.insert(k.trim().to_owned(), v.trim().to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    env
+}
+
+/// What the runner's substitution sees: the build's variables and parameters only. `${HOME}`,
+/// the workspace's and the step's variables are empty there, and a backslash protects nothing
+/// (`\${HOME}` gives `\`): measured by compiling this very line with the runner.
+#[test]
+fn the_substitution_sees_only_the_build_s_variables() {
+    let vars = build_vars("7", "7", "custom-html");
+    let vars: BTreeMap<&str, &str> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let line = "${HOME} \\${HOME} ${PATH} ${DRONE_WORKSPACE} ${CI_WORKSPACE} ${DRONE_STEP_NAME}";
+    assert_eq!(substitute(line, &vars).as_deref(), Ok(" \\    "));
+    assert_eq!(
+        substitute("${DRONE_REPO} ${DRONE_COMMIT} ${CI_BUILD_NUMBER}", &vars).as_deref(),
+        Ok("coop-cloud/custom-html 0123456789abcdef0123456789abcdef01234567 7")
+    );
+    // The step's own environment has what the substitution lacks, and never CI_WORKSPACE.
+    let env = step_env(&build_vars("7", "7", "custom-html"), Path::new("/bin"));
+    for name in [
+        "DRONE_REPO",
+        "DRONE_REPO_OWNER",
+        "DRONE_COMMIT",
+        "DRONE_STEP_NUMBER",
+        "GIT_AUTHOR_NAME",
+        "GIT_COMMITTER_EMAIL",
+        "PATH",
+    ] {
+        assert!(env.contains_key(name), "{name}");
+    }
+    assert_eq!(env["GIT_TERMINAL_PROMPT"], "0");
+    assert!(!env.contains_key("CI_WORKSPACE"));
+    assert!(
+        env.len() >= 95,
+        "the runner sets about 100 variables, the stand-in {}",
+        env.len()
+    );
 }
 
 /// `.drone.yml` as the runner reads it, substituted with a build's variables.
@@ -449,7 +635,7 @@ fn substituted_pipeline(vars: &BTreeMap<String, String>) -> String {
 /// shell runs is what the file says. (`$$` in a step, for one, would reach the shell as `$`.)
 #[test]
 fn the_pipeline_s_commands_survive_the_runner_s_substitution() {
-    let vars = build_vars("7", "7", "custom-html", Path::new("/tmp/drone-x/drone/src"));
+    let vars = build_vars("7", "7", "custom-html");
     let written = step_commands(&std::fs::read_to_string(repo().join(".drone.yml")).unwrap());
     let read = step_commands(&substituted_pipeline(&vars));
     assert_eq!(
@@ -646,39 +832,20 @@ fn start_build_of(
     wrap: impl FnOnce(&mut Command),
 ) -> Build {
     // The runner makes the workspace (`<root>/drone-<random>/drone/src`); the variables that
-    // name it are its to set, after the substitution, which does not use them.
+    // name it are its to set, after the substitution, which does not see them.
     let root = sandbox.path().join("runner-root");
-    std::fs::create_dir_all(&root).unwrap();
-    let vars = build_vars(build, pr, recipe_repo, &root.join("drone-x/drone/src"));
-    let script = runner_script(&step_commands(&substituted_pipeline(&vars)));
-    // The step's environment: PATH from the host, USER only when the runner has one, then the
-    // build's variables and the step's `environment:` (HOME: /root).
-    let mut env = vars;
-    let host_path = std::env::var("PATH").unwrap_or_default();
-    env.insert("PATH".into(), format!("{}:{host_path}", bin.display()));
-    if let Ok(user) = std::env::var("USER") {
-        env.insert("USER".into(), user);
-    }
-    for proxy in [
-        "http_proxy",
-        "https_proxy",
-        "no_proxy",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "NO_PROXY",
-    ] {
-        if let Ok(value) = std::env::var(proxy) {
-            env.insert(proxy.into(), value);
-        }
-    }
-    env.insert("HOME".into(), "/root".into());
+    let vars = build_vars(build, pr, recipe_repo);
+    let pipeline = substituted_pipeline(&vars);
+    let script = runner_script(&step_commands(&pipeline));
+    let env = step_env(&vars, bin);
     let mut cmd = Command::new("python3");
     cmd.arg(repo().join("tests/integration/drone_runner.py"))
         .arg(&root)
         .arg(pipeline_repo(sandbox))
         .arg("recipe-ci")
         .arg(&script)
-        .arg(serde_json::to_string(&env).unwrap());
+        .arg(serde_json::to_string(&env).unwrap())
+        .arg(serde_json::to_string(&step_environment(&pipeline)).unwrap());
     wrap(&mut cmd);
     let mut step = Proc::spawn(cmd);
     let line = step.wait_for(Stream::Err, "runner ");
@@ -862,10 +1029,10 @@ fn a_cancelled_build_tears_its_run_down_with_its_log_gone() {
     let (sandbox, docker) = sandbox_maybe_docker();
     let bin = host(&sandbox, Deploy::Hangs, docker, "");
     let journal = Journal::new(&sandbox);
-    // Daemon mode's log: gone the moment the shell is killed (exec mode reads on briefly).
+    // Daemon mode: the log is read on until its end (exec mode stops reading at its exit).
     let mut build = start_build(&sandbox, "93", &bin, docker, |cmd| {
         journal.wrap(cmd);
-        cmd.env("RUNNER_READ_ON_MS", "0");
+        cmd.env("RUNNER_MODE", "daemon");
     });
     let (record, pids) = running_build(&sandbox, &mut build);
     let _cleanup = Cleanup(record["stack"].as_str().unwrap().to_owned());
@@ -875,9 +1042,7 @@ fn a_cancelled_build_tears_its_run_down_with_its_log_gone() {
         "the run must be tied to the step shell and to the runner"
     );
     signal(build.info.runner, Signal::SIGINT);
-    build
-        .step
-        .wait_for(Stream::Err, "received signal, terminating process");
+    build.step.wait_for(Stream::Err, "cancel received");
     assert!(wait_exited(build.info.shell));
     let record = assert_nothing_of_the_run_left(&sandbox, &build.info, &pids);
     assert_eq!(record["shutdown_reason"], "tied-pid-died");
@@ -889,8 +1054,14 @@ fn a_cancelled_build_tears_its_run_down_with_its_log_gone() {
     );
     assert_eq!(entry["SYSLOG_IDENTIFIER"], "ccci-run", "{entry:?}");
     assert_eq!(entry["PRIORITY"], "5", "{entry:?}");
-    // A cancelled exec runner exits 0.
-    build.step.finish().assert_code(0);
+    // The daemon read the step's output to its end: the run's teardown lines are in the log.
+    let done = build.step.finish();
+    done.assert_code(0);
+    assert!(
+        done.out.iter().any(|l| l.contains("exit 143")),
+        "{}",
+        done.transcript()
+    );
 }
 
 /// The runner itself dies (SIGKILL, as the OOM killer does): nobody kills the step shell, it is
@@ -923,6 +1094,148 @@ fn the_runner_s_own_death_tears_the_run_down() {
     assert_eq!(record["shutdown_reason"], "tied-pid-died");
     assert_eq!(record["tied_pid_died"], build.info.runner, "{record:#}");
     assert_eq!(record["exit_code"], 143);
+}
+
+/// Each behaviour of the stand-in (`drone_runner.py` and this file), with the line of
+/// drone-runner-exec 9decf29 (or of the modules it vendors, at its go.sum's versions) it copies.
+/// Known differences are said so in their row.
+const RUNNER_PARITY: &[(&str, &str)] = &[
+    (
+        "a cancel is SIGINT/SIGTERM to the runner",
+        "vendor/github.com/drone/signal/signal.go:26 (Notify SIGINT, SIGTERM); command/exec.go:127-130",
+    ),
+    (
+        "the cancel SIGKILLs the step shell's pid alone, no wait",
+        "engine/exec.go:124-130 (cmd.Process.Kill(), return without Wait)",
+    ),
+    (
+        "a second signal while stopping kills the runner by that signal, the workspace left",
+        "vendor/github.com/drone/signal/signal.go:27 (signal.Stop after the first)",
+    ),
+    (
+        "exit 0 when cancelled, 1 on a failed step, the step's code never printed",
+        "command/exec.go:147-151",
+    ),
+    (
+        "exec mode: the log read until EOF or the runner's exit, which follows the removal",
+        "engine/exec.go:130; runtime/execer.go:62 and engine/exec.go:93-95 (Destroy = os.RemoveAll)",
+    ),
+    (
+        "daemon mode: the log read until EOF, its writer never errors",
+        "runtime/runner.go:117-126 (cancel over RPC); vendor/github.com/drone/runner-go/livelog/livelog.go:69-112",
+    ),
+    (
+        "the workspace: base 0755, home/drone, drone/src, opt 0700",
+        "engine/exec.go:28 (MkdirAll(root, 0777)); engine/compiler/compiler.go:92-130",
+    ),
+    (
+        "the .netrc, always in exec mode: 0600 `machine  login  password `",
+        "engine/compiler/compiler.go:133-146",
+    ),
+    (
+        "the scripts opt/clone and opt/<step>: 0700",
+        "engine/compiler/compiler.go:187-222, 226-245",
+    ),
+    (
+        "the shell's group and session are the runner's, stdin /dev/null",
+        "engine/exec.go:99-103 (no SysProcAttr, nil Stdin)",
+    ),
+    (
+        "the step's environment: PATH, USER from the host, the proxies, the build's variables, \
+         GIT_*, HOME in the workspace, the step's name and number, `environment:`",
+        "engine/compiler/vars.go:14-16; engine/compiler/compiler.go:157-185, 237-241; runtime/execer.go:163-168",
+    ),
+    (
+        "the substitution: the build's variables and parameters only",
+        "command/exec.go:50-76 (runtime/runner.go:128-146 in daemon mode)",
+    ),
+    (
+        "the script: set -e, `echo + %q` and each command, run as /bin/sh -e FILE",
+        "vendor/github.com/drone/runner-go/shell/bash/bash.go:20-52",
+    ),
+    (
+        "the runner's own death kills nobody",
+        "(nothing: no parent-death signal is set, engine/exec.go:99-103)",
+    ),
+    (
+        "differs: the clone is a plain `git clone` of the default branch, its output not logged",
+        "engine/compiler/compiler.go:187-222; vendor/github.com/drone/runner-go/clone/clone.go:66-74",
+    ),
+    (
+        "differs: the log is copied in raw chunks, not as `[step:N]` lines",
+        "vendor/github.com/drone/runner-go/pipeline/console/plain.go",
+    ),
+];
+
+/// The parity table names a runner source line for every behaviour, and the stand-in points to it.
+#[test]
+fn every_stand_in_behaviour_names_the_runner_line_it_copies() {
+    for (behaviour, source) in RUNNER_PARITY {
+        assert!(
+            source.contains(".go") || source.starts_with("(nothing"),
+            "{behaviour}: {source}"
+        );
+    }
+    let stand_in =
+        std::fs::read_to_string(repo().join("tests/integration/drone_runner.py")).unwrap();
+    assert!(stand_in.contains("RUNNER_PARITY"));
+    assert!(RUNNER_PARITY.len() >= 14);
+}
+
+/// A second SIGTERM while the runner stops kills it by that signal, with its workspace left
+/// (the real runner's signal handler is gone after the first); and the workspace it made has
+/// the runner's modes.
+#[test]
+fn a_second_signal_while_the_runner_stops_kills_it_and_leaves_the_workspace() {
+    let sandbox = Sandbox::new();
+    let bin = host(&sandbox, Deploy::Hangs, false, "");
+    let mut build = start_build(&sandbox, "98", &bin, false, |_| {});
+    let (_, pids) = running_build(&sandbox, &mut build);
+    let src = build.info.workspace.clone();
+    let base = src.parent().unwrap().parent().unwrap().to_owned();
+    let mode = |p: &Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions())
+            & 0o7777
+    };
+    assert_eq!(mode(&base), 0o755);
+    for dir in ["home", "home/drone", "drone", "drone/src", "opt"] {
+        assert_eq!(mode(&base.join(dir)), 0o700, "{dir}");
+    }
+    for file in ["opt/clone", "opt/recipe-ci"] {
+        assert_eq!(mode(&base.join(file)), 0o700, "{file}");
+    }
+    let netrc = base.join("home/drone/.netrc");
+    assert_eq!(mode(&netrc), 0o600);
+    assert_eq!(
+        std::fs::read_to_string(&netrc).unwrap(),
+        "machine  login  password "
+    );
+    // A workspace whose removal takes a while, as a real clone's does (69-382 ms measured).
+    let junk = src.join("junk");
+    std::fs::create_dir(&junk).unwrap();
+    for i in 0..20_000 {
+        std::fs::write(junk.join(i.to_string()), "").unwrap();
+    }
+    signal(build.info.runner, Signal::SIGINT);
+    build
+        .step
+        .wait_for(Stream::Err, "received signal, terminating process");
+    signal(build.info.runner, Signal::SIGTERM);
+    let done = build.step.finish();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&done.status),
+        Some(15),
+        "{}",
+        done.transcript()
+    );
+    assert!(
+        base.exists(),
+        "the killed runner finished removing its workspace"
+    );
+    for pid in &pids {
+        assert!(wait_exited(*pid), "process {pid} of the run outlived it");
+    }
+    std::fs::remove_dir_all(&base).unwrap();
 }
 
 /// The supervisor itself SIGKILLed (as the OOM killer does) while its deploy left a daemon that

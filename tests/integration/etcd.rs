@@ -154,6 +154,20 @@ fn same_domain_runs_on_two_hosts_serialise_visibly_and_other_domains_do_not_wait
     );
 }
 
+/// The fence of an etcd run never kills a process group by a bare number: the run's command
+/// ends, an unrelated process takes its group id, the supervisor is SIGKILLed during its
+/// teardown hook; the fence kills the hook and leaves the unrelated process alone.
+#[rstest::rstest]
+#[case::cgroup("auto")]
+#[case::no_cgroup("off")]
+fn an_etcd_run_s_fence_never_kills_a_group_id_another_process_took(#[case] cgroup: &str) {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let host = Host::on(&cluster, 5);
+    crate::lifetime::group_id_reuse_attack(&host.sandbox, cgroup);
+}
+
 #[test]
 fn a_sigkilled_holders_domain_goes_to_the_other_hosts_waiter_after_the_ttl_and_its_stop_budget() {
     let Some(cluster) = crate::util::etcd_cluster() else {

@@ -52,6 +52,19 @@ fn sigkilled_run_is_reaped_by_the_next_sweep() {
         record["reaped"].is_string(),
         "run.json not marked reaped: {record:#}"
     );
+    // `stop` of it says a janitor has been, not that one will come.
+    let mut stop = sandbox.ccci();
+    stop.args(["stop", "77"]);
+    let stopped = run(stop);
+    stopped.assert_code(1);
+    stopped.assert_stderr_has("a janitor already reaped what it left at ");
+    assert!(
+        !stopped
+            .stderr()
+            .contains("the next janitor sweep clears it"),
+        "{}",
+        stopped.transcript()
+    );
     assert!(
         !done.out.join("\n").contains("hunter2"),
         ".env contents leaked"
@@ -99,7 +112,7 @@ fn long_held_lock_is_flagged_never_stolen(#[case] extra: &[&str], #[case] shown:
     assert_eq!(c["decision"], "long-held");
     assert!(c["lock_age_s"].as_u64().unwrap() >= 3 * 3600);
     done.assert_stderr_has(&format!(
-        "!! lock for {domain} held >{shown} — possible leaked run; inspect with lslocks"
+        "ccci-run: warning: lock for {domain} held >{shown} — possible leaked run; inspect with lslocks"
     ));
     assert!(env.exists() && lock.exists());
     holder.close_stdin();
@@ -241,7 +254,7 @@ fn garbage_is_skipped_and_reported_never_reaped() {
             .file_type()
             .is_symlink()
     );
-    done.assert_stderr_has("!! janitor:");
+    done.assert_stderr_has("ccci-run: warning: janitor:");
     assert!(!done.out.join("\n").contains("hunter2") && !done.stderr().contains("hunter2"));
 }
 
@@ -365,6 +378,9 @@ fn table_output_and_metrics_file() {
     );
     let text = std::fs::read_to_string(&metrics).unwrap();
     for line in [
+        // The orphan's lock file went with its app (removed, not tidied); no state file.
+        "ccci_janitor_tidied_lock_files 0",
+        "ccci_janitor_tidied_state_files 0",
         "ccci_janitor_candidates{decision=\"reap\"} 1",
         "ccci_janitor_candidates{decision=\"live\"} 0",
         "ccci_janitor_removed{kind=\"env_files\"} 1",
@@ -374,6 +390,68 @@ fn table_output_and_metrics_file() {
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
+}
+
+/// `janitor --dry-run` and `locks` fit 100 columns, long values cut with `…`; `-o wide` cuts
+/// nothing. Ages read as in `runs` (`3h0m`), in both.
+#[test]
+fn janitor_and_locks_tables_fit_100_columns_and_wide_shows_everything() {
+    let sandbox = Sandbox::new();
+    // A live run holding its lock: a holder to show (started first: its start sweep would
+    // reap the dead run's app).
+    let mut live =
+        Proc::spawn(sandbox.run_sh("wide-1", &["--pr", "9"], "echo ready $$; read line || :"));
+    live.wait_ready();
+    // An app of a dead run: a free lock three hours old, its .env, a long detail.
+    let domain = orphan(0x4242);
+    let env = sandbox.plant_env("ci", &domain, SECRET);
+    let lock = sandbox.lock_file(&domain);
+    std::fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    std::fs::write(&lock, "").unwrap();
+    crate::util::age(&lock, std::time::Duration::from_secs(3 * 3600));
+    let lines = |args: &[&str]| {
+        let mut cmd = sandbox.ccci();
+        cmd.args(args);
+        let done = run(cmd);
+        done.assert_code(0);
+        done.out
+    };
+    let widest = |out: &[String]| out.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+    let table = lines(&["janitor", "--dry-run"]);
+    assert!(
+        widest(&table) <= 100,
+        "wider than 100:\n{}",
+        table.join("\n")
+    );
+    let row = table
+        .iter()
+        .find(|l| l.starts_with(&domain))
+        .unwrap_or_else(|| panic!("{}", table.join("\n")));
+    assert!(row.contains("would-reap"), "{row}");
+    assert!(row.ends_with('…'), "the detail is cut: {row}");
+    let wide = lines(&["janitor", "--dry-run", "-o", "wide"]);
+    let row = wide.iter().find(|l| l.starts_with(&domain)).unwrap();
+    assert!(
+        row.contains(&format!(".env {}", env.display())),
+        "-o wide cuts nothing: {row}"
+    );
+    let locks = lines(&["locks"]);
+    assert!(
+        widest(&locks) <= 100,
+        "wider than 100:\n{}",
+        locks.join("\n")
+    );
+    let row = locks.iter().find(|l| l.contains(&domain)).unwrap();
+    assert!(row.contains(" 3h0m "), "{row}");
+    let wide = lines(&["locks", "--wide"]);
+    assert!(
+        wide.iter()
+            .any(|l| l.contains("run wide-1 pid ") && l.contains(" since ")),
+        "{}",
+        wide.join("\n")
+    );
+    live.close_stdin();
+    live.finish().assert_code(0);
 }
 
 #[test]
@@ -544,6 +622,7 @@ fn unreachable_docker_is_never_a_reason_to_lose_an_env() {
         done.err
             .iter()
             .filter(|l| l.contains("apps that may have Docker resources are not reaped"))
+            .filter(|l| l.starts_with("ccci-run: warning: janitor: "))
             .count(),
         1,
         "{}",
@@ -569,6 +648,24 @@ fn unreachable_docker_is_never_a_reason_to_lose_an_env() {
         done.transcript()
     );
     assert!(env.exists());
+    // The table's dry run: the error on stderr under the one prefix, not in the table; the
+    // exit code unchanged.
+    let mut cmd = sandbox.ccci();
+    cmd.env("DOCKER_HOST", &nowhere)
+        .args(["janitor", "--dry-run"]);
+    let done = run(cmd);
+    done.assert_code(1);
+    done.assert_stderr_has("ccci-run: error: Docker is required (--docker required)");
+    assert!(
+        !done.out.join("\n").contains("Docker is required"),
+        "the error went to stdout: {}",
+        done.transcript()
+    );
+    assert!(
+        done.err.iter().all(|l| !l.starts_with("!!")),
+        "{}",
+        done.transcript()
+    );
 
     let mut cmd = sandbox.run_sh("dreq", &[], "echo must-not-run");
     cmd.env("DOCKER_HOST", &nowhere);
@@ -624,6 +721,14 @@ fn state_files_of_a_sigkilled_run_are_tidied_by_the_next_sweep() {
     assert!(wait_exited(command));
     let (report, done) = sandbox.janitor(&["--dry-run"]);
     done.assert_code(0);
+    // The dead run's cgroup, emptied by its fence: removed, with nothing to kill in it.
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--dry-run"]);
+    let table = run(cmd).out.join("\n");
+    assert!(!table.contains("(0 process(es))"), "{table}");
+    if sandbox.record("reused")["cgroup"].is_string() {
+        assert!(table.contains("would remove the empty cgroup "), "{table}");
+    }
     let tidied = report["tidied"].to_string();
     assert!(
         dead_files.iter().all(|f| tidied.contains(f.as_str())),
@@ -634,8 +739,32 @@ fn state_files_of_a_sigkilled_run_are_tidied_by_the_next_sweep() {
         dead_files,
         "a dry run removed state files"
     );
+    // The metrics count the lock files and the state files a sweep tidies apart.
+    let lock_files = report["tidied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p.as_str().unwrap().ends_with(".lock"))
+        .count();
+    let metrics = sandbox.path().join("ccci.prom");
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--metrics-file"]).arg(&metrics);
+    run(cmd).assert_code(0);
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    assert!(
+        text.contains(&format!(
+            "\nccci_janitor_tidied_state_files {}\n",
+            dead_files.len()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("\nccci_janitor_tidied_lock_files {lock_files}\n")),
+        "{text}"
+    );
+    assert!(sandbox.state_files().is_empty());
 
-    // The next run's own start sweep removes them; its own files stay through later sweeps.
+    // A live run's own files stay through later sweeps.
     let mut live =
         Proc::spawn(sandbox.run_sh("other", &["--pr", "2"], "echo ready $$; read line || :"));
     live.wait_ready();
@@ -701,7 +830,7 @@ fn a_missing_directory_is_named_not_swept_silently() {
     let mut cmd = sandbox.ccci();
     cmd.args(["--abra-home", "/nonexistent/abra", "--lock-dir"])
         .arg(sandbox.path().join("no-such-locks"))
-        .args(["janitor", "--dry-run"]);
+        .args(["janitor", "--dry-run", "--wide"]);
     let done = run(cmd);
     done.assert_code(0);
     done.assert_stderr_has(
@@ -1016,7 +1145,7 @@ fn a_dry_run_names_each_holder_and_everything_a_reap_would_remove() {
     assert!(env.exists(), "a dry run removed the .env");
 
     let mut table = sandbox.ccci();
-    table.args(["janitor", "--dry-run"]);
+    table.args(["janitor", "--dry-run", "-o", "wide"]);
     let table = run(table);
     let line = |domain: &str| {
         table

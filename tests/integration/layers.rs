@@ -469,3 +469,42 @@ fn the_readme_layout_matches_the_tree() {
         "README.md's Layout leaves out {missing:?}"
     );
 }
+
+/// No kill by a bare number: every signal the crate sends to another process goes through a
+/// pidfd or a `/proc` directory held on that very process (`ProcDir::signal`, the pidfd
+/// syscalls), and the one raw `kill(2)` — a group whose leader is our own unreaped child — is
+/// `signal_group_of_unreaped_child`. All of them live in `src/supervise/linux.rs`; clippy.toml
+/// forbids the raw calls everywhere else too, and this test also catches what clippy cannot
+/// see (a raw syscall number, an import renamed).
+#[test]
+fn raw_kills_live_in_one_place() {
+    let src = repo().join("src");
+    let mut files = Vec::new();
+    sources(&src, &src, &mut files);
+    let raw = regex::Regex::new(
+        r"\bkillpg\b|signal::kill\b|signal::\{[^}]*\bkill\b|libc::kill\b|\bSYS_(kill|tkill|tgkill|pidfd_send_signal|rt_sigqueueinfo|rt_tgsigqueueinfo)\b|\bsigqueue\b",
+    )
+    .unwrap();
+    let mut found = Vec::new();
+    let mut in_place = 0;
+    for (rel, text) in &files {
+        for hit in raw.find_iter(&code_only(text)) {
+            if rel == "supervise/linux.rs" {
+                in_place += 1;
+            } else {
+                found.push(format!("src/{rel}: {}", hit.as_str()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a raw kill outside src/supervise/linux.rs (signal through a held pidfd or /proc \
+         directory there instead):\n{}",
+        found.join("\n")
+    );
+    // The rule still sees what it guards: the two raw calls of the one place.
+    assert_eq!(
+        in_place, 2,
+        "src/supervise/linux.rs's raw kill and pidfd_send_signal"
+    );
+}

@@ -8,7 +8,9 @@ use std::process::Command;
 
 use nix::sys::signal::Signal;
 
-use crate::util::{Proc, Sandbox, Stream, pids_by_prefix, process_alive, run, sh_quote, signal};
+use crate::util::{
+    Proc, Sandbox, Stream, pids_by_prefix, process_alive, run, sh_quote, signal, wait_exited,
+};
 
 /// A teardown hook that hangs can never make a run immortal: it is killed when its share of
 /// `--teardown-timeout` runs out, the app is still removed, the lock released, and the record
@@ -122,6 +124,61 @@ fn a_sigkilled_supervisor_takes_its_whole_run_with_it_within_a_second(#[case] cg
         }
         None => assert_eq!(cgroup, "off", "{record:#}"),
     }
+}
+
+/// No kill by a bare number: a run's command ends (its supervisor reaps it, so its pid and
+/// process group id are free), an unrelated process takes that id for a group of its own, and
+/// the supervisor is SIGKILLed during its teardown hook. The run's dead-man, told of the
+/// command's group when it started, kills the hook and nothing else: the unrelated group's
+/// leader lives. (It used to `killpg` the number.)
+#[rstest::rstest]
+#[case::cgroup("auto")]
+#[case::no_cgroup("off")]
+fn a_command_s_group_id_taken_by_another_process_is_never_killed(#[case] cgroup: &str) {
+    group_id_reuse_attack(&Sandbox::new(), cgroup);
+}
+
+/// [`a_command_s_group_id_taken_by_another_process_is_never_killed`] on `sandbox` (its lock
+/// backend: flock, or etcd).
+pub(crate) fn group_id_reuse_attack(sandbox: &Sandbox, cgroup: &str) {
+    let hook = "echo hook-running $$ >&2; exec sleep 100000";
+    let mut cmd = sandbox.run_sh("reuse", &["--on-teardown", hook], "echo ready $$; read x");
+    cmd.env("CCCI_CGROUP", cgroup);
+    let mut proc = Proc::spawn(cmd);
+    let leader = proc.wait_ready();
+    let supervisor = proc.pid();
+    let fences = crate::util::fences_of(supervisor);
+    assert_eq!(fences.len(), 1, "one dead-man per run");
+    // The dead-man holds the command's group leader (its `/proc` directory) from its start.
+    let holds = std::time::Instant::now();
+    while !crate::util::holds_proc_dir(fences[0], leader) {
+        assert!(
+            holds.elapsed() < crate::util::PATIENCE,
+            "the dead-man never held the leader"
+        );
+        std::thread::yield_now();
+    }
+    proc.close_stdin();
+    let hook = proc.wait_for(Stream::Err, "hook-running ");
+    let hook: i32 = hook.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(wait_exited(leader));
+    let Some(victim) = crate::util::GroupLeader::take(leader) else {
+        crate::util::skip(
+            &format!("another process kept taking pid {leader}"),
+            "run it again on a quieter host",
+        );
+        return;
+    };
+    signal(supervisor, Signal::SIGKILL);
+    let done = proc.finish();
+    done.assert_stderr_has("!! dead-man of run reuse");
+    done.assert_stderr_has("all gone in");
+    assert!(!process_alive(hook), "the teardown hook outlived its run");
+    assert!(
+        victim.alive(),
+        "the unrelated process that took group id {leader} was killed\n{}",
+        done.transcript()
+    );
 }
 
 /// The supervisor itself SIGKILLed (as the OOM killer does) while its command has daemonised:

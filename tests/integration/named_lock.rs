@@ -730,7 +730,7 @@ fn a_holder_s_since_is_when_it_took_the_lock() {
     let row = table
         .out
         .iter()
-        .find(|l| l.starts_with("named  shared "))
+        .find(|l| l.starts_with("named shared "))
         .unwrap_or_else(|| panic!("{}", table.transcript()));
     assert_eq!(row.split_whitespace().nth(5), Some("1"), "{row}");
     let released = std::time::SystemTime::now();

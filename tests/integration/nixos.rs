@@ -1163,6 +1163,51 @@ fn nixos_module_core_offers_every_key_and_refuses_bad_values() {
             "keep_runs_twice",
             r#"services.ccci-run.janitor = { keepRunsDays = 7; keepRuns = "7d"; };"#.to_owned(),
         ),
+        // The runner's user: its own group, and the set-ups it cannot work in.
+        (
+            "runner_user_of_group_users",
+            r#"users.users.drone = { isSystemUser = true; group = "users"; };
+            services.ccci-run = { runnerUser = "drone"; lockDir = "/run/ccci-run"; };"#
+                .to_owned(),
+        ),
+        (
+            "runner_left_alone_as_root",
+            r#"services.ccci-run = { droneRunnerService = null; runnerUser = "root"; };"#
+                .to_owned(),
+        ),
+        (
+            "runner_user_in_run_lock",
+            r#"systemd.services.drone-runner-exec.serviceConfig.User = "drone";"#.to_owned(),
+        ),
+        (
+            "runner_dynamic_user",
+            r#"systemd.services.drone-runner-exec.serviceConfig = { User = "drone"; DynamicUser = true; };
+            services.ccci-run.lockDir = "/run/ccci-run";"#
+                .to_owned(),
+        ),
+        (
+            "runner_dynamic_user_yes",
+            r#"systemd.services.drone-runner-exec.serviceConfig = { User = "drone"; DynamicUser = "yes"; };
+            services.ccci-run.lockDir = "/run/ccci-run";"#
+                .to_owned(),
+        ),
+        (
+            "runner_home_as_runs_dir",
+            r#"users.users.drone = { isSystemUser = true; group = "users"; home = "/var/lib/drone"; };
+            systemd.services.drone-runner-exec.serviceConfig.User = "drone";
+            services.ccci-run = { lockDir = "/run/ccci-run"; runsDir = "/var/lib/drone"; };"#
+                .to_owned(),
+        ),
+        (
+            "runner_left_alone_of_its_own_user",
+            "services.ccci-run.droneRunnerService = null;".to_owned(),
+        ),
+        (
+            "runner_users_differ",
+            r#"systemd.services.drone-runner-exec.serviceConfig.User = "ci";
+            services.ccci-run = { runnerUser = "drone"; lockDir = "/run/ccci-run"; };"#
+                .to_owned(),
+        ),
     ];
     let hosts: Vec<(&str, &str)> = good.iter().map(|(n, b)| (*n, b.as_str())).collect();
     let results = core.evaluate(&hosts);
@@ -1187,13 +1232,69 @@ fn nixos_module_core_offers_every_key_and_refuses_bad_values() {
     binary_reads(text(every, "configToml"), &keys);
     let tmpfiles = &every["tmpfiles"];
     for line in [
-        "d /srv/ci/runs 0755 nobody nobody -",
-        "d /var/lib/ccci-run/state 0700 nobody nobody -",
-        "d /run/ccci-run 0755 nobody nobody -",
+        "d /srv/ci/runs 0755 nobody nogroup -",
+        "d /var/lib/ccci-run/state 0700 nobody nogroup -",
+        "d /run/ccci-run 0755 nobody nogroup -",
     ] {
         assert!(
             tmpfiles.as_array().unwrap().contains(&line.into()),
             "{tmpfiles}"
+        );
+    }
+
+    // The runner's user's own group, as the host declares it; the janitor runs as that user,
+    // and so does the runner's unit when the host named the user only in runnerUser.
+    let users = ok("runner_user_of_group_users");
+    assert_eq!(users["failedAssertions"], serde_json::json!([]));
+    assert!(
+        users["tmpfiles"]
+            .as_array()
+            .unwrap()
+            .contains(&"d /var/lib/cc-ci-runs 0755 drone users -".into()),
+        "{users}"
+    );
+    assert_eq!(users["janitorServiceConfig"]["User"], "drone");
+    assert_eq!(users["janitorServiceConfig"]["Group"], "users");
+    assert_eq!(users["runnerServiceConfig"]["User"], "drone");
+    assert_eq!(
+        toml_of(text(users, "configToml"))["runner_user"].as_str(),
+        Some("drone")
+    );
+    let root = ok("runner_left_alone_as_root");
+    assert_eq!(root["failedAssertions"], serde_json::json!([]));
+    assert!(
+        root["runnerServiceConfig"].get("Delegate").is_none(),
+        "{root}"
+    );
+    assert!(
+        root["tmpfiles"]
+            .as_array()
+            .unwrap()
+            .contains(&"d /var/lib/cc-ci-runs 0755 root root -".into()),
+        "{root}"
+    );
+    assert!(!toml_of(text(root, "configToml")).contains_key("runner_user"));
+    for (name, words) in [
+        (
+            "runner_user_in_run_lock",
+            "cannot create lock files in /run/lock",
+        ),
+        ("runner_dynamic_user", "DynamicUser=true"),
+        ("runner_dynamic_user_yes", "DynamicUser=true"),
+        ("runner_home_as_runs_dir", "the home of drone"),
+        (
+            "runner_left_alone_of_its_own_user",
+            "set services.ccci-run.runnerUser",
+        ),
+        (
+            "runner_users_differ",
+            "runnerUser is drone, but systemd.services.drone-runner-exec runs as ci",
+        ),
+    ] {
+        let failed = messages(ok(name), "failedAssertions");
+        assert!(
+            failed.len() == 1 && failed[0].contains(words),
+            "{name}: {words}: {failed:?}"
         );
     }
 

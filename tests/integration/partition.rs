@@ -132,6 +132,9 @@ enum Upset {
     },
     /// SIGSTOP of the holder's supervisor (`group`: of its whole process group), SIGCONT after.
     Stop { group: bool, length: Duration },
+    /// The whole host frozen (a paused VM): the supervisor's process group and its fence
+    /// stopped together, and resumed together.
+    Freeze { length: Duration },
     /// SIGKILL of the holder's supervisor (the OOM killer): nothing of it renews its lease.
     Kill,
     /// An operator's hand on etcd while the holder holds (cut off from every member first, if
@@ -534,7 +537,12 @@ impl Bench {
         let (holder_host, waiter_host) = (spec.holder, spec.holder.other());
         let mut holder =
             Proc::spawn(self.command(holder_host, &spec, round, &log, &stop(holder_host)));
-        holder.wait_for(Stream::Out, "ready");
+        let ready = holder.wait_for(Stream::Out, "ready");
+        let command: i32 = ready
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .expect("ready <pid> <token>");
         let pid = holder.pid();
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         assert_eq!(
@@ -574,6 +582,21 @@ impl Bench {
                 signal(target, Signal::SIGSTOP);
                 std::thread::sleep(length);
                 signal(target, Signal::SIGCONT);
+            }
+            Upset::Freeze { length } => {
+                // The supervisor's group, the command's group and the fence (a session of its
+                // own): everything of the run. Resumed fence first, as a thaw may.
+                let fence = fence_of(pid);
+                let group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(command)))
+                    .expect("the command's process group")
+                    .as_raw();
+                for target in [-pid, -group, fence] {
+                    signal(target, Signal::SIGSTOP);
+                }
+                std::thread::sleep(length);
+                for target in [fence, -group, -pid] {
+                    signal(target, Signal::SIGCONT);
+                }
             }
             Upset::Kill => {
                 signal(pid, Signal::SIGKILL);
@@ -629,6 +652,30 @@ impl Bench {
             waiter,
             keys: self.keys_left(),
         }
+    }
+}
+
+/// The pid of supervisor `pid`'s fence: its child that runs the fence.
+#[track_caller]
+fn fence_of(pid: i32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            if ppid == Some(pid) && cmdline.windows(16).any(|w| w == b"__ccci-run-fence") {
+                return child;
+            }
+        }
+        assert!(Instant::now() < deadline, "supervisor {pid} has no fence");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -935,6 +982,18 @@ fn a_lock_whose_supervisor_is_stopped_leaves_no_daemon_writing_when_the_next_hos
         stopped(Mode::Lock, Kind::Daemonises, false, 2),
         repeat(),
     );
+}
+
+/// The issue this guards: a holder whose whole host was frozen for two TTLs was ended by its
+/// fence on the thaw and exited 137, as if its command had been killed by someone else; it is
+/// a lost lock (76).
+#[test]
+fn a_holder_whose_whole_host_is_frozen_ends_as_a_lost_lock_before_the_next_host_starts() {
+    let spec = Spec {
+        upset: Upset::Freeze { length: ttls(2) },
+        ..stopped(Mode::Run, Kind::Prompt, true, 2)
+    };
+    scenario("supervisor and fence frozen 2 TTL, run", spec, repeat());
 }
 
 /// An operator's hand on etcd while the holder holds.

@@ -79,6 +79,13 @@ fn a_name_over_docker_s_limit_stops_the_run_before_its_command() {
             "{}",
             shown.transcript()
         );
+        // A failure says so on stderr, under the one prefix.
+        assert_eq!(
+            shown.stderr().contains("ccci-run: error: app-domain: "),
+            code == 2,
+            "{}",
+            shown.transcript()
+        );
         let marker = sandbox.path().join(format!("ran-{len}"));
         let id = format!("ls{len}");
         let done = run_staged(

@@ -432,6 +432,11 @@ fn a_run_that_outlasts_the_wait_is_75_and_killed_with_kill(#[case] cgroup: &str)
     done.assert_code(0);
     let out = done.out.join("\n");
     assert!(out.contains("exit 137"), "{}", done.transcript());
+    assert!(
+        out.contains("run slow: its app, if any, is left for the next janitor sweep"),
+        "{}",
+        done.transcript()
+    );
     let finished = live.finish();
     assert_eq!(finished.status.code(), None, "the supervisor was killed");
     assert!(

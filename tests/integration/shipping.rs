@@ -592,9 +592,11 @@ pub(crate) fn subcommands() -> Vec<String> {
     let help = succeeds(Command::new(BIN).arg("--help"));
     let help = String::from_utf8_lossy(&help.stdout).into_owned();
     let list = help.split("Commands:\n").nth(1).unwrap();
+    // A name starts its line two spaces in; a wrapped description goes on further in.
     let mut names: Vec<String> = list
         .lines()
         .take_while(|l| !l.trim().is_empty())
+        .filter(|l| !l.starts_with("   "))
         .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
         .collect();
     names.sort();
@@ -619,11 +621,10 @@ fn long_options(subcommand: &str) -> Vec<String> {
         .collect();
     // The global options a subcommand names by reference, after its own.
     let text = String::from_utf8_lossy(&help.stdout);
-    if let Some(list) = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Global options: "))
-        .and_then(|l| l.split(" (").next())
-    {
+    // The list may be wrapped over several lines.
+    if let Some((_, rest)) = text.split_once("Global options: ") {
+        let rest = rest.split_whitespace().collect::<Vec<_>>().join(" ");
+        let list = rest.split(" (").next().unwrap_or_default();
         options.extend(list.split(", ").map(str::to_owned));
     }
     options.sort();
@@ -656,6 +657,16 @@ fn completes_every_subcommand(shell: &str, offers: fn(&Path, &str) -> Vec<String
     let subcommands = subcommands();
     assert!(subcommands.len() >= 8, "{subcommands:?}");
     let top = offers(&script, "ccci-run ");
+    // The hidden subcommand the scripts themselves call is never offered.
+    assert!(
+        !top.iter().any(|o| o.starts_with("__")),
+        "{shell}: `ccci-run <TAB>` offers a hidden subcommand: {top:?}"
+    );
+    let help = offers(&script, "ccci-run help ");
+    assert!(
+        !help.iter().any(|o| o.starts_with("__")),
+        "{shell}: `ccci-run help <TAB>` offers a hidden subcommand: {help:?}"
+    );
     for sub in &subcommands {
         assert!(
             top.contains(sub),
@@ -745,6 +756,7 @@ fn cli_reference_matches_help() {
         .skip_while(|l| !l.starts_with("Commands:"))
         .skip(1)
         .take_while(|l| l.starts_with("  "))
+        .filter(|l| !l.starts_with("   "))
         .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
         .filter(|s| s != "help")
         .collect();
@@ -827,11 +839,6 @@ fn every_json_document_has_the_envelope_docs_cli_md_shows() {
         ("ccci-run doctor --json", &["doctor", "--json"]),
         ("ccci-run config --json", &["config", "--json"]),
     ];
-    let keys = |v: &serde_json::Value| -> Vec<String> {
-        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
-        keys.sort();
-        keys
-    };
     for (title, args) in commands {
         let mut cmd = sandbox.ccci();
         cmd.args(args);
@@ -843,12 +850,212 @@ fn every_json_document_has_the_envelope_docs_cli_md_shows() {
         let example = examples
             .get(title)
             .unwrap_or_else(|| panic!("docs/cli.md shows no example of {title}"));
-        assert_eq!(keys(example), keys(&printed), "{title}");
+        same_keys(title, example, &printed);
     }
     assert!(
         examples.contains_key("ccci-run converge --json"),
         "docs/cli.md shows no example of converge --json"
     );
+}
+
+/// `example` (docs/cli.md's) and `printed` (the binary's) have the same keys at every depth:
+/// each object's keys equal; each element of a printed list is like one element of the
+/// example's list, at every depth. A `null` on either side (an absent value), an empty list in
+/// the example and a value of another kind end the comparison there.
+fn same_keys(at: &str, example: &serde_json::Value, printed: &serde_json::Value) {
+    if let Err(why) = keys_match(at, example, printed) {
+        panic!("{why}");
+    }
+}
+
+fn keys_match(
+    at: &str,
+    example: &serde_json::Value,
+    printed: &serde_json::Value,
+) -> Result<(), String> {
+    use serde_json::Value;
+    let keys = |v: &serde_json::Map<String, Value>| -> Vec<String> {
+        let mut keys: Vec<String> = v.keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    match (example, printed) {
+        (Value::Object(e), Value::Object(p)) => {
+            if keys(e) != keys(p) {
+                return Err(format!(
+                    "{at}: keys differ: the example has {:?}, the binary prints {:?}",
+                    keys(e),
+                    keys(p)
+                ));
+            }
+            p.iter()
+                .try_for_each(|(key, value)| keys_match(&format!("{at}.{key}"), &e[key], value))
+        }
+        (Value::Array(e), Value::Array(p)) if !e.is_empty() => {
+            p.iter().enumerate().try_for_each(|(i, value)| {
+                let at = format!("{at}[{i}]");
+                let tries: Vec<String> = e
+                    .iter()
+                    .map(|x| keys_match(&at, x, value))
+                    .filter_map(Result::err)
+                    .collect();
+                if tries.len() < e.len() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{at}: like no element of the example: {}",
+                        tries.join("; ")
+                    ))
+                }
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A `--json` command that fails prints its envelope all the same: the report's fields empty
+/// (`null` or `[]`), the error in `errors`, the exit code of the same command without
+/// `--json`, and the error on stderr under the one prefix.
+#[test]
+fn every_json_command_prints_its_envelope_when_it_fails() {
+    let sandbox = Sandbox::new();
+    let bad_config = sandbox.path().join("bad.toml");
+    std::fs::write(&bad_config, "no_such_key = 1\n").unwrap();
+    // Directories nobody but root may read: the runs dir and the lock dir of another user.
+    let unreadable = sandbox.path().join("private");
+    std::fs::create_dir(&unreadable).unwrap();
+    std::fs::set_permissions(
+        &unreadable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let nobody = |args: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        crate::util::without_ccci_env(&mut cmd);
+        cmd.env("CCCI_CONFIG", "/dev/null")
+            .args(["--docker", "off", "--runs-dir"])
+            .arg(&unreadable)
+            .arg("--lock-dir")
+            .arg(&unreadable)
+            .args(args);
+        crate::util::as_user(65534, &cmd)
+    };
+    let in_sandbox = |args: &[&str]| {
+        let mut cmd = sandbox.ccci();
+        cmd.args(args);
+        cmd
+    };
+    let with_bad_config = |args: &[&str]| {
+        let mut cmd = sandbox.ccci();
+        cmd.env("CCCI_CONFIG", &bad_config).args(args);
+        cmd
+    };
+    type Make<'a> = &'a dyn Fn(&[&str]) -> Command;
+    let cases: [(Make, &[&str], &str); 4] = [
+        (&in_sandbox, &["runs", "999"], "run"),
+        (&nobody, &["runs"], "runs"),
+        (&nobody, &["locks"], "locks"),
+        (&with_bad_config, &["config"], "settings"),
+    ];
+    for (make, args, field) in cases {
+        let text = run(make(args));
+        let mut json_args = args.to_vec();
+        json_args.push("--json");
+        let json = run(make(&json_args));
+        let title = json_args.join(" ");
+        assert_ne!(
+            json.status.code(),
+            Some(0),
+            "{title}: {}",
+            json.transcript()
+        );
+        assert_eq!(json.status.code(), text.status.code(), "{title}");
+        let printed: serde_json::Value =
+            serde_json::from_str(&json.out.join("\n")).unwrap_or_else(|e| {
+                panic!(
+                    "{title}: no envelope on stdout ({e}): {}",
+                    json.transcript()
+                )
+            });
+        assert_eq!(printed["version"], 1, "{title}: {printed:#}");
+        let errors = printed["errors"].as_array().unwrap();
+        assert!(!errors.is_empty(), "{title}: {printed:#}");
+        assert!(
+            printed
+                .get(field)
+                .is_some_and(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty)),
+            "{title}: {printed:#}"
+        );
+        json.assert_stderr_has("ccci-run: error: ");
+    }
+}
+
+/// What the README tells a newcomer stays true: how to install Rust (rustup's command), no
+/// count of tests (they change with every test; none is stated rather than a stale one), and
+/// the race hunt runs the very test command the README gives.
+#[test]
+fn the_readme_gives_the_rustup_command_no_test_counts_and_the_hunt_its_test_command() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(
+        readme.contains("https://sh.rustup.rs | sh"),
+        "the README does not say how to install Rust with rustup"
+    );
+    let count = regex::Regex::new(r"\b\d+ (integration |unit )?tests\b").unwrap();
+    let counts: Vec<&str> = count.find_iter(&readme).map(|m| m.as_str()).collect();
+    assert!(counts.is_empty(), "the README counts tests: {counts:?}");
+    let command = "cargo test --locked --features etcd";
+    assert!(
+        readme.contains(&format!("```sh\n{command}\n```")),
+        "the README's test command"
+    );
+    let hunt = std::fs::read_to_string(repo().join("scripts/race-hunt.sh")).unwrap();
+    assert!(
+        hunt.contains(command),
+        "scripts/race-hunt.sh runs another command"
+    );
+}
+
+/// `config --json` writes an absent value as `null`: no `-`, no empty string, no sentence
+/// standing for nothing (the table says `none …` in its place).
+#[test]
+fn config_json_writes_absent_values_as_null() {
+    let sandbox = Sandbox::new();
+    let mut cmd = sandbox.ccci();
+    cmd.args(["config", "--json"]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let printed: serde_json::Value = serde_json::from_str(&done.out.join("\n")).unwrap();
+    let settings = printed["settings"].as_array().unwrap();
+    let value = |key: &str| {
+        settings
+            .iter()
+            .find(|s| s["key"] == key)
+            .unwrap_or_else(|| panic!("no {key}: {printed:#}"))["value"]
+            .clone()
+    };
+    for key in ["runner_user", "etcd_endpoints", "lock_wait", "keep_runs"] {
+        assert!(value(key).is_null(), "{key}: {printed:#}");
+    }
+    for s in settings {
+        let v = s["value"].as_str().unwrap_or("null");
+        assert!(!v.is_empty() && v != "-" && !v.starts_with("none"), "{s}");
+    }
+    let mut cmd = sandbox.ccci();
+    cmd.arg("config");
+    let table = run(cmd).out.join("\n");
+    assert!(table.contains("none (until the deadline)"), "{table}");
+}
+
+/// The comparison of [`same_keys`] can fail, at any depth.
+#[test]
+fn the_json_example_check_sees_a_nested_key_that_differs() {
+    let example =
+        serde_json::json!({"settings": [{"key": "a", "origin": {"kind": "file", "path": "/x"}}]});
+    let printed =
+        serde_json::json!({"settings": [{"key": "a", "origin": {"kind": "file", "from": "/x"}}]});
+    let caught = std::panic::catch_unwind(|| same_keys("t", &example, &printed));
+    assert!(caught.is_err(), "a nested key that differs went unseen");
+    same_keys("t", &printed, &printed);
 }
 
 #[test]
@@ -1336,6 +1543,12 @@ fn every_shell_completes_run_ids_lock_names_and_man_pages() {
         ("CCCI_DOCKER", "off".to_owned()),
     ];
     let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!("runs_dir = {:?}\n", sandbox.runs().display().to_string()),
+    )
+    .unwrap();
     type Offers = fn(&Path, &str, &[(&str, String)]) -> Vec<String>;
     let shells: [(&str, Offers); 3] = [
         ("bash", bash_offers_in),
@@ -1381,6 +1594,31 @@ fn every_shell_completes_run_ids_lock_names_and_man_pages() {
             !after_wait.contains(&"live-1".to_owned()),
             "{shell}: stop --wait: {after_wait:?}"
         );
+        // The directories typed earlier on the line win over the environment's (here: none),
+        // before the subcommand or after it, as a flag or in the configuration file named.
+        let typed = |line: &str| -> Vec<String> {
+            let env: Vec<(&str, String)> = env
+                .iter()
+                .filter(|(k, _)| *k != "CCCI_RUNS_DIR")
+                .cloned()
+                .collect();
+            offers(&script, line, &env)
+                .into_iter()
+                .map(|o| o.split('\t').next().unwrap_or_default().to_owned())
+                .collect()
+        };
+        let runs_dir = sandbox.runs().display().to_string();
+        for line in [
+            format!("ccci-run --runs-dir {runs_dir} runs "),
+            format!("ccci-run runs --runs-dir {runs_dir} "),
+            format!("ccci-run --config {} stop ", config.display()),
+        ] {
+            let got = typed(&line);
+            assert!(
+                got.contains(&"live-1".to_owned()),
+                "{shell}: `{line}`: {got:?}"
+            );
+        }
     }
     signal(live.pid(), Signal::SIGTERM);
     live.finish();

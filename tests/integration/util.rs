@@ -920,6 +920,94 @@ pub fn fences_of(supervisor: i32) -> Vec<i32> {
     found
 }
 
+/// A process of its own (not of any run) that leads a process group whose id is `pid`: made by
+/// steering the kernel's next pid (`ns_last_pid`, root only) until a fork gets that pid, which
+/// then calls `setsid`. What an unrelated process does that happens to get a dead group's id.
+/// `None` when another process took the pid every time.
+pub struct GroupLeader {
+    pub pid: i32,
+    pub start: String,
+}
+
+impl GroupLeader {
+    pub fn take(pid: i32) -> Option<Self> {
+        const TAKE: &str = r#"
+import os, sys
+n = int(sys.argv[1])
+for _ in range(5000):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(n - 1))
+    child = os.fork()
+    if child == 0:
+        if os.getpid() == n:
+            os.setsid()
+            os.execvp("sleep", ["sleep", "100000"])
+        os._exit(0)
+    if child == n:
+        while True:
+            with open(f"/proc/{n}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[2] == str(n):
+                break
+        print(n, flush=True)
+        sys.exit(0)
+    os.waitpid(child, 0)
+sys.exit(1)
+"#;
+        let out = Command::new("python3")
+            .args(["-c", TAKE, &pid.to_string()])
+            .env_remove("CCCI_SUPERVISOR")
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            return None;
+        }
+        Some(Self {
+            pid,
+            start: start_time(pid)?,
+        })
+    }
+
+    /// Still that very process, running.
+    pub fn alive(&self) -> bool {
+        process_alive(self.pid) && start_time(self.pid).as_deref() == Some(&*self.start)
+    }
+}
+
+impl Drop for GroupLeader {
+    fn drop(&mut self) {
+        if self.alive() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Field 22 of `/proc/<pid>/stat`, the start time.
+pub fn start_time(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)
+        .map(str::to_owned)
+}
+
+/// Whether one of `holder`'s descriptors is `/proc/<pid>` (what a `/proc` directory held to
+/// act on that process later looks like).
+pub fn holds_proc_dir(holder: i32, pid: i32) -> bool {
+    let want = PathBuf::from(format!("/proc/{pid}"));
+    std::fs::read_dir(format!("/proc/{holder}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == want))
+}
+
 pub fn signal(pid: i32, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
 }

@@ -65,6 +65,27 @@ let
           default = { };
         };
         systemd.tmpfiles.rules = strings;
+        # A user's group and home, as NixOS declares them (group "" and home /var/empty unless
+        # set), with the two users NixOS itself declares on every host.
+        users.users = mkOption {
+          type = types.attrsOf (
+            types.submodule {
+              options.isSystemUser = mkOption {
+                type = types.bool;
+                default = false;
+              };
+              options.group = mkOption {
+                type = types.str;
+                default = "";
+              };
+              options.home = mkOption {
+                type = types.path;
+                default = "/var/empty";
+              };
+            }
+          );
+          default = { };
+        };
         systemd.services = mkOption {
           type = types.attrsOf (
             types.submodule {
@@ -111,6 +132,16 @@ let
             options.node.disabledCollectors = strings;
           };
           default = { };
+        };
+      };
+      config.users.users = {
+        root = {
+          group = "root";
+          home = "/root";
+        };
+        nobody = {
+          isSystemUser = true;
+          group = "nogroup";
         };
       };
       config._module.args = {
