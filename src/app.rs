@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::config::Global;
-use crate::docker::{DockerLink, RemovedNames};
+use crate::docker::{DockerLink, GivenBy, Kept, RemovedNames};
 use crate::names::AppDomain;
 
 /// What one removal took away.
@@ -213,13 +213,18 @@ impl RemovedResources {
 
 /// Whether anything of `domain`'s app is there: its `.env`, or (Docker on) any resource of its
 /// stack. An unreachable engine counts as "maybe": the removal that follows will say why.
-pub(crate) fn app_has_leftovers(global: &Global, link: &DockerLink, domain: &AppDomain) -> bool {
+pub(crate) fn app_has_leftovers(
+    global: &Global,
+    link: &DockerLink,
+    domain: &AppDomain,
+    given: GivenBy<'_>,
+) -> bool {
     app_present(global, domain)
         || match link.get() {
             None => false,
             Some(Err(_)) => true,
             Some(Ok(seam)) => seam
-                .discover(&global.pattern)
+                .discover(&global.pattern, given)
                 .map(|stacks| stacks.get(domain).is_some_and(|s| !s.is_empty()))
                 .unwrap_or(true),
         }
@@ -234,6 +239,8 @@ pub(crate) fn app_present(global: &Global, domain: &AppDomain) -> bool {
 #[derive(Debug, Default)]
 pub(crate) struct Removal {
     pub removed: RemovedResources,
+    /// Objects without a stack label named like the app's that are no name it gives: kept.
+    pub kept: Vec<Kept>,
     pub errors: Vec<String>,
     pub nodes: Vec<String>,
 }
@@ -245,17 +252,24 @@ pub(crate) fn remove_app_now(
     global: &Global,
     link: &DockerLink,
     domain: &AppDomain,
+    given: GivenBy<'_>,
     budget: Duration,
 ) -> Removal {
     let mut out = Removal::default();
     if let Some(seam) = link.get() {
         let reaped = seam.map_err(Clone::clone).and_then(|seam| {
-            let mut stacks = seam.discover(&global.pattern)?;
+            let mut stacks = seam.discover(&global.pattern, given)?;
             // Also when the engine lists nothing of it: what the other nodes of a swarm hold
             // of the stack is swept off them.
-            let stack = stacks.remove(domain).unwrap_or_default();
+            let mut stack = stacks.remove(domain).unwrap_or_default();
+            out.kept = std::mem::take(&mut stack.kept);
             Ok(seam
-                .reap(&global.pattern, vec![(domain.clone(), stack)], budget)
+                .reap(
+                    &global.pattern,
+                    given,
+                    vec![(domain.clone(), stack)],
+                    budget,
+                )
                 .pop()
                 .unwrap_or_default())
         });

@@ -65,6 +65,9 @@ pub(crate) struct ObjectName {
     pub key: String,
     /// The name Docker gets (`<stack>_uploads_s3_secret_access_key_v1`).
     pub name: String,
+    /// The same with every version a `*_VERSION` variable fills in left open
+    /// (`<stack>_uploads_s3_secret_access_key_{version}`): the name whatever version is bumped.
+    pub form: String,
     /// The compose file, by its name in the recipe.
     pub file: String,
     /// Whether the file is one `COMPOSE_FILE` names (else an optional one).
@@ -152,6 +155,13 @@ pub(crate) fn recipe_named(vars: &BTreeMap<String, String>) -> Option<String> {
 /// `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `$VAR` and `$$` as compose fills them in;
 /// an unknown variable is empty (compose warns, then does the same).
 fn interpolate(text: &str, vars: &BTreeMap<String, String>) -> String {
+    interpolate_with(text, vars, false)
+}
+
+/// [`interpolate`]; with `open_versions`, every `*_VERSION` variable is left open as
+/// [`crate::names::VERSION_SLOT`], set or not.
+fn interpolate_with(text: &str, vars: &BTreeMap<String, String>, open_versions: bool) -> String {
+    let version = |name: &str| open_versions && name.ends_with("_VERSION");
     let mut out = String::new();
     let mut rest = text;
     while let Some(at) = rest.find('$') {
@@ -176,8 +186,9 @@ fn interpolate(text: &str, vars: &BTreeMap<String, String>) -> String {
             };
             let value = vars.get(name).filter(|v| !(or_empty && v.is_empty()));
             match (value, default) {
+                _ if version(name) => out.push_str(crate::names::VERSION_SLOT),
                 (Some(v), _) => out.push_str(v),
-                (None, Some(d)) => out.push_str(&interpolate(d, vars)),
+                (None, Some(d)) => out.push_str(&interpolate_with(d, vars, open_versions)),
                 (None, None) => {}
             }
             rest = &body[end + 1..];
@@ -188,6 +199,8 @@ fn interpolate(text: &str, vars: &BTreeMap<String, String>) -> String {
                 .collect();
             if name.is_empty() {
                 out.push('$');
+            } else if version(&name) {
+                out.push_str(crate::names::VERSION_SLOT);
             } else if let Some(v) = vars.get(&name) {
                 out.push_str(v);
             }
@@ -269,7 +282,7 @@ pub(crate) fn object_names(
         })?;
         let Some(doc) = docs.first() else { continue };
         for object in compose_names(doc, stack, &vars) {
-            let (kind, key, name) = object;
+            let (kind, key, name, form) = object;
             let known = names
                 .iter()
                 .any(|n: &ObjectName| n.kind == kind && n.name == name);
@@ -278,6 +291,7 @@ pub(crate) fn object_names(
                     kind,
                     key,
                     name,
+                    form,
                     file: file.clone(),
                     deployed,
                 });
@@ -287,29 +301,27 @@ pub(crate) fn object_names(
     Ok(names)
 }
 
-/// The names one compose document gives: `(kind, key, name)`.
+/// The names one compose document gives: `(kind, key, name, form)`.
 fn compose_names(
     doc: &Yaml,
     stack: &str,
     vars: &BTreeMap<String, String>,
-) -> Vec<(Kind, String, String)> {
+) -> Vec<(Kind, String, String, String)> {
     let mut out = Vec::new();
     let section = |key: &str| doc[key].as_hash().cloned().unwrap_or_default();
     let services = section("services");
     let mut default_network = false;
     for (key, service) in &services {
         let Some(key) = key.as_str() else { continue };
-        out.push((Kind::Service, key.to_owned(), format!("{stack}_{key}")));
+        let name = format!("{stack}_{key}");
+        out.push((Kind::Service, key.to_owned(), name.clone(), name));
         if service["networks"].is_badvalue() || service["networks"].is_null() {
             default_network = true;
         }
     }
     if default_network {
-        out.push((
-            Kind::Network,
-            "default".to_owned(),
-            format!("{stack}_default"),
-        ));
+        let name = format!("{stack}_default");
+        out.push((Kind::Network, "default".to_owned(), name.clone(), name));
     }
     for (kind, section_key) in [
         (Kind::Network, "networks"),
@@ -320,22 +332,33 @@ fn compose_names(
         for (key, object) in &section(section_key) {
             let Some(key) = key.as_str() else { continue };
             let external = object["external"].as_bool().unwrap_or(false);
-            let name = object["name"].as_str().map(|n| interpolate(n, vars));
-            let name = match (name, external) {
-                (Some(name), _) => name,
+            let template = object["name"].as_str();
+            let (name, form) = match (template, external) {
+                (Some(t), _) => (interpolate(t, vars), interpolate_with(t, vars, true)),
                 // An external object without a name is the host's, by its key (the `proxy`
                 // network): nothing the deploy names.
                 (None, true) => continue,
-                (None, false) => format!("{stack}_{key}"),
+                (None, false) => (format!("{stack}_{key}"), format!("{stack}_{key}")),
             };
             // An external network belongs to the host (`proxy`): not the app's name to check.
             if external && kind == Kind::Network {
                 continue;
             }
-            out.push((kind, key.to_owned(), name));
+            out.push((kind, key.to_owned(), name, form));
         }
     }
     out
+}
+
+/// The names a deploy of the recipe gives under `stack`, as forms: what the app's objects that
+/// carry no stack label (abra's secrets) are named, exactly, whatever version is bumped. Every
+/// compose file's, the optional ones too (an app's `.env` may enable them).
+pub(crate) fn given_names(names: &[ObjectName], stack: &str) -> crate::names::GivenNames {
+    let mut given = crate::names::GivenNames::default();
+    for n in names {
+        given.add(n.kind.noun(), n.form.clone());
+    }
+    given.under(stack)
 }
 
 /// What of the run-app domain `<prefix>-<hash6>.<suffix>` is not its suffix: the stack is
@@ -440,7 +463,20 @@ mod tests {
         .unwrap()[0];
         let v = vars(&[("STACK_NAME", "s"), ("SECRET_DB_PASSWORD_VERSION", "v3")]);
         let names = compose_names(doc, "s", &v);
-        let listed: Vec<(Kind, &str)> = names.iter().map(|(k, _, n)| (*k, n.as_str())).collect();
+        let listed: Vec<(Kind, &str)> = names.iter().map(|(k, _, n, _)| (*k, n.as_str())).collect();
+        let forms: Vec<&str> = names.iter().map(|(_, _, _, f)| f.as_str()).collect();
+        assert_eq!(
+            forms,
+            [
+                "s_app",
+                "s_worker",
+                "s_default",
+                "s_internal",
+                "s_data",
+                "s_db_password_{version}",
+                "s_nginx_conf_{version}",
+            ]
+        );
         assert_eq!(
             listed,
             [
@@ -464,6 +500,7 @@ mod tests {
             kind: Kind::Secret,
             key: "uploads_s3_secret_access_key".to_owned(),
             name: format!("{stack}_uploads_s3_secret_access_key_v1"),
+            form: format!("{stack}_uploads_s3_secret_access_key_{{version}}"),
             file: "compose.s3.yml".to_owned(),
             deployed: true,
         };

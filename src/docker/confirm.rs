@@ -19,6 +19,7 @@ impl DockerSeam {
     pub(crate) fn reap(
         &self,
         pattern: &RunAppPattern,
+        given: GivenBy<'_>,
         stacks: Vec<(AppDomain, StackResources)>,
         budget: Duration,
     ) -> Vec<Reaped> {
@@ -37,6 +38,7 @@ impl DockerSeam {
                 Ok(nodes) => nodes.filter(nodes::Nodes::several),
                 Err(err) => return failed(err),
             };
+            let stacks_domains: Vec<AppDomain> = stacks.iter().map(|(d, _)| d.clone()).collect();
             let named: Vec<(String, Vec<String>)> = stacks
                 .iter()
                 .map(|(domain, stack)| {
@@ -53,7 +55,7 @@ impl DockerSeam {
                 None => None,
             };
             let mut out = if stacks.iter().any(|(_, s)| !s.is_empty()) {
-                self.reap_until(pattern, stacks, deadline).await
+                self.reap_until(pattern, given, stacks, deadline).await
             } else {
                 vec![
                     Reaped {
@@ -72,9 +74,16 @@ impl DockerSeam {
             }
             let swept: Vec<(String, Vec<String>)> =
                 ready.iter().map(|&i| named[i].clone()).collect();
+            // What carries no stack label on a node is a stack's only by a volume name its
+            // app gives exactly.
+            let volumes: Vec<String> = ready
+                .iter()
+                .filter_map(|&i| given(&stacks_domains[i]))
+                .flat_map(|g| g.exact_volumes().map(str::to_owned).collect::<Vec<_>>())
+                .collect();
             let started = std::time::Instant::now();
             let unconfirmed = self
-                .sweep_nodes(&self.node_sweep, &nodes, &swept, &had, deadline)
+                .sweep_nodes(&self.node_sweep, &nodes, &swept, &volumes, &had, deadline)
                 .await;
             tracing::debug!(stacks = swept.len(), elapsed = ?started.elapsed(), "reap: node sweep done");
             for (i, nodes) in ready.into_iter().zip(unconfirmed) {
@@ -98,6 +107,7 @@ impl DockerSeam {
     pub(super) async fn reap_until(
         &self,
         pattern: &RunAppPattern,
+        given: GivenBy<'_>,
         stacks: Vec<(AppDomain, StackResources)>,
         deadline: tokio::time::Instant,
     ) -> Vec<Reaped> {
@@ -120,7 +130,7 @@ impl DockerSeam {
         let mut next_progress = started + PROGRESS_EVERY;
         loop {
             self.poll_rounds.set(self.poll_rounds.get() + 1);
-            let listing = match self.list(pattern).await {
+            let listing = match self.list(pattern, given).await {
                 Ok(listing) => listing,
                 Err(err) => {
                     confirming.fail_pending(&err);

@@ -93,7 +93,7 @@ impl Match {
     }
 }
 
-/// Every resource of one stack, by kind.
+/// Every resource of one stack, by kind, and what is named like it but not provably its.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct StackResources {
     pub services: Vec<Resource>,
@@ -102,7 +102,23 @@ pub(crate) struct StackResources {
     pub volumes: Vec<Resource>,
     pub secrets: Vec<Resource>,
     pub configs: Vec<Resource>,
+    /// Objects without a stack label named `<stack>_…` that are no name the app gives: never
+    /// removed, only reported.
+    pub kept: Vec<Kept>,
 }
+
+/// An object without a stack label whose name begins with a run app's stack but that is not
+/// provably the app's: kept, and said why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Kept {
+    pub kind: &'static str,
+    pub name: String,
+    pub why: String,
+}
+
+/// The names the app of a domain gives Docker's objects (its recipe's, as its runs recorded
+/// them); `None` when nothing says (then what carries no stack label is kept).
+pub(crate) type GivenBy<'a> = &'a dyn Fn(&AppDomain) -> Option<crate::names::GivenNames>;
 
 impl StackResources {
     pub(crate) fn is_empty(&self) -> bool {

@@ -56,8 +56,9 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 /// volumes on this node, look again, and succeed only when every listing succeeded and found
 /// nothing of them. Plain `sh` and the docker CLI only (the image may be a bare busybox with a
 /// docker CLI). A volume is the stack's when its namespace label names the stack, or when it
-/// has no such label, its name starts with `<stack>_`, and no longer stack the node knows by
-/// its labels (`<stack>_example_org`) begins that name.
+/// has no such label, its name is exactly one its app gives (`CCCI_VOLUMES`, from the names its
+/// runs recorded), and no longer stack the node knows by its labels (`<stack>_example_org`)
+/// begins that name. Any other unlabelled `<stack>_…` volume is left alone.
 ///
 /// It fails closed, with an exit code that says why (see [`Cause`]): no docker CLI (3), an
 /// engine that does not answer at the socket (4), a socket its user may not open (5), the
@@ -90,6 +91,9 @@ volumes_of() {
     if [ "$label" = "$1" ]; then echo "$name"; fi
     if [ -z "$label" ]; then
       case "$name" in "$1"_*) ;; *) continue ;; esac
+      given=
+      for v in ${CCCI_VOLUMES:-}; do [ "$v" = "$name" ] && given=1; done
+      [ -n "$given" ] || continue
       theirs=
       for o in $known; do
         case "$o" in "$1"_*) case "$name" in "$o"_*) theirs=1 ;; esac ;; esac
@@ -336,6 +340,7 @@ impl DockerSeam {
         settings: &NodeSweepSettings,
         nodes: &Nodes,
         stacks: &[(String, Vec<String>)],
+        volumes: &[String],
         had: &TaskNodes,
         deadline: tokio::time::Instant,
     ) -> Vec<Unconfirmed> {
@@ -345,7 +350,7 @@ impl DockerSeam {
             SystemTime::now() + deadline.saturating_duration_since(tokio::time::Instant::now());
         let until_secs = until.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let names: Vec<&str> = stacks.iter().map(|(s, _)| s.as_str()).collect();
-        let spec = job_spec(settings, &names, until_secs);
+        let spec = job_spec(settings, &names, volumes, until_secs);
         let created =
             tokio::time::timeout_at(deadline, self.docker.create_service(spec, None)).await;
         let job = match created {
@@ -619,7 +624,12 @@ fn reason(
 }
 
 /// The global job that cleans `stacks` on every node.
-fn job_spec(settings: &NodeSweepSettings, stacks: &[&str], until: u64) -> ServiceSpec {
+fn job_spec(
+    settings: &NodeSweepSettings,
+    stacks: &[&str],
+    volumes: &[String],
+    until: u64,
+) -> ServiceSpec {
     let suffix: u32 = rand::random();
     let label = HashMap::from([(SWEEP_LABEL.to_owned(), until.to_string())]);
     ServiceSpec {
@@ -636,6 +646,9 @@ fn job_spec(settings: &NodeSweepSettings, stacks: &[&str], until: u64) -> Servic
                 command: Some(vec!["sh".to_owned(), "-c".to_owned(), SCRIPT.to_owned()]),
                 env: Some(vec![
                     format!("CCCI_STACKS={}", stacks.join(" ")),
+                    // The volume names the stacks' apps give: what carries no stack label
+                    // is taken only by one of these, exactly.
+                    format!("CCCI_VOLUMES={}", volumes.join(" ")),
                     // The task's own node, by swarm's template: the engine the socket reaches
                     // must be that node's.
                     "CCCI_NODE={{.Node.ID}}".to_owned(),
@@ -703,6 +716,7 @@ impl DockerSeam {
                         &self.node_sweep,
                         &nodes,
                         &nothing,
+                        &[],
                         &TaskNodes::new(),
                         deadline,
                     )
@@ -734,6 +748,7 @@ mod tests {
         let spec = job_spec(
             &settings,
             &["ab-000000_x_test", "cd-000000_x_test"],
+            &["ab-000000_x_test_db".to_owned()],
             1_700_000_000,
         );
         assert!(
@@ -755,6 +770,7 @@ mod tests {
         assert_eq!(container.image.as_deref(), Some("docker:27-cli"));
         let env = container.env.unwrap();
         assert!(env.contains(&"CCCI_STACKS=ab-000000_x_test cd-000000_x_test".to_owned()));
+        assert!(env.contains(&"CCCI_VOLUMES=ab-000000_x_test_db".to_owned()));
         let mount = &container.mounts.unwrap()[0];
         assert_eq!(mount.source.as_deref(), Some("/run/docker.sock"));
         assert_eq!(mount.target.as_deref(), Some("/var/run/docker.sock"));
@@ -833,6 +849,40 @@ mod tests {
         0
     )]
     fn the_script_fails_closed(#[case] docker: Option<&str>, #[case] code: i32) {
+        let (out, _) = run_script(docker);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// An unlabelled volume is taken only by a name the app gives, exactly: the stack's given
+    /// `…_data` goes, `…_other` (no name it gives) and the longer stack's stay.
+    #[test]
+    fn the_script_takes_an_unlabelled_volume_only_by_a_given_name() {
+        let docker = "case \"$1 $2\" in info*) echo n2 ;; \
+             'volume ls') [ -f \"${0%/docker}/removed\" ] || echo 'ab-000000_x_test_data '; \
+               printf '%s\\n' 'ab-000000_x_test_other ' 'ab-000000_x_test_example_org_data ' ;; \
+             'volume rm') echo \"$*\" >> \"${0%/docker}/removed\" ;; esac";
+        let (out, bin) = run_script(Some(docker));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let removed = crate::files::read_text(
+            &bin.path().join("removed"),
+            &crate::files::Rules::small(1 << 10),
+        )
+        .unwrap();
+        assert_eq!(removed, "volume rm ab-000000_x_test_data\n");
+    }
+
+    /// The node sweep's script with a stand-in `docker` whose body is `docker` (none: no CLI).
+    fn run_script(docker: Option<&str>) -> (std::process::Output, tempfile::TempDir) {
         use std::os::unix::fs::PermissionsExt;
         let bin = tempfile::tempdir().unwrap();
         for tool in ["sh", "date", "sleep"] {
@@ -853,15 +903,11 @@ mod tests {
             .env_clear()
             .env("PATH", bin.path())
             .env("CCCI_STACKS", "ab-000000_x_test")
+            .env("CCCI_VOLUMES", "ab-000000_x_test_data")
             .env("CCCI_NODE", "n2")
             .env("SWEEP_LABEL", SWEEP_LABEL)
             .output()
             .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        (out, bin)
     }
 }

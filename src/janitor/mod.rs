@@ -182,6 +182,7 @@ pub(crate) fn sweep_with(
         opts,
         locks,
         report,
+        given: std::cell::OnceCell::new(),
     };
     sweep.run(link);
     sweep.report.duration = started.elapsed();
@@ -194,6 +195,20 @@ struct Sweep<'a> {
     opts: &'a SweepOptions,
     locks: &'a dyn LockBackend,
     report: SweepReport,
+    /// The names each app's recorded runs gave, read from the runs dir on first need.
+    given: std::cell::OnceCell<BTreeMap<String, crate::names::GivenNames>>,
+}
+
+/// The names the app of a domain gives, by what its runs recorded (read once, on first need).
+fn given_by<'g>(
+    cell: &'g std::cell::OnceCell<BTreeMap<String, crate::names::GivenNames>>,
+    runs_dir: &'g std::path::Path,
+) -> impl Fn(&AppDomain) -> Option<crate::names::GivenNames> + 'g {
+    move |domain| {
+        cell.get_or_init(|| crate::rundir::given_names(runs_dir))
+            .get(domain.as_str())
+            .cloned()
+    }
 }
 
 /// A candidate to reap, its line in the report, and its probe lock, held until it is done.
@@ -315,9 +330,22 @@ impl Sweep<'_> {
         let DockerState::On(seam) = docker else {
             return candidates;
         };
-        match seam.discover(&self.global.pattern) {
+        let given = given_by(&self.given, &self.global.runs_dir);
+        match seam.discover(&self.global.pattern, &given) {
             Ok(stacks) => {
-                for (domain, resources) in stacks {
+                for (domain, mut resources) in stacks {
+                    // Named like the app's, but no name it gives: kept, and said so.
+                    for kept in resources.kept.drain(..) {
+                        self.report.kept.push(report::KeptObject {
+                            domain: domain.to_string(),
+                            kind: kept.kind,
+                            name: kept.name,
+                            why: kept.why,
+                        });
+                    }
+                    if resources.is_empty() && !candidates.contains_key(&domain) {
+                        continue;
+                    }
                     let candidate = Candidate::of(&mut candidates, domain);
                     candidate.sources.insert(Source::Docker);
                     candidate.docker = Some(resources);
@@ -402,7 +430,8 @@ impl Sweep<'_> {
                 let budget = safe.map_or(self.opts.reap_budget, |safe| {
                     safe.min(self.opts.reap_budget)
                 });
-                seam.reap(&self.global.pattern, stacks, budget)
+                let given = given_by(&self.given, &self.global.runs_dir);
+                seam.reap(&self.global.pattern, &given, stacks, budget)
             }
             _ => vec![
                 Reaped {

@@ -57,6 +57,17 @@ pub(crate) struct FoundObject {
     pub by: crate::docker::Match,
 }
 
+/// An object without a stack label named like a run app's (`<stack>_…`) that is no name the
+/// app gives: kept, never removed, and said why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct KeptObject {
+    /// The run app whose stack its name begins with.
+    pub domain: String,
+    pub kind: &'static str,
+    pub name: String,
+    pub why: String,
+}
+
 /// A cgroup of this configuration whose supervisor is dead, or cannot be judged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct DeadCgroup {
@@ -92,6 +103,9 @@ pub(crate) struct LeftoverProcess {
 pub(crate) struct SweepReport {
     pub dry_run: bool,
     pub candidates: Vec<CandidateReport>,
+    /// Objects named like a run app's that are no name it gives: kept (in a dry run too).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<KeptObject>,
     pub tidied: Vec<PathBuf>,
     pub errors: Vec<String>,
     /// What the sweep looked at and found missing: a directory that does not exist is most
@@ -239,6 +253,13 @@ pub(crate) fn render_table(report: &SweepReport, wide: bool) -> String {
     }
     let table = crate::report::table(&columns, "DETAIL", &rows, wide);
     let mut out = String::new();
+    for k in &report.kept {
+        let _ = writeln!(
+            out,
+            "{}",
+            crate::names::visible(&format!("kept {} {}: {}", k.kind, k.name, k.why))
+        );
+    }
     for path in &report.tidied {
         let verb = if report.dry_run {
             "would tidy"

@@ -147,7 +147,9 @@ impl Run<'_> {
             Some(Ok(seam)) => seam.several_nodes(),
             _ => false,
         };
-        if !several && !app::app_has_leftovers(self.global, &self.docker, domain) {
+        let given = self.given_names();
+        let given_by = |d: &crate::names::AppDomain| given.of(d);
+        if !several && !app::app_has_leftovers(self.global, &self.docker, domain, &given_by) {
             return Ok(());
         }
         self.save();
@@ -159,7 +161,10 @@ impl Run<'_> {
         if let Some(wait) = self.cfg.lock_wait {
             budget = budget.min(wait);
         }
-        let removal = app::remove_app_now(self.global, &self.docker, domain, budget);
+        let removal = app::remove_app_now(self.global, &self.docker, domain, &given_by, budget);
+        for kept in &removal.kept {
+            report::line(&kept_line("app lock", kept));
+        }
         if removal.removed.counts().iter().any(|(_, n)| *n > 0) {
             report::line(&format!(
                 "== app lock: removed what a previous run of {domain} left: {} ==",
@@ -178,4 +183,56 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+impl<'a> Run<'a> {
+    /// The names the run's app gives Docker's objects: its own recipe's (read before anything
+    /// was deployed) and those every recorded run of its domain gave, read on first need.
+    /// `None` when nothing says: then what carries no stack label is kept.
+    pub(super) fn given_names(&self) -> GivenNames<'a> {
+        GivenNames {
+            runs_dir: &self.global.runs_dir,
+            domain: &self.cfg.identity.domain,
+            own: self.record.given_names.clone(),
+            read: std::cell::OnceCell::new(),
+        }
+    }
+}
+
+/// [`Run::given_names`]: the run app's given names, its runs' records read on first need.
+pub(super) struct GivenNames<'a> {
+    runs_dir: &'a std::path::Path,
+    domain: &'a crate::names::AppDomain,
+    own: Option<crate::names::GivenNames>,
+    read: std::cell::OnceCell<Option<crate::names::GivenNames>>,
+}
+
+impl GivenNames<'_> {
+    /// The names `domain`'s app gives, when it is the run's (no other app's are known here).
+    pub(super) fn of(&self, domain: &crate::names::AppDomain) -> Option<crate::names::GivenNames> {
+        if domain != self.domain {
+            return None;
+        }
+        self.read
+            .get_or_init(|| {
+                let mut recorded =
+                    crate::rundir::given_names(self.runs_dir).remove(self.domain.as_str());
+                match (&mut recorded, &self.own) {
+                    (Some(all), Some(own)) => all.merge(own),
+                    (None, Some(own)) => recorded = Some(own.clone()),
+                    _ => {}
+                }
+                recorded
+            })
+            .clone()
+    }
+}
+
+/// The line that says an object named like the app's was kept, and why.
+pub(super) fn kept_line(step: &str, kept: &crate::docker::Kept) -> String {
+    crate::names::visible(&format!(
+        "== {step}: kept {} {}: {} ==",
+        kept.kind, kept.name, kept.why
+    ))
+    .into_owned()
 }

@@ -448,7 +448,12 @@ impl Run<'_> {
         let stack = identity.domain.stack_name();
         let names = match crate::recipe::object_names(recipe_dir, &stack, identity.domain.as_str())
         {
-            Ok(names) => names,
+            Ok(names) => {
+                // Recorded before anything is deployed: what a reap takes by name of what
+                // carries no stack label, even once this tree is gone.
+                self.record.given_names = Some(crate::recipe::given_names(&names, &stack));
+                names
+            }
             // A file this reader cannot parse may still be one Docker reads: say so, and leave
             // the verdict to the deploy.
             Err(err @ crate::recipe::RecipeError::Compose { .. }) => {

@@ -129,9 +129,18 @@ impl Run<'_> {
         let budget = safe
             .map_or(until, |safe| safe.min(until))
             .saturating_duration_since(Instant::now());
+        let domain = &self.cfg.identity.domain;
+        let given = self.given_names();
+        let given_by = |d: &crate::names::AppDomain| given.of(d);
         let app::Removal {
-            removed, errors, ..
-        } = app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
+            removed,
+            errors,
+            kept,
+            ..
+        } = app::remove_app_now(self.global, &self.docker, domain, &given_by, budget);
+        for kept in &kept {
+            report::line(&super::app_lock::kept_line("teardown", kept));
+        }
         for (kind, count) in removed.counts() {
             if count > 0 {
                 tracing::info!(kind, count, "removed the app's resources");

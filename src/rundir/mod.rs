@@ -21,6 +21,7 @@
 pub(crate) mod phase;
 pub(crate) mod record;
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -99,6 +100,33 @@ fn describe(repo: Option<&str>, recipe: &str) -> String {
 /// The record in `dir`, when there is one that reads.
 fn record_in(dir: &Path) -> Option<record::RunRecord> {
     record::RunRecord::read(&dir.join(crate::names::RUN_RECORD_FILE)).ok()
+}
+
+/// The names every recorded run of an app gave (their union), by domain: what the app's objects
+/// that carry no stack label are named. A domain no readable record gives names for is absent
+/// (then labels alone decide). Each record's names count only under its own stack.
+pub(crate) fn given_names(runs_dir: &Path) -> BTreeMap<String, crate::names::GivenNames> {
+    let mut out: BTreeMap<String, crate::names::GivenNames> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(runs_dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let Some(record) = record_in(&entry.path()) else {
+            continue;
+        };
+        let Some(given) = record.given_names else {
+            continue;
+        };
+        if record.domain.is_empty() || record.stack != record.domain.replace('.', "_") {
+            continue;
+        }
+        let given = given.under(&record.stack);
+        out.entry(record.domain).or_default().merge(&given);
+    }
+    out
 }
 
 /// A run directory we own for as long as this value lives.

@@ -81,6 +81,11 @@ pub(crate) struct RunRecord {
     /// later holder of the domain, on any host. Also `CCCI_FENCING_TOKEN` for the command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<i64>,
+    /// The names its recipe gives Docker's objects under its stack, read before anything was
+    /// deployed: what a later reap takes by name of what carries no stack label (abra's
+    /// secrets). Absent (an older record, or a recipe not read): labels only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given_names: Option<crate::names::GivenNames>,
     /// Set by a later janitor that reaped this run's leftovers.
     pub reaped: Option<String>,
     /// Set by a later janitor that killed what this dead run left running in its cgroup.

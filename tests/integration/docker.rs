@@ -23,9 +23,17 @@ pub(crate) fn compose_file(dir: &Path) -> PathBuf {
     path
 }
 
-/// Deploy the test stack as `stack`, plus an unlabelled `<stack>_external_key` secret, and wait
-/// until both services have a running container.
+/// Deploy the test stack as `stack`, plus an unlabelled `<stack>_external_key` secret (a name
+/// its app gives, as a planted run record of the app says), and wait until both services have
+/// a running container.
 pub(crate) fn deploy(sandbox: &Sandbox, stack: &str) {
+    let suffix = format!("_{}", sandbox.suffix().replace('.', "_"));
+    if let Some(head) = stack.strip_suffix(&suffix) {
+        sandbox.plant_given_names(
+            &format!("{head}.{}", sandbox.suffix()),
+            &[("secret", &format!("{stack}_external_key"))],
+        );
+    }
     let compose = compose_file(sandbox.path());
     docker(&[
         "stack",
@@ -553,4 +561,193 @@ fn another_app_extending_the_run_app_s_domain_keeps_its_unlabelled_objects() {
         );
     }
     assert_eq!(running_containers(&other), 2, "the other app was touched");
+}
+
+/// The recipe fixture (`tests/fixtures/recipes/lemp`), staged in the sandbox's abra home where
+/// `CCCI_SKIP_FETCH=1` copies it from into each run's tree.
+fn stage_lemp(sandbox: &Sandbox) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recipes/lemp");
+    let to = sandbox.abra_home().join("recipes/lemp");
+    std::fs::create_dir_all(to.join(".git")).unwrap();
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// Make an unlabelled secret, or an unlabelled volume, as abra makes them.
+fn unlabelled(sandbox: &Sandbox, kind: &str, name: &str) {
+    match kind {
+        "secret" => {
+            let file = sandbox.path().join("unlabelled.txt");
+            std::fs::write(&file, "s3cret\n").unwrap();
+            docker(&["secret", "create", name, file.to_str().unwrap()]);
+        }
+        _ => {
+            docker(&["volume", "create", name]);
+        }
+    }
+}
+
+fn exists(kind: &str, name: &str) -> bool {
+    docker(&[kind, "ls", "--format", "{{.Name}}"])
+        .lines()
+        .any(|l| l == name)
+}
+
+/// The recipe fixture's app and a second app whose domain extends the run app's
+/// (`….example.org`, stack `<stack>_example_org`), its services gone so that only its
+/// unlabelled secrets and volumes are left: nothing of it names a stack the engine knows, and
+/// every name begins with the run app's stack. An unlabelled object is the run app's only by a
+/// name its recipe gives exactly (recorded with the run, before it deploys): the run's own
+/// teardown, the janitor's dry run and its reap each take the run app's own unlabelled secrets
+/// and volume, and keep the other app's (and anything else named `<stack>_…`), saying so. A
+/// run record that names no given names (an older one) leaves the run app's unlabelled objects
+/// kept too: labels only.
+#[test]
+fn an_extending_app_with_only_unlabelled_objects_left_survives_every_reap_and_teardown() {
+    let Some(sandbox) = Sandbox::with_docker() else {
+        return;
+    };
+    stage_lemp(&sandbox);
+    let domain = sandbox.domain("lemp", None);
+    let stack = Sandbox::stack(&domain);
+    let other = format!("{stack}_example_org");
+    let _cleanup = Cleanup(stack.clone());
+    let _other_cleanup = Cleanup(other.clone());
+    let theirs = [
+        ("secret", format!("{other}_db_password_v1")),
+        ("secret", format!("{other}_db_root_password_v1")),
+        ("volume", format!("{other}_db_data")),
+        ("volume", format!("{other}_content")),
+    ];
+    for (kind, name) in &theirs {
+        unlabelled(&sandbox, kind, name);
+    }
+    let ours = [
+        ("secret", format!("{stack}_db_password_v1")),
+        ("secret", format!("{stack}_db_root_password_v2")),
+        ("volume", format!("{stack}_db_data")),
+    ];
+    // Named like the run app's, but no name its recipe gives.
+    let stray = format!("{stack}_stray_v1");
+    let survivors = || {
+        for (kind, name) in theirs.iter().chain([&("secret", stray.clone())]) {
+            assert!(exists(kind, name), "{kind} {name} was removed");
+        }
+    };
+    let server = sandbox.abra_home().join("servers/ci");
+    std::fs::create_dir_all(&server).unwrap();
+
+    // The run's own teardown.
+    let script = format!(
+        "set -e; for s in {stack}_db_password_v1 {stack}_db_root_password_v2 {stray}; do \
+           echo s3cret | docker secret create \"$s\" - >/dev/null; done; \
+         docker volume create {stack}_db_data >/dev/null; \
+         echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\""
+    );
+    let mut cmd = sandbox.ccci();
+    cmd.env("CCCI_SKIP_FETCH", "1").args([
+        "run", "--recipe", "lemp", "--run-id", "x1", "--", "sh", "-c", &script,
+    ]);
+    let done = run(cmd);
+    done.assert_code(0);
+    let record = sandbox.record("x1");
+    assert_eq!(
+        record["given_names"]["secrets"],
+        serde_json::json!([
+            format!("{stack}_db_password_{{version}}"),
+            format!("{stack}_db_root_password_{{version}}")
+        ]),
+        "{record:#}"
+    );
+    for (kind, name) in &ours {
+        assert!(!exists(kind, name), "the teardown left {kind} {name}");
+    }
+    survivors();
+    let transcript = done.transcript();
+    for (kind, name) in theirs.iter().chain([&("secret", stray.clone())]) {
+        assert!(
+            transcript.contains(&format!("== teardown: kept {kind} {name}: ")),
+            "{transcript}"
+        );
+    }
+
+    // The janitor of the dead run: its recipe tree is gone, its record is not.
+    let _ = std::fs::remove_dir_all(sandbox.runs().join("x1/abra/recipes"));
+    for (kind, name) in &ours {
+        unlabelled(&sandbox, kind, name);
+    }
+    sandbox.plant_env("ci", &domain, "X=1\n");
+    let (report, done) = sandbox.janitor(&["--dry-run"]);
+    done.assert_code(0);
+    let kept: Vec<String> = report["kept"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no kept objects: {report:#}"))
+        .iter()
+        .map(|k| {
+            format!(
+                "{} {}",
+                k["kind"].as_str().unwrap(),
+                k["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    for (kind, name) in theirs.iter().chain([&("secret", stray.clone())]) {
+        assert!(kept.contains(&format!("{kind} {name}")), "{report:#}");
+    }
+    let objects = candidate(&report, &domain)["objects"].to_string();
+    for (_, name) in &ours {
+        assert!(objects.contains(name.as_str()), "{report:#}");
+    }
+    assert!(
+        !objects.contains(&other) && !objects.contains(&stray),
+        "{report:#}"
+    );
+    let mut cmd = sandbox.ccci();
+    cmd.args(["janitor", "--dry-run", "--wide"]);
+    let table = run(cmd);
+    table.assert_code(0);
+    let text = table.out.join("\n");
+    assert!(
+        text.contains(&format!(
+            "kept secret {other}_db_password_v1: no stack label, and not a name the recipe of \
+             {domain} gives"
+        )),
+        "{text}"
+    );
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert_eq!(
+        candidate(&report, &domain)["decision"],
+        "reap",
+        "{report:#}"
+    );
+    assert_eq!(
+        report["kept"].as_array().map(Vec::len),
+        Some(5),
+        "{report:#}"
+    );
+    for (kind, name) in &ours {
+        assert!(!exists(kind, name), "the janitor left {kind} {name}");
+    }
+    survivors();
+
+    // An older record, which names nothing: labels only, the run app's own secret kept too.
+    let path = sandbox.runs().join("x1/run.json");
+    let mut record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    record.as_object_mut().unwrap().remove("given_names");
+    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+    let (kind, name) = &ours[0];
+    unlabelled(&sandbox, kind, name);
+    sandbox.plant_env("ci", &domain, "X=1\n");
+    let (report, done) = sandbox.janitor(&[]);
+    done.assert_code(0);
+    assert!(exists(kind, name), "{report:#}");
+    assert!(
+        report["kept"].to_string().contains("recorded the names"),
+        "{report:#}"
+    );
+    survivors();
 }

@@ -573,6 +573,31 @@ fn dead_run_s_app_is_gone_from_every_node_when_the_janitor_reports_it_reaped() {
     );
 }
 
+/// On a node the manager cannot list, an unlabelled volume is the stack's only by a name its
+/// app gives (as its runs recorded): the worker's unlabelled `<stack>_cache` goes with the
+/// reap; `<stack>_example_org_data`, an app's whose domain extends the run app's and whose
+/// services are gone, stays.
+#[test]
+fn the_node_sweep_takes_an_unlabelled_volume_only_by_a_name_the_app_gives() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::new(swarm, "mext");
+    case.deploy(1, App::StopsOnTerm);
+    let given = format!("{}_cache", case.stack);
+    let theirs = format!("{}_example_org_data", case.stack);
+    for volume in [&given, &theirs] {
+        swarm.docker(Node::Worker, &["volume", "create", volume]);
+    }
+    case.sandbox
+        .plant_given_names(&case.domain, &[("volume", &given)]);
+    case.plant_dead_run();
+    case.janitor_reaps();
+    let left = swarm.volumes(Node::Worker, &case.stack);
+    assert_eq!(left, vec![theirs.clone()], "on the worker");
+}
+
 /// The same stack deployed again at once after the sweep starts with a fresh volume on every
 /// node: no file the dead run wrote is there for the next one.
 #[test]

@@ -193,6 +193,48 @@ impl Sandbox {
         path
     }
 
+    /// Plant the record of a finished run of `domain` that says its recipe gives `names`
+    /// (`kind`, form: `<stack>_db_password_{version}`), as a run of that recipe records before
+    /// it deploys: for tests that deploy an app by hand, unlabelled objects and all.
+    pub fn plant_given_names(&self, domain: &str, names: &[(&str, &str)]) -> PathBuf {
+        let dir = self.runs().join(format!("given-{domain}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut given = serde_json::Map::new();
+        for (kind, form) in names {
+            let list = given
+                .entry(format!("{kind}s"))
+                .or_insert_with(|| Value::Array(Vec::new()));
+            list.as_array_mut().unwrap().push(Value::from(*form));
+        }
+        let record = serde_json::json!({
+            "run_id": format!("given-{domain}"),
+            "recipe": "custom-html",
+            "pr": null,
+            "ref": null,
+            "domain": domain,
+            "stack": Self::stack(domain),
+            "pid": 1,
+            "host": "test",
+            "abra_dir": "",
+            "recipe_url": null,
+            "commit": null,
+            "command": ["true"],
+            "cgroup": null,
+            "phases": [],
+            "shutdown_reason": "command-ended",
+            "command_status": null,
+            "killed_after_grace": false,
+            "exit_code": 0,
+            "teardown_errors": [],
+            "given_names": given,
+            "reaped": null,
+            "error": null,
+        });
+        let path = dir.join("run.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&record).unwrap()).unwrap();
+        path
+    }
+
     /// The app lock file of `domain`.
     pub fn lock_file(&self, domain: &str) -> PathBuf {
         self.locks().join(format!("cc-ci-app-{domain}.lock"))
