@@ -142,6 +142,11 @@ pub(crate) const LEASE_TTL_RANGE: std::ops::RangeInclusive<u32> = 2..=3600;
 #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) const MAX_STOP_BUDGET: Duration = Duration::from_secs(*LEASE_TTL_RANGE.end() as u64);
 
+/// The longest lease TTL any configuration gives: a record that says more was not written by a
+/// holder.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(*LEASE_TTL_RANGE.end() as u64);
+
 /// The one form an etcd endpoint is written in, as every refusal names it.
 pub(crate) const ENDPOINT_FORM: &str =
     "write each endpoint as http://HOST:PORT (https:// is not supported by this build)";

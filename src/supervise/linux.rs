@@ -488,24 +488,8 @@ impl ProcDir {
     /// Send `signal` to the process itself (`pidfd_send_signal` accepts a `/proc/<pid>`
     /// directory): never to whatever has its pid now. A process already gone is not an error.
     pub(crate) fn signal(&self, signal: Signal) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: pidfd_send_signal(2) with a descriptor we own, no siginfo, flags 0.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.dir.as_raw_fd(),
-                signal as libc::c_int,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        match rc {
-            0 => Ok(()),
-            _ => match io::Error::last_os_error() {
-                err if err.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-                err => Err(err),
-            },
-        }
+        use std::os::fd::AsFd;
+        pidfd_signal(self.dir.as_fd(), signal)
     }
 }
 

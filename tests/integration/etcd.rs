@@ -997,8 +997,10 @@ fn a_teardown_acts_on_the_app_only_after_etcd_confirms_the_lock() {
 }
 
 /// A tenure record planted with a stop budget no configuration gives (`8e12` ms would bind the
-/// lock to a lease of centuries; `u64::MAX` one etcd refuses): junk, removed by the claim in its
-/// way, and the lock is taken at once; and by the janitor, which exits 0.
+/// lock to a lease of centuries; `u64::MAX` one etcd refuses), where tenure keys live and where
+/// older versions kept them, and a fleet record of the same: junk, removed by the claim in its
+/// way (the fleet record written afresh), the lock taken once a new lineage's own wait is over;
+/// and by the janitor, which exits 0.
 #[rstest::rstest]
 #[case::centuries("8000000000000")]
 #[case::u64_max("18446744073709551615")]
@@ -1006,23 +1008,42 @@ fn a_tenure_record_with_a_stop_budget_no_configuration_gives_is_junk(#[case] bud
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let host = Host::on(&cluster, 3);
-    let tenure = "/ccci-run/named/cache/tenure/0000000000000001";
+    let host = Host::on(&cluster, 5);
+    // Where tenure keys live, and where older versions kept them: junk in either is junk.
     let record = format!("{{\"holder\":\"pid 1 run x\",\"stop_budget_ms\":{budget_ms}}}");
-    etcdctl(&cluster, &["put", tenure, &record]);
+    let tenures = [
+        "/ccci-run/tenure/named/cache/0000000000000001",
+        "/ccci-run/named/cache/tenure/0000000000000002",
+    ];
+    for tenure in tenures {
+        etcdctl(&cluster, &["put", tenure, &record]);
+    }
+    // A fleet record no host can have written.
+    let fleet = format!("{{\"ttl_ms\":{budget_ms},\"stop_budget_ms\":{budget_ms}}}");
+    etcdctl(&cluster, &["put", "/ccci-run/fleet", &fleet]);
     let started = std::time::Instant::now();
-    let done = run(host.lock(&["--wait", "10"], "echo ran"));
+    let done = run(host.lock(&["--wait", "30"], "echo ran"));
     done.assert_code(0);
     assert!(done.out.join("\n").contains("ran"), "{}", done.transcript());
+    // A new lineage waits out its own TTL (5 s) before its first claim; the junk would have
+    // held it for centuries, or for good.
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(15),
         "{:?}\n{}",
         started.elapsed(),
         done.transcript()
     );
-    etcdctl(&cluster, &["put", tenure, &record]);
+    for tenure in tenures {
+        etcdctl(&cluster, &["put", tenure, &record]);
+    }
     let (report, swept) = host.janitor();
     swept.assert_code(0);
-    assert!(report["tidied"].to_string().contains(tenure), "{report:#}");
-    assert!(cluster.keys().is_empty(), "{}", cluster.keys());
+    for tenure in tenures {
+        assert!(report["tidied"].to_string().contains(tenure), "{report:#}");
+    }
+    assert!(!cluster.keys().contains("tenure"), "{}", cluster.keys());
+    // The fleet record the claim wrote afresh is one a host can have written.
+    let fleet = cluster.etcdctl(&["get", "--print-value-only", "/ccci-run/fleet"]);
+    let fleet = String::from_utf8_lossy(&fleet.stdout);
+    assert!(!fleet.contains(budget_ms), "{fleet}");
 }

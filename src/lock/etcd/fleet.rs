@@ -32,9 +32,14 @@ impl Bound {
         }
     }
 
-    /// The record `kv`, if it is one.
+    /// The record `kv`, if a host can have written it: a TTL or stop budget above what any
+    /// configuration gives is junk (it would hold every new lineage for centuries), and the
+    /// next claim writes the record afresh.
     pub(super) fn parse(kv: &KeyValue) -> Option<Self> {
-        serde_json::from_slice(kv.value()).ok()
+        serde_json::from_slice::<Self>(kv.value()).ok().filter(|b| {
+            b.ttl() <= crate::config::MAX_LEASE_TTL
+                && Duration::from_millis(b.stop_budget_ms) <= crate::config::MAX_STOP_BUDGET
+        })
     }
 
     pub(super) fn ttl(&self) -> Duration {

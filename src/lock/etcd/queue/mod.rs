@@ -61,13 +61,14 @@ pub(super) struct TenureValue {
 }
 
 impl TenureValue {
-    /// The record, when a holder can have written it: one whose stop budget is above what any
-    /// configuration gives (a planted `8e12` ms would bind the lock to a lease of centuries) is
-    /// junk, removed as any other.
+    /// The record, when a holder can have written it: one whose stop budget or TTL is above
+    /// what any configuration gives (a planted `8e12` ms would bind the lock to a lease of
+    /// centuries) is junk, removed as any other.
     pub(super) fn parse(kv: &KeyValue) -> Option<Self> {
-        serde_json::from_slice::<Self>(kv.value())
-            .ok()
-            .filter(|v| v.stop_budget() <= crate::config::MAX_STOP_BUDGET)
+        serde_json::from_slice::<Self>(kv.value()).ok().filter(|v| {
+            v.stop_budget() <= crate::config::MAX_STOP_BUDGET
+                && Duration::from_millis(v.ttl_ms) <= crate::config::MAX_LEASE_TTL
+        })
     }
 
     pub(super) fn stop_budget(&self) -> Duration {
