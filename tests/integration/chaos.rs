@@ -268,7 +268,8 @@ struct OtherConfig {
 }
 
 impl OtherConfig {
-    /// A run of another configuration whose supervisor was SIGKILLed: its daemon lives on.
+    /// A run of another configuration whose supervisor and dead-man were SIGKILLed: its daemon
+    /// lives on.
     fn plant(seed: u64) -> Self {
         let sandbox = Sandbox::new();
         let script = "setsid sh -c 'exec sleep 100000' </dev/null >/dev/null 2>&1 & \
@@ -278,9 +279,8 @@ impl OtherConfig {
         let line = proc.wait_for(crate::util::Stream::Out, "daemon ");
         let daemon = line.trim_start_matches("daemon ").trim().parse().unwrap();
         proc.wait_ready();
-        let pid = proc.pid();
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-        assert!(crate::util::wait_exited(pid));
+        // Its supervisor and its dead-man at once: what is left is its own janitor's to clear.
+        crate::util::kill_supervisor_and_its_dead_man(proc.pid());
         drop(proc);
         let cgroup = sandbox.record(&format!("other-{seed}"))["cgroup"]
             .as_str()

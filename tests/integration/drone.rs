@@ -1278,7 +1278,9 @@ fn a_build_whose_supervisor_is_sigkilled_ends_at_once(#[case] cgroup: &str) {
         done.transcript()
     );
     assert!(
-        done.out.iter().any(|l| l.contains("!! dead-man of run 97")),
+        done.out
+            .iter()
+            .any(|l| l.contains("!! dead-man of run coop-cloud.custom-html.97 ")),
         "{}",
         done.transcript()
     );
