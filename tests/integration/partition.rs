@@ -1111,7 +1111,19 @@ fn a_leader_kill_at_the_smallest_ttl_the_rule_allows_fails_no_run() {
             return;
         };
         let bench = Bench::with(fleet, [smallest, smallest]);
-        outcomes.push(bench.round(spec, round));
+        let mut outcome = bench.round(spec, round);
+        let took = bench.elections.borrow().iter().copied().fold(0.0, f64::max);
+        // The headroom allows an election twice etcd's election timeout (2 s). A machine too
+        // busy for that (the members themselves starved) may cost the holder its lock; then the
+        // loss must be a clean one: exit 76, and never two holders (the overlap is checked in
+        // every round alike).
+        if took > 2.0 * ccci_election_timeout_s() {
+            eprintln!(
+                "round {round}: the election took {took:.3} s, beyond what the headroom allows"
+            );
+            outcome.spec.expect = Expect::Either;
+        }
+        outcomes.push(outcome);
         elections.extend(bench.elections.borrow().iter().copied());
     }
     eprintln!(
@@ -1121,6 +1133,12 @@ fn a_leader_kill_at_the_smallest_ttl_the_rule_allows_fails_no_run() {
         range(elections.iter().copied())
     );
     check(name, &outcomes, "");
+}
+
+/// etcd's election timeout as the fleet's members run it (their default, which the lease rule's
+/// headroom is made for), in seconds.
+fn ccci_election_timeout_s() -> f64 {
+    1.0
 }
 
 /// splitmix64: the soak's rounds follow from its seed alone.
