@@ -412,8 +412,9 @@ fn remove_cgroup(dir: &Path) {
 }
 
 /// A run of `recipe`'s PR `pr` as the runner, in the container: its command writes the app's
-/// `.env` and leaves a daemon of its own session; then its supervisor is SIGKILLed. The
-/// daemon's pid.
+/// `.env` and leaves a daemon of its own session; then its supervisor and its dead-man are
+/// SIGKILLed together (the dead-man stopped first), so the daemon is the janitor's to clear.
+/// The daemon's pid.
 fn dead_run(host: &Host, runner: Runner, run_id: &str, pr: &str) -> i32 {
     let abra = runner.abra_home();
     let script = format!(
@@ -421,7 +422,8 @@ fn dead_run(host: &Host, runner: Runner, run_id: &str, pr: &str) -> i32 {
          \"echo x > {abra}/servers/ci/\\$CCCI_APP_DOMAIN.env; setsid sleep 1000 </dev/null >/dev/null 2>&1 & \
          echo daemon \\$!; exec sleep 1000\" > /tmp/{run_id}.out 2>&1 & \
          for i in $(seq 600); do grep -q daemon /tmp/{run_id}.out && break; sleep 0.05; done; \
-         kill -KILL $(cat {RUNS_DIR}/{run_id}/run.json | sed -n 's/.*\"pid\": \\([0-9]*\\).*/\\1/p' | head -n 1); \
+         s=$(cat {RUNS_DIR}/{run_id}/run.json | sed -n 's/.*\"pid\": \\([0-9]*\\).*/\\1/p' | head -n 1); \
+         f=$(pgrep -f '[_]_ccci-run-fence'); kill -STOP $f; kill -KILL $s; kill -KILL $f; \
          sed -n 's/^daemon //p' /tmp/{run_id}.out"
     );
     let out = host.ok(&Host::as_runner(runner, &script));
