@@ -384,10 +384,20 @@ impl Host {
 }
 
 impl Drop for Host {
+    /// A test that failed half-way: everything of the container ends with its cgroup (a
+    /// SIGKILL of nspawn alone would leave the container running), then the cgroups go.
     fn drop(&mut self) {
         if self.init != 0 {
+            let _ = std::fs::write(self.cgroup.join("cgroup.kill"), b"1");
             let _ = self.nspawn.kill();
             let _ = self.nspawn.wait();
+            let started = std::time::Instant::now();
+            while std::fs::read_to_string(self.cgroup.join("cgroup.events"))
+                .is_ok_and(|e| e.contains("populated 1"))
+                && started.elapsed() < std::time::Duration::from_secs(10)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             remove_cgroup(&self.cgroup);
         }
     }
