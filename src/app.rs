@@ -240,12 +240,14 @@ pub(crate) struct Removal {
 
 /// Remove one app right now, Docker resources first and confirmed gone (on every node of a
 /// swarm), within `budget`: what a run's own teardown does while it still holds its app lock.
-/// When the stack is not confirmed gone, the `.env` stays for a later sweep.
+/// When the stack is not confirmed gone, the `.env` stays for a later sweep. `unrecorded`:
+/// nothing of the app is on record anywhere (see [`crate::docker::DockerSeam::reap`]).
 pub(crate) fn remove_app_now(
     global: &Global,
     link: &DockerLink,
     domain: &AppDomain,
     budget: Duration,
+    unrecorded: bool,
 ) -> Removal {
     let mut out = Removal::default();
     if let Some(seam) = link.get() {
@@ -255,7 +257,12 @@ pub(crate) fn remove_app_now(
             // of the stack is swept off them.
             let stack = stacks.remove(domain).unwrap_or_default();
             Ok(seam
-                .reap(&global.pattern, vec![(domain.clone(), stack)], budget)
+                .reap(
+                    &global.pattern,
+                    vec![(domain.clone(), stack)],
+                    budget,
+                    unrecorded,
+                )
                 .pop()
                 .unwrap_or_default())
         });

@@ -15,12 +15,15 @@ impl DockerSeam {
     /// there is reported. On a swarm of several nodes, the stacks the manager no longer lists
     /// are then swept off every node ([`nodes`]) within the same budget; a stack counts as
     /// gone only when every node that must answer did. A stack with nothing listed is still
-    /// swept off the other nodes. The results come back in the order of `stacks`.
+    /// swept off the other nodes. The results come back in the order of `stacks`. With
+    /// `unrecorded` (nothing of the stacks on record: see [`Self::sweep_nodes`]), a node that
+    /// is down or drained and never ran a task of them need not answer.
     pub(crate) fn reap(
         &self,
         pattern: &RunAppPattern,
         stacks: Vec<(AppDomain, StackResources)>,
         budget: Duration,
+        unrecorded: bool,
     ) -> Vec<Reaped> {
         let deadline = tokio::time::Instant::now() + budget;
         // The swarm could not be asked: no stack is touched, each says why.
@@ -74,7 +77,7 @@ impl DockerSeam {
                 ready.iter().map(|&i| named[i].clone()).collect();
             let started = std::time::Instant::now();
             let unconfirmed = self
-                .sweep_nodes(&self.node_sweep, &nodes, &swept, &had, deadline)
+                .sweep_nodes(&self.node_sweep, &nodes, &swept, &had, unrecorded, deadline)
                 .await;
             tracing::debug!(stacks = swept.len(), elapsed = ?started.elapsed(), "reap: node sweep done");
             for (i, nodes) in ready.into_iter().zip(unconfirmed) {

@@ -330,13 +330,17 @@ impl DockerSeam {
 
     /// Clean `stacks` (name, service ids) off every node with a global job, until `deadline`:
     /// per stack, in order, the nodes not confirmed clean (empty: gone everywhere). `had` is
-    /// where the manager saw each stack's tasks before its services were removed.
+    /// where the manager saw each stack's tasks before its services were removed. With
+    /// `unrecorded`, nothing of the stacks is on record anywhere (no `.env`, nothing the
+    /// manager lists, no reap left unfinished): a node that is down or not active and that no
+    /// task of a stack was ever seen on need not answer (a deploy places nothing there).
     pub(crate) async fn sweep_nodes(
         &self,
         settings: &NodeSweepSettings,
         nodes: &Nodes,
         stacks: &[(String, Vec<String>)],
         had: &TaskNodes,
+        unrecorded: bool,
         deadline: tokio::time::Instant,
     ) -> Vec<Unconfirmed> {
         self.remove_orphaned_jobs().await;
@@ -362,7 +366,12 @@ impl DockerSeam {
         };
         // Who must answer: every node of the swarm (a down or drained node may hold a copy of
         // a volume as well as any other), and every node a task of the stack was on.
-        let all: BTreeSet<String> = nodes.all.iter().map(|n| n.id.clone()).collect();
+        let all: BTreeSet<String> = nodes
+            .all
+            .iter()
+            .filter(|n| !unrecorded || (n.ready && n.active))
+            .map(|n| n.id.clone())
+            .collect();
         let must: Vec<BTreeSet<String>> = stacks
             .iter()
             .map(|(stack, _)| {
@@ -571,6 +580,45 @@ impl DockerSeam {
     }
 }
 
+impl DockerSeam {
+    /// The nodes of the swarm that are down or not active (drained, paused) right now, each as
+    /// `hostname (id): state`; empty when every node is ready and active, or the swarm could
+    /// not be asked.
+    pub(crate) fn nodes_out(&self) -> Vec<String> {
+        let nodes = self.runtime.block_on(self.swarm_nodes());
+        nodes
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+            .all
+            .iter()
+            .filter(|n| !n.ready || !n.active)
+            .map(|n| {
+                let state = match (n.ready, n.active) {
+                    (false, _) => "down",
+                    _ => "drained or paused",
+                };
+                format!("{} ({}): {state}", n.hostname, n.id)
+            })
+            .collect()
+    }
+
+    /// Wait until every node of the swarm is ready and active again, or `deadline`: whether
+    /// they are.
+    pub(crate) fn wait_nodes_back(&self, deadline: std::time::Instant) -> bool {
+        loop {
+            if self.nodes_out().is_empty() {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep(POLL.min(deadline - now));
+        }
+    }
+}
+
 /// Why a node is not confirmed clean yet.
 fn reason(
     node: Option<&Node>,
@@ -704,6 +752,7 @@ impl DockerSeam {
                         &nodes,
                         &nothing,
                         &TaskNodes::new(),
+                        false,
                         deadline,
                     )
                     .await

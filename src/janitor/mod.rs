@@ -402,7 +402,7 @@ impl Sweep<'_> {
                 let budget = safe.map_or(self.opts.reap_budget, |safe| {
                     safe.min(self.opts.reap_budget)
                 });
-                seam.reap(&self.global.pattern, stacks, budget)
+                seam.reap(&self.global.pattern, stacks, budget, false)
             }
             _ => vec![
                 Reaped {

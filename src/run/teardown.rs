@@ -131,7 +131,13 @@ impl Run<'_> {
             .saturating_duration_since(Instant::now());
         let app::Removal {
             removed, errors, ..
-        } = app::remove_app_now(self.global, &self.docker, &self.cfg.identity.domain, budget);
+        } = app::remove_app_now(
+            self.global,
+            &self.docker,
+            &self.cfg.identity.domain,
+            budget,
+            false,
+        );
         for (kind, count) in removed.counts() {
             if count > 0 {
                 tracing::info!(kind, count, "removed the app's resources");

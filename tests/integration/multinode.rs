@@ -1214,3 +1214,107 @@ fn a_node_sweep_that_cannot_reach_its_own_engine_is_reap_incomplete_naming_the_s
         "{check:#}"
     );
 }
+
+/// Makes the worker active again when the test ends, however it ends.
+struct Undrain(&'static Swarm);
+
+impl Undrain {
+    /// Drain the worker and wait until the manager lists it so.
+    fn drain(swarm: &'static Swarm) -> Self {
+        let guard = Self(swarm);
+        swarm.docker(
+            Node::Manager,
+            &[
+                "node",
+                "update",
+                "--availability",
+                "drain",
+                &swarm.worker_name,
+            ],
+        );
+        eventually("the worker listed as drained", || {
+            swarm.worker_availability() == "drain"
+        });
+        guard
+    }
+}
+
+impl Drop for Undrain {
+    fn drop(&mut self) {
+        // Never a panic here (the test may be unwinding already).
+        let out = docker_output(
+            &self.0.manager,
+            &[
+                "node",
+                "update",
+                "--availability",
+                "active",
+                &self.0.worker_name,
+            ],
+        );
+        if !out.status.success() {
+            eprintln!("undrain: {}", String::from_utf8_lossy(&out.stderr).trim());
+            return;
+        }
+        let deadline = Instant::now() + PATIENCE;
+        while self.0.worker_availability() != "active" && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Swarm {
+    /// The worker's availability as the manager lists it now (`active`, `drain`, `pause`).
+    fn worker_availability(&self) -> String {
+        let out = docker_output(
+            &self.manager,
+            &[
+                "node",
+                "inspect",
+                "--format",
+                "{{.Spec.Availability}}",
+                &self.worker_name,
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+/// The worker drained for maintenance: a run of an app nothing of which is on record anywhere
+/// (never deployed: no `.env`, no task or volume the manager knows of) starts its command at
+/// once, not waiting for the worker nor failing; the worker is active again afterwards.
+#[test]
+fn a_drained_node_never_holds_up_a_run_that_never_deployed_there() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = exclusive();
+    let case = Case::for_run(swarm);
+    let undrain = Undrain::drain(swarm);
+    let mut cmd = case
+        .sandbox
+        .run_sh("mdr", &["--lock-wait", "40s"], "echo command-started");
+    swarm.aim(&mut cmd, &swarm.manager);
+    let start = Instant::now();
+    let done = run(cmd);
+    let took = start.elapsed();
+    eprintln!(
+        "run with the worker drained: {:?} after {:.1} s\n{}",
+        done.status.code(),
+        took.as_secs_f64(),
+        done.transcript()
+    );
+    done.assert_code(0);
+    assert!(
+        done.out.iter().any(|l| l == "command-started"),
+        "the command did not start\n{}",
+        done.transcript()
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "the run waited {:.1} s for a node its app never ran on",
+        took.as_secs_f64()
+    );
+    drop(undrain);
+    assert_eq!(swarm.worker_availability(), "active");
+}
