@@ -5,7 +5,8 @@
 //! when that node's agent gets to it (seconds later, or only after its link returns), and its
 //! copy of the stack's volumes stays for good, to be mounted by the next deploy of the same
 //! stack. So once the manager's side of a reap is confirmed, a swarm of more than one node gets
-//! a **node sweep**: a one-shot service in `global-job` mode, one task per ready node, whose
+//! a **node sweep**: a one-shot service in `global` mode with no restart (one attempt per ready,
+//! active node per sweep), whose
 //! container (an image with a docker CLI; [`NodeSweepSettings`]) talks to its own node's engine
 //! through the bind-mounted node socket, force-removes the stacks' containers, then their
 //! volumes, and exits 0 only when a fresh look finds nothing of them on that node.
@@ -24,10 +25,11 @@
 //! Once every node that can answer has, the sweep does not wait for the rest: a job never
 //! reaches a node that was down or drained when it was made.
 //!
-//! The job is always removed (swarm retries a failed job task for ever), whatever happened; a
-//! job whose creator died is removed by the next node sweep once its own deadline (its label)
-//! has passed, and each job's task first removes the exited containers of earlier jobs past
-//! theirs (removing a job leaves them on every node).
+//! The job is always removed, whatever happened, and its tasks and containers go with it (a
+//! `global-job` service would leave both behind for good); a task that fails is not restarted,
+//! and its exit code says why at once. A job whose creator died is removed by the next node
+//! sweep once its own deadline (its label) has passed, and each job's task first removes the
+//! exited containers of earlier jobs past theirs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -239,7 +241,7 @@ struct JobTask {
     at: Option<SystemTime>,
     err: String,
     /// Why this node's tasks of the job failed, when no retry mends it (any task of the job
-    /// there, not only the newest: swarm restarts a failed one at once).
+    /// there, not only the newest).
     for_good: Option<ForGood>,
 }
 
@@ -428,7 +430,14 @@ impl DockerSeam {
                     let hopeless = pending.iter().flatten().all(|id| {
                         let cut_off = current.get(id).is_none_or(|n| !n.ready || !n.active)
                             && !tasks.contains_key(id);
-                        cut_off || tasks.get(id).is_some_and(|t| t.for_good.is_some())
+                        let ended = tasks.get(id).is_some_and(|t| {
+                            t.for_good.is_some()
+                                || matches!(
+                                    t.state,
+                                    Some(ApiTaskState::FAILED | ApiTaskState::REJECTED)
+                                )
+                        });
+                        cut_off || ended
                     });
                     if hopeless {
                         break;
@@ -673,8 +682,11 @@ fn job_spec(settings: &NodeSweepSettings, stacks: &[&str], until: u64) -> Servic
     ServiceSpec {
         name: Some(format!("ccci-run-node-sweep-{suffix:08x}")),
         labels: Some(label.clone()),
+        // A global service, not a global job: swarm keeps a job's tasks in the manager's list
+        // (and their containers on every node) for good once the job is removed, a service's
+        // it removes with it.
         mode: Some(ServiceSpecMode {
-            global_job: Some(HashMap::new()),
+            global: Some(Default::default()),
             ..Default::default()
         }),
         task_template: Some(TaskSpec {
@@ -698,9 +710,11 @@ fn job_spec(settings: &NodeSweepSettings, stacks: &[&str], until: u64) -> Servic
                 }]),
                 ..Default::default()
             }),
+            // One attempt per node per sweep: a failed task stays failed, with its exit code
+            // (the cause), and the next sweep makes a new service.
             restart_policy: Some(TaskSpecRestartPolicy {
-                condition: Some(TaskSpecRestartPolicyConditionEnum::ON_FAILURE),
-                delay: Some(Duration::from_millis(250).as_nanos() as i64),
+                condition: Some(TaskSpecRestartPolicyConditionEnum::NONE),
+                max_attempts: Some(1),
                 ..Default::default()
             }),
             ..Default::default()
@@ -775,7 +789,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_job_runs_once_on_every_node_with_the_node_socket_and_no_stack_label() {
+    fn the_sweep_runs_once_on_every_node_with_the_node_socket_and_no_stack_label() {
         let settings = NodeSweepSettings {
             image: "docker:27-cli".to_owned(),
             socket: "/run/docker.sock".into(),
@@ -792,7 +806,18 @@ mod tests {
                 .starts_with("ccci-run-node-sweep-")
         );
         let mode = spec.mode.unwrap();
-        assert!(mode.global_job.is_some() && mode.replicated.is_none() && mode.global.is_none());
+        assert!(mode.global.is_some() && mode.replicated.is_none() && mode.global_job.is_none());
+        let policy = spec
+            .task_template
+            .as_ref()
+            .unwrap()
+            .restart_policy
+            .clone()
+            .unwrap();
+        assert_eq!(
+            policy.condition,
+            Some(TaskSpecRestartPolicyConditionEnum::NONE)
+        );
         let labels = spec.labels.unwrap();
         assert_eq!(
             labels.get(SWEEP_LABEL).map(String::as_str),

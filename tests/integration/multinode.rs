@@ -1318,3 +1318,83 @@ fn a_drained_node_never_holds_up_a_run_that_never_deployed_there() {
     drop(undrain);
     assert_eq!(swarm.worker_availability(), "active");
 }
+
+/// The engine API at `host` (`unix://…`): `GET path`, as JSON.
+fn api(host: &str, path: &str) -> Value {
+    let out = Command::new("curl")
+        .args(["-sf", "--unix-socket"])
+        .arg(host.strip_prefix("unix://").unwrap_or(host))
+        .arg(format!("http://localhost{path}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "GET {path} at {host}: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// What node sweeps whose service is gone left: the tasks the manager still lists, and the
+/// containers each node keeps (another test's sweep under way is not counted).
+fn sweep_leftovers(swarm: &Swarm) -> (usize, [usize; 2]) {
+    let services: Vec<String> = api(&swarm.manager, "/services")
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["ID"].as_str().map(str::to_owned))
+        .collect();
+    let gone = |id: &Value| !services.iter().any(|s| Some(s.as_str()) == id.as_str());
+    let tasks = api(&swarm.manager, "/tasks")
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["Spec"]["ContainerSpec"]["Labels"]
+                .get("io.ccci-run.node-sweep")
+                .is_some()
+                && gone(&t["ServiceID"])
+        })
+        .count();
+    let containers = NODES.map(|node| {
+        api(
+            swarm.host(node),
+            "/containers/json?all=1&filters=%7B%22label%22%3A%5B%22io.ccci-run.node-sweep%22%5D%7D",
+        )
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| gone(&c["Labels"]["com.docker.swarm.service.id"]))
+        .count()
+    });
+    (tasks, containers)
+}
+
+/// Node sweeps leave the swarm as they found it: after several sweeps of a dead run's app
+/// (each a service with a task on both nodes), the manager lists no more tasks of removed
+/// sweeps than before, and no node keeps more of their containers.
+#[test]
+fn the_manager_s_task_list_does_not_grow_with_sweeps() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = exclusive();
+    let case = Case::new(swarm, "mtsk");
+    let before = sweep_leftovers(swarm);
+    for _ in 0..3 {
+        case.plant_dead_run();
+        case.janitor_reaps();
+    }
+    // Swarm removes a removed service's tasks and containers on its own, seconds later.
+    let deadline = Instant::now() + PATIENCE;
+    let mut after = sweep_leftovers(swarm);
+    let grew = |after: &(usize, [usize; 2])| {
+        after.0 > before.0 || after.1[0] > before.1[0] || after.1[1] > before.1[1]
+    };
+    while grew(&after) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        after = sweep_leftovers(swarm);
+    }
+    eprintln!("sweep leftovers (tasks, containers per node): before {before:?}, after {after:?}");
+    assert!(
+        !grew(&after),
+        "three sweeps left tasks or containers: (tasks in the manager's list, containers on \
+         each node) {before:?} before, {after:?} after"
+    );
+}
