@@ -151,7 +151,8 @@ impl Run<'_> {
         // Whether anything of the app is on record anywhere: its `.env`, what the manager
         // lists of its stack (tasks on any node, volumes), or a reap left unfinished. With
         // none, a node that is down or drained never ran it, and is not waited for.
-        let recorded = app::app_has_leftovers(self.global, &self.docker, domain);
+        let recorded = app::app_has_leftovers(self.global, &self.docker, domain)
+            || app::unreaped_recorded(self.global, domain);
         if !several && !recorded {
             return Ok(());
         }

@@ -1398,3 +1398,98 @@ fn the_manager_s_task_list_does_not_grow_with_sweeps() {
          each node) {before:?} before, {after:?} after"
     );
 }
+
+/// A run deploys its stack on both nodes, then the worker is cut off; its teardown hook removes
+/// the app's `.env` (as `abra app rm` does), and the teardown cannot confirm the worker clean.
+/// The reap is recorded where no hook reaches: the janitor's dry run lists it, and once the link
+/// is back, one sweep removes the worker's copy of the volume.
+#[test]
+fn a_reap_a_hook_took_the_env_of_is_finished_by_the_next_sweep_after_the_heal() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let Some(base) = swarm.base.clone() else {
+        skip(
+            "the two-node swarm was not made by scripts/swarm-two-node.sh, so it cannot be cut",
+            "start it with `scripts/swarm-two-node.sh start`",
+        );
+        return;
+    };
+    let _gate = exclusive();
+    let case = Case::for_run(swarm);
+    let compose = case.compose(1, App::StopsOnTerm);
+    std::fs::create_dir_all(case.sandbox.abra_home().join("servers/ci")).unwrap();
+    let heal = Heal(swarm);
+    let script = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
+        && echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" \
+        && f=label=com.docker.stack.namespace=$CCCI_STACK_NAME \
+        && until [ -n \"$(docker ps -q --filter $f)\" ] && [ -n \"$(docker --host \"$WORKER\" ps -q --filter $f)\" ]; do sleep 0.1; done \
+        && \"$SWARM_SCRIPT\" cut link >/dev/null 2>&1 \
+        && echo \"deployed and cut $CCCI_STACK_NAME\"";
+    let hook = "rm -f \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"";
+    let mut cmd = case.sandbox.run_sh(
+        "mnh",
+        &["--teardown-timeout", "8s", "--on-teardown", hook],
+        script,
+    );
+    swarm
+        .aim(&mut cmd, &swarm.manager)
+        .env("WORKER", &swarm.worker)
+        .env("COMPOSE", &compose)
+        .env("RUN", "1")
+        .env(
+            "SWARM_SCRIPT",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/swarm-two-node.sh"),
+        )
+        .env("CCCI_SWARM_BASE", &base);
+    let done = run(cmd);
+    eprintln!("{}", done.transcript());
+    assert!(
+        done.out
+            .iter()
+            .any(|l| l == &format!("deployed and cut {}", case.stack)),
+        "the command did not deploy and cut\n{}",
+        done.transcript()
+    );
+    let env = case
+        .sandbox
+        .abra_home()
+        .join(format!("servers/ci/{}.env", case.domain));
+    assert!(!env.exists(), "the hook did not remove the .env");
+    assert!(
+        !swarm.volumes(Node::Worker, &case.stack).is_empty(),
+        "the worker's volume went while it was cut off"
+    );
+
+    let (report, _, _) = case.janitor(&swarm.manager, &["--dry-run"]);
+    let report = report.expect("a JSON report");
+    let c = candidate(&report, &case.domain);
+    assert_eq!(c["decision"], "would-reap", "{report:#}");
+    assert!(
+        c["sources"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s == "unreaped")),
+        "{report:#}"
+    );
+
+    drop(heal);
+    let took = case.janitor_reaps();
+    let left = case.left_now();
+    eprintln!(
+        "{}: one sweep after the heal took {:.1} s; left: {left:?}",
+        case.stack,
+        took.as_secs_f64()
+    );
+    assert!(
+        left.is_empty(),
+        "one sweep after the heal reported the app reaped, but the nodes held {left:?}"
+    );
+    let (report, _, _) = case.janitor(&swarm.manager, &["--dry-run"]);
+    let report = report.expect("a JSON report");
+    assert!(
+        report["candidates"]
+            .as_array()
+            .is_none_or(|all| !all.iter().any(|c| c["domain"] == case.domain.as_str())),
+        "the finished reap is still listed: {report:#}"
+    );
+}
