@@ -241,19 +241,26 @@ pub(crate) fn unreaped_dir(global: &Global) -> PathBuf {
 /// logged: the `.env`, when it is still there, leads the next sweep to it too.
 pub(crate) fn record_unreaped(global: &Global, domain: &AppDomain) {
     let dir = unreaped_dir(global);
-    let made =
-        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(&dir);
-    let written = match made {
-        Ok(()) => Ok(()),
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(err) => Err(err),
-    }
-    .and_then(|()| {
-        std::fs::write(
-            dir.join(domain.as_str()),
-            format!("{domain} {}\n", domain.stack_name()),
-        )
-    });
+    let write = || {
+        let made = std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&dir);
+        match made {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(err) => Err(err),
+        }
+        .and_then(|()| {
+            std::fs::write(
+                dir.join(domain.as_str()),
+                format!("{domain} {}\n", domain.stack_name()),
+            )
+        })
+    };
+    // Once more should the empty dir have been removed (by a clear) between the two steps.
+    let written = match write() {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => write(),
+        other => other,
+    };
     if let Err(err) = written {
         tracing::warn!(
             "failed to record in {} that the stack of {domain} is not confirmed gone: {err}",
@@ -269,8 +276,14 @@ pub(crate) fn unreaped_recorded(global: &Global, domain: &AppDomain) -> bool {
 
 /// The stack of `domain` is confirmed gone everywhere: its record goes.
 pub(crate) fn clear_unreaped(global: &Global, domain: &AppDomain) {
-    match std::fs::remove_file(unreaped_dir(global).join(domain.as_str())) {
-        Ok(()) => {}
+    let dir = unreaped_dir(global);
+    match std::fs::remove_file(dir.join(domain.as_str())) {
+        // The dir goes when it is empty (a state dir holds only what is needed).
+        Ok(()) => {
+            // rmdir, not remove_dir_all: another domain's record must stay. No cgroup here.
+            #[allow(clippy::disallowed_methods)]
+            let _ = std::fs::remove_dir(&dir);
+        }
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
         Err(err) => tracing::warn!("failed to remove the unreaped record of {domain}: {err}"),
     }
