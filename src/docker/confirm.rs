@@ -80,7 +80,8 @@ impl DockerSeam {
                 .sweep_nodes(&self.node_sweep, &nodes, &swept, &had, unrecorded, deadline)
                 .await;
             tracing::debug!(stacks = swept.len(), elapsed = ?started.elapsed(), "reap: node sweep done");
-            for (i, nodes) in ready.into_iter().zip(unconfirmed) {
+            for (i, (nodes, removed)) in ready.into_iter().zip(unconfirmed) {
+                out[i].removed.nodes = removed;
                 out[i].nodes = nodes
                     .into_iter()
                     .map(|(node, why)| match node.as_str() {

@@ -103,11 +103,15 @@ volumes_of() {
 try=0
 while :; do
   for s in $CCCI_STACKS; do
-    ids=$(docker ps -aq --filter "label=com.docker.stack.namespace=$s") ||
+    ids=$(docker ps -a --filter "label=com.docker.stack.namespace=$s" --format '{{.Names}}') ||
       fail 7 "listing containers failed"
-    [ -z "$ids" ] || docker rm -f -v $ids >/dev/null 2>&1
+    for c in $ids; do
+      docker rm -f -v "$c" >/dev/null 2>&1 && echo "removed $s container $c"
+    done
     vols=$(volumes_of "$s") || fail 7 "listing volumes failed"
-    [ -z "$vols" ] || docker volume rm $vols >/dev/null 2>&1
+    for v in $vols; do
+      docker volume rm "$v" >/dev/null 2>&1 && echo "removed $s volume $v"
+    done
   done
   left=
   for s in $CCCI_STACKS; do
@@ -234,9 +238,23 @@ pub(crate) type TaskNodes = BTreeMap<String, BTreeSet<String>>;
 /// (an empty name: the sweep could not start, and no node is confirmed).
 pub(crate) type Unconfirmed = Vec<(String, String)>;
 
+/// What a node sweep removed of one stack on one node, by the node's id and hostname.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct NodeRemoved {
+    pub id: String,
+    pub hostname: String,
+    pub containers: Vec<String>,
+    pub volumes: Vec<String>,
+}
+
+/// What a node sweep did for one stack: the nodes not confirmed clean, and what it removed on
+/// each node.
+pub(crate) type NodeSweep = (Unconfirmed, Vec<NodeRemoved>);
+
 /// How one node's task of the job stands.
 #[derive(Debug, Clone, Default)]
 struct JobTask {
+    id: String,
     state: Option<ApiTaskState>,
     at: Option<SystemTime>,
     err: String,
@@ -344,9 +362,9 @@ impl DockerSeam {
         had: &TaskNodes,
         unrecorded: bool,
         deadline: tokio::time::Instant,
-    ) -> Vec<Unconfirmed> {
+    ) -> Vec<NodeSweep> {
         self.remove_orphaned_jobs().await;
-        let fail_all = |why: String| vec![vec![(String::new(), why)]; stacks.len()];
+        let fail_all = |why: String| vec![(vec![(String::new(), why)], Vec::new()); stacks.len()];
         let until =
             SystemTime::now() + deadline.saturating_duration_since(tokio::time::Instant::now());
         let until_secs = until.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -385,11 +403,13 @@ impl DockerSeam {
         let mut pending = must.clone();
         let mut why: BTreeMap<String, String> = BTreeMap::new();
         let mut current = nodes.clone();
+        let mut last: HashMap<String, JobTask> = HashMap::new();
         loop {
             let round = self.job_round(&job, stacks, settings).await;
             let now = tokio::time::Instant::now();
             match round {
                 Ok((tasks, live, seen_nodes)) => {
+                    last.clone_from(&tasks);
                     if let Some(seen) = seen_nodes {
                         current = seen;
                     }
@@ -456,18 +476,86 @@ impl DockerSeam {
             }
             tokio::time::sleep_until((now + POLL).min(deadline)).await;
         }
+        // What each node's task says it removed, before the job (and its tasks' logs) goes.
+        let mut removed: Vec<Vec<NodeRemoved>> = vec![Vec::new(); stacks.len()];
+        let mut by_node: Vec<(&String, &JobTask)> = last.iter().collect();
+        by_node.sort_by(|a, b| a.0.cmp(b.0));
+        for (node, task) in by_node {
+            let Some(text) = self.task_output(&task.id, deadline).await else {
+                continue;
+            };
+            for (i, (stack, _)) in stacks.iter().enumerate() {
+                let mut here = NodeRemoved {
+                    id: node.clone(),
+                    hostname: current
+                        .get(node)
+                        .map(|n| n.hostname.clone())
+                        .unwrap_or_default(),
+                    ..NodeRemoved::default()
+                };
+                for line in text.lines() {
+                    let mut words = line.split_whitespace();
+                    let (Some("removed"), Some(s), Some(kind), Some(name), None) = (
+                        words.next(),
+                        words.next(),
+                        words.next(),
+                        words.next(),
+                        words.next(),
+                    ) else {
+                        continue;
+                    };
+                    if s != stack {
+                        continue;
+                    }
+                    match kind {
+                        "container" => here.containers.push(name.to_owned()),
+                        "volume" => here.volumes.push(name.to_owned()),
+                        _ => {}
+                    }
+                }
+                if !here.containers.is_empty() || !here.volumes.is_empty() {
+                    removed[i].push(here);
+                }
+            }
+        }
         self.remove_job(&job).await;
         pending
             .iter()
-            .map(|set| {
-                set.iter()
+            .zip(removed)
+            .map(|(set, removed)| {
+                let unconfirmed = set
+                    .iter()
                     .map(|id| {
                         let why = why.get(id).map_or("no answer", String::as_str);
                         (current.name(id), why.to_owned())
                     })
-                    .collect()
+                    .collect();
+                (unconfirmed, removed)
             })
             .collect()
+    }
+
+    /// What a task of the job printed, read through the manager, within a couple of seconds
+    /// (never past `deadline`); `None` when it cannot be read.
+    async fn task_output(&self, task: &str, deadline: tokio::time::Instant) -> Option<String> {
+        use futures_util::StreamExt;
+        if task.is_empty() {
+            return None;
+        }
+        let options = bollard::query_parameters::LogsOptions {
+            stdout: true,
+            ..Default::default()
+        };
+        let read = async {
+            let mut out = String::new();
+            let mut logs = self.docker.task_logs(task, Some(options));
+            while let Some(chunk) = logs.next().await {
+                out.push_str(&chunk.ok()?.to_string());
+            }
+            Some(out)
+        };
+        let until = deadline.min(tokio::time::Instant::now() + Duration::from_secs(2));
+        tokio::time::timeout_at(until, read).await.ok().flatten()
     }
 
     /// One look at the job: its tasks by node (the newest of each), the stacks' live tasks
@@ -519,6 +607,7 @@ impl DockerSeam {
                 _ => None,
             };
             let task = JobTask {
+                id: t.id.unwrap_or_default(),
                 state: status.state,
                 at,
                 err,
@@ -772,6 +861,7 @@ impl DockerSeam {
                     .await
                     .pop()
                     .unwrap_or_default()
+                    .0
                     .into_iter()
                     .map(|(node, why)| match node.as_str() {
                         "" => why,

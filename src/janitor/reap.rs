@@ -48,7 +48,7 @@ pub(super) fn finish_reap(
     let recorded = candidate
         .sources
         .contains(&crate::janitor::report::Source::Unreaped);
-    if line.removed.nothing_but_lock_file() && !recorded {
+    if line.removed.nothing_but_lock_file() && line.removed.docker.nodes.is_empty() && !recorded {
         // Everything was already gone: another janitor reaped it between our look and our lock.
         line.decision = Decision::Raced;
         return;

@@ -1473,12 +1473,34 @@ fn a_reap_a_hook_took_the_env_of_is_finished_by_the_next_sweep_after_the_heal() 
     );
 
     drop(heal);
-    let took = case.janitor_reaps();
+    let (report, done, took) = case.janitor(&swarm.manager, &[]);
+    done.assert_code(0);
+    let report = report.expect("a JSON report");
+    let c = candidate(&report, &case.domain);
+    assert_eq!(c["decision"], "reap", "{report:#}");
     let left = case.left_now();
     eprintln!(
-        "{}: one sweep after the heal took {:.1} s; left: {left:?}",
+        "{}: one sweep after the heal took {:.1} s; left: {left:?}; removed {}",
         case.stack,
-        took.as_secs_f64()
+        took.as_secs_f64(),
+        c["removed"]
+    );
+    // The worker's copy of the volume, removed by the node sweep, is named with the node.
+    let worker_id = swarm.docker(Node::Worker, &["info", "--format", "{{.Swarm.NodeID}}"]);
+    let on_worker = c["removed"]["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["id"] == worker_id.trim()))
+        .unwrap_or_else(|| panic!("the worker is not named in what was removed: {report:#}"));
+    assert_eq!(
+        on_worker["hostname"],
+        swarm.worker_name.as_str(),
+        "{report:#}"
+    );
+    assert!(
+        on_worker["volumes"].as_array().is_some_and(|v| v
+            .iter()
+            .any(|v| v.as_str().is_some_and(|v| v.starts_with(&case.stack)))),
+        "{report:#}"
     );
     assert!(
         left.is_empty(),
