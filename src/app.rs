@@ -234,6 +234,90 @@ pub(crate) fn app_present(global: &Global, domain: &AppDomain) -> bool {
     env_files(&global.abra_home, domain).is_ok_and(|files| !files.is_empty())
 }
 
+/// Where a reap that could not be confirmed is recorded, one file per app domain (the stack's
+/// name follows from it): in the state dir, which neither a teardown hook nor an operator
+/// removing the app's `.env` (`abra app rm`) touches. Every sweep reaps what is recorded here,
+/// and only a confirmed reap removes the record.
+pub(crate) fn unreaped_dir(global: &Global) -> PathBuf {
+    global.state_dir.join("unreaped")
+}
+
+/// Record that `domain`'s stack is being reaped and is not confirmed gone yet. A failure is
+/// logged: the `.env`, when it is still there, leads the next sweep to it too.
+pub(crate) fn record_unreaped(global: &Global, domain: &AppDomain) {
+    let dir = unreaped_dir(global);
+    let write = || {
+        let made = std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&dir);
+        match made {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(err) => Err(err),
+        }
+        .and_then(|()| {
+            std::fs::write(
+                dir.join(domain.as_str()),
+                format!("{domain} {}\n", domain.stack_name()),
+            )
+        })
+    };
+    // Once more should the empty dir have been removed (by a clear) between the two steps.
+    let written = match write() {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => write(),
+        other => other,
+    };
+    if let Err(err) = written {
+        tracing::warn!(
+            "failed to record in {} that the stack of {domain} is not confirmed gone: {err}",
+            dir.display()
+        );
+    }
+}
+
+/// Whether a reap of `domain`'s stack is recorded as not confirmed.
+pub(crate) fn unreaped_recorded(global: &Global, domain: &AppDomain) -> bool {
+    std::fs::symlink_metadata(unreaped_dir(global).join(domain.as_str())).is_ok_and(|m| m.is_file())
+}
+
+/// The stack of `domain` is confirmed gone everywhere: its record goes.
+pub(crate) fn clear_unreaped(global: &Global, domain: &AppDomain) {
+    let dir = unreaped_dir(global);
+    match std::fs::remove_file(dir.join(domain.as_str())) {
+        // The dir goes when it is empty (a state dir holds only what is needed).
+        Ok(()) => {
+            // rmdir, not remove_dir_all: another domain's record must stay. No cgroup here.
+            #[allow(clippy::disallowed_methods)]
+            let _ = std::fs::remove_dir(&dir);
+        }
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => tracing::warn!("failed to remove the unreaped record of {domain}: {err}"),
+    }
+}
+
+/// Every run-app domain whose reap is recorded as not confirmed.
+pub(crate) fn unreaped_domains(global: &Global) -> io::Result<Vec<AppDomain>> {
+    let entries = match std::fs::read_dir(unreaped_dir(global)) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        if let Some(domain) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| AppDomain::recognise(n, &global.pattern))
+        {
+            found.push(domain);
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
 /// What [`remove_app_now`] did: what went, what failed (each in words), and of those, the
 /// nodes of a swarm not confirmed clean of the app's stack.
 #[derive(Debug, Default)]
@@ -247,16 +331,24 @@ pub(crate) struct Removal {
 
 /// Remove one app right now, Docker resources first and confirmed gone (on every node of a
 /// swarm), within `budget`: what a run's own teardown does while it still holds its app lock.
-/// When the stack is not confirmed gone, the `.env` stays for a later sweep.
+/// When the stack is not confirmed gone, the `.env` stays for a later sweep. `unrecorded`:
+/// nothing of the app is on record anywhere (see [`crate::docker::DockerSeam::reap`]).
 pub(crate) fn remove_app_now(
     global: &Global,
     link: &DockerLink,
     domain: &AppDomain,
     given: GivenBy<'_>,
     budget: Duration,
+    unrecorded: bool,
 ) -> Removal {
     let mut out = Removal::default();
     if let Some(seam) = link.get() {
+        // Recorded before the reap, and kept unless it is confirmed: a hook or an operator
+        // that removes the `.env` then leaves the next sweep something to find.
+        let recorded = !unrecorded || unreaped_recorded(global, domain);
+        if !unrecorded {
+            record_unreaped(global, domain);
+        }
         let reaped = seam.map_err(Clone::clone).and_then(|seam| {
             let mut stacks = seam.discover(&global.pattern, given)?;
             // Also when the engine lists nothing of it: what the other nodes of a swarm hold
@@ -269,23 +361,34 @@ pub(crate) fn remove_app_now(
                     given,
                     vec![(domain.clone(), stack)],
                     budget,
+                    unrecorded,
                 )
                 .pop()
                 .unwrap_or_default())
         });
         match reaped {
-            Ok(reaped) if reaped.gone() => out.removed.docker = reaped.removed,
+            Ok(reaped) if reaped.gone() => {
+                out.removed.docker = reaped.removed;
+                clear_unreaped(global, domain);
+            }
             Ok(reaped) => {
+                if !recorded {
+                    record_unreaped(global, domain);
+                }
                 out.errors = reaped.problems();
                 out.errors.push(format!(
-                    "{domain} is not gone after {:.1} s; keeping its .env so the next sweep finishes the job",
-                    budget.as_secs_f64()
+                    "{domain} is not gone after {:.1} s; keeping its .env, and a record in {}, so the next sweep finishes the job",
+                    budget.as_secs_f64(),
+                    unreaped_dir(global).display()
                 ));
                 out.nodes = reaped.nodes;
                 out.removed.docker = reaped.removed;
                 return out;
             }
             Err(err) => {
+                if !recorded {
+                    record_unreaped(global, domain);
+                }
                 // Keep the .env: without it nothing would lead a later sweep to the stack.
                 out.errors.push(format!(
                     "{err}; keeping the app's .env so a later sweep reaps the stack"

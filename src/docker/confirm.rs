@@ -15,13 +15,16 @@ impl DockerSeam {
     /// there is reported. On a swarm of several nodes, the stacks the manager no longer lists
     /// are then swept off every node ([`nodes`]) within the same budget; a stack counts as
     /// gone only when every node that must answer did. A stack with nothing listed is still
-    /// swept off the other nodes. The results come back in the order of `stacks`.
+    /// swept off the other nodes. The results come back in the order of `stacks`. With
+    /// `unrecorded` (nothing of the stacks on record: see [`Self::sweep_nodes`]), a node that
+    /// is down or drained and never ran a task of them need not answer.
     pub(crate) fn reap(
         &self,
         pattern: &RunAppPattern,
         given: GivenBy<'_>,
         stacks: Vec<(AppDomain, StackResources)>,
         budget: Duration,
+        unrecorded: bool,
     ) -> Vec<Reaped> {
         let deadline = tokio::time::Instant::now() + budget;
         // The swarm could not be asked: no stack is touched, each says why.
@@ -83,10 +86,21 @@ impl DockerSeam {
                 .collect();
             let started = std::time::Instant::now();
             let unconfirmed = self
-                .sweep_nodes(&self.node_sweep, &nodes, &swept, &volumes, &had, deadline)
+                .sweep_nodes(
+                    &self.node_sweep,
+                    &nodes,
+                    super::nodes::SweepTargets {
+                        stacks: &swept,
+                        volumes: &volumes,
+                        had: &had,
+                    },
+                    unrecorded,
+                    deadline,
+                )
                 .await;
             tracing::debug!(stacks = swept.len(), elapsed = ?started.elapsed(), "reap: node sweep done");
-            for (i, nodes) in ready.into_iter().zip(unconfirmed) {
+            for (i, (nodes, removed)) in ready.into_iter().zip(unconfirmed) {
+                out[i].removed.nodes = removed;
                 out[i].nodes = nodes
                     .into_iter()
                     .map(|(node, why)| match node.as_str() {

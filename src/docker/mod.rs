@@ -140,6 +140,10 @@ pub(crate) struct RemovedNames {
     pub volumes: Vec<String>,
     pub secrets: Vec<String>,
     pub configs: Vec<String>,
+    /// What a node sweep removed on each node of a swarm (containers and volumes no manager
+    /// lists), the node by id and hostname; absent when it removed nothing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<nodes::NodeRemoved>,
 }
 
 /// What to do when `--docker required` finds no engine: every refusal of that mode ends with it.

@@ -5,7 +5,8 @@
 //! when that node's agent gets to it (seconds later, or only after its link returns), and its
 //! copy of the stack's volumes stays for good, to be mounted by the next deploy of the same
 //! stack. So once the manager's side of a reap is confirmed, a swarm of more than one node gets
-//! a **node sweep**: a one-shot service in `global-job` mode, one task per ready node, whose
+//! a **node sweep**: a one-shot service in `global` mode with no restart (one attempt per ready,
+//! active node per sweep), whose
 //! container (an image with a docker CLI; [`NodeSweepSettings`]) talks to its own node's engine
 //! through the bind-mounted node socket, force-removes the stacks' containers, then their
 //! volumes, and exits 0 only when a fresh look finds nothing of them on that node.
@@ -24,10 +25,11 @@
 //! Once every node that can answer has, the sweep does not wait for the rest: a job never
 //! reaches a node that was down or drained when it was made.
 //!
-//! The job is always removed (swarm retries a failed job task for ever), whatever happened; a
-//! job whose creator died is removed by the next node sweep once its own deadline (its label)
-//! has passed, and each job's task first removes the exited containers of earlier jobs past
-//! theirs (removing a job leaves them on every node).
+//! The job is always removed, whatever happened, and its tasks and containers go with it (a
+//! `global-job` service would leave both behind for good); a task that fails is not restarted,
+//! and its exit code says why at once. A job whose creator died is removed by the next node
+//! sweep once its own deadline (its label) has passed, and each job's task first removes the
+//! exited containers of earlier jobs past theirs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -105,11 +107,15 @@ volumes_of() {
 try=0
 while :; do
   for s in $CCCI_STACKS; do
-    ids=$(docker ps -aq --filter "label=com.docker.stack.namespace=$s") ||
+    ids=$(docker ps -a --filter "label=com.docker.stack.namespace=$s" --format '{{.Names}}') ||
       fail 7 "listing containers failed"
-    [ -z "$ids" ] || docker rm -f -v $ids >/dev/null 2>&1
+    for c in $ids; do
+      docker rm -f -v "$c" >/dev/null 2>&1 && echo "removed $s container $c"
+    done
     vols=$(volumes_of "$s") || fail 7 "listing volumes failed"
-    [ -z "$vols" ] || docker volume rm $vols >/dev/null 2>&1
+    for v in $vols; do
+      docker volume rm "$v" >/dev/null 2>&1 && echo "removed $s volume $v"
+    done
   done
   left=
   for s in $CCCI_STACKS; do
@@ -236,14 +242,28 @@ pub(crate) type TaskNodes = BTreeMap<String, BTreeSet<String>>;
 /// (an empty name: the sweep could not start, and no node is confirmed).
 pub(crate) type Unconfirmed = Vec<(String, String)>;
 
+/// What a node sweep removed of one stack on one node, by the node's id and hostname.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct NodeRemoved {
+    pub id: String,
+    pub hostname: String,
+    pub containers: Vec<String>,
+    pub volumes: Vec<String>,
+}
+
+/// What a node sweep did for one stack: the nodes not confirmed clean, and what it removed on
+/// each node.
+pub(crate) type NodeSweep = (Unconfirmed, Vec<NodeRemoved>);
+
 /// How one node's task of the job stands.
 #[derive(Debug, Clone, Default)]
 struct JobTask {
+    id: String,
     state: Option<ApiTaskState>,
     at: Option<SystemTime>,
     err: String,
     /// Why this node's tasks of the job failed, when no retry mends it (any task of the job
-    /// there, not only the newest: swarm restarts a failed one at once).
+    /// there, not only the newest).
     for_good: Option<ForGood>,
 }
 
@@ -332,20 +352,27 @@ impl DockerSeam {
         Ok((on, live))
     }
 
-    /// Clean `stacks` (name, service ids) off every node with a global job, until `deadline`:
+    /// Clean `targets.stacks` (name, service ids) off every node with a global job, until `deadline`:
     /// per stack, in order, the nodes not confirmed clean (empty: gone everywhere). `had` is
-    /// where the manager saw each stack's tasks before its services were removed.
+    /// where the manager saw each stack's tasks before its services were removed. With
+    /// `unrecorded`, nothing of the stacks is on record anywhere (no `.env`, nothing the
+    /// manager lists, no reap left unfinished): a node that is down or not active and that no
+    /// task of a stack was ever seen on need not answer (a deploy places nothing there).
     pub(crate) async fn sweep_nodes(
         &self,
         settings: &NodeSweepSettings,
         nodes: &Nodes,
-        stacks: &[(String, Vec<String>)],
-        volumes: &[String],
-        had: &TaskNodes,
+        targets: SweepTargets<'_>,
+        unrecorded: bool,
         deadline: tokio::time::Instant,
-    ) -> Vec<Unconfirmed> {
+    ) -> Vec<NodeSweep> {
+        let SweepTargets {
+            stacks,
+            volumes,
+            had,
+        } = targets;
         self.remove_orphaned_jobs().await;
-        let fail_all = |why: String| vec![vec![(String::new(), why)]; stacks.len()];
+        let fail_all = |why: String| vec![(vec![(String::new(), why)], Vec::new()); stacks.len()];
         let until =
             SystemTime::now() + deadline.saturating_duration_since(tokio::time::Instant::now());
         let until_secs = until.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -367,7 +394,12 @@ impl DockerSeam {
         };
         // Who must answer: every node of the swarm (a down or drained node may hold a copy of
         // a volume as well as any other), and every node a task of the stack was on.
-        let all: BTreeSet<String> = nodes.all.iter().map(|n| n.id.clone()).collect();
+        let all: BTreeSet<String> = nodes
+            .all
+            .iter()
+            .filter(|n| !unrecorded || (n.ready && n.active))
+            .map(|n| n.id.clone())
+            .collect();
         let must: Vec<BTreeSet<String>> = stacks
             .iter()
             .map(|(stack, _)| {
@@ -379,11 +411,13 @@ impl DockerSeam {
         let mut pending = must.clone();
         let mut why: BTreeMap<String, String> = BTreeMap::new();
         let mut current = nodes.clone();
+        let mut last: HashMap<String, JobTask> = HashMap::new();
         loop {
             let round = self.job_round(&job, stacks, settings).await;
             let now = tokio::time::Instant::now();
             match round {
                 Ok((tasks, live, seen_nodes)) => {
+                    last.clone_from(&tasks);
                     if let Some(seen) = seen_nodes {
                         current = seen;
                     }
@@ -424,7 +458,14 @@ impl DockerSeam {
                     let hopeless = pending.iter().flatten().all(|id| {
                         let cut_off = current.get(id).is_none_or(|n| !n.ready || !n.active)
                             && !tasks.contains_key(id);
-                        cut_off || tasks.get(id).is_some_and(|t| t.for_good.is_some())
+                        let ended = tasks.get(id).is_some_and(|t| {
+                            t.for_good.is_some()
+                                || matches!(
+                                    t.state,
+                                    Some(ApiTaskState::FAILED | ApiTaskState::REJECTED)
+                                )
+                        });
+                        cut_off || ended
                     });
                     if hopeless {
                         break;
@@ -443,18 +484,86 @@ impl DockerSeam {
             }
             tokio::time::sleep_until((now + POLL).min(deadline)).await;
         }
+        // What each node's task says it removed, before the job (and its tasks' logs) goes.
+        let mut removed: Vec<Vec<NodeRemoved>> = vec![Vec::new(); stacks.len()];
+        let mut by_node: Vec<(&String, &JobTask)> = last.iter().collect();
+        by_node.sort_by(|a, b| a.0.cmp(b.0));
+        for (node, task) in by_node {
+            let Some(text) = self.task_output(&task.id, deadline).await else {
+                continue;
+            };
+            for (i, (stack, _)) in stacks.iter().enumerate() {
+                let mut here = NodeRemoved {
+                    id: node.clone(),
+                    hostname: current
+                        .get(node)
+                        .map(|n| n.hostname.clone())
+                        .unwrap_or_default(),
+                    ..NodeRemoved::default()
+                };
+                for line in text.lines() {
+                    let mut words = line.split_whitespace();
+                    let (Some("removed"), Some(s), Some(kind), Some(name), None) = (
+                        words.next(),
+                        words.next(),
+                        words.next(),
+                        words.next(),
+                        words.next(),
+                    ) else {
+                        continue;
+                    };
+                    if s != stack {
+                        continue;
+                    }
+                    match kind {
+                        "container" => here.containers.push(name.to_owned()),
+                        "volume" => here.volumes.push(name.to_owned()),
+                        _ => {}
+                    }
+                }
+                if !here.containers.is_empty() || !here.volumes.is_empty() {
+                    removed[i].push(here);
+                }
+            }
+        }
         self.remove_job(&job).await;
         pending
             .iter()
-            .map(|set| {
-                set.iter()
+            .zip(removed)
+            .map(|(set, removed)| {
+                let unconfirmed = set
+                    .iter()
                     .map(|id| {
                         let why = why.get(id).map_or("no answer", String::as_str);
                         (current.name(id), why.to_owned())
                     })
-                    .collect()
+                    .collect();
+                (unconfirmed, removed)
             })
             .collect()
+    }
+
+    /// What a task of the job printed, read through the manager, within a couple of seconds
+    /// (never past `deadline`); `None` when it cannot be read.
+    async fn task_output(&self, task: &str, deadline: tokio::time::Instant) -> Option<String> {
+        use futures_util::StreamExt;
+        if task.is_empty() {
+            return None;
+        }
+        let options = bollard::query_parameters::LogsOptions {
+            stdout: true,
+            ..Default::default()
+        };
+        let read = async {
+            let mut out = String::new();
+            let mut logs = self.docker.task_logs(task, Some(options));
+            while let Some(chunk) = logs.next().await {
+                out.push_str(&chunk.ok()?.to_string());
+            }
+            Some(out)
+        };
+        let until = deadline.min(tokio::time::Instant::now() + Duration::from_secs(2));
+        tokio::time::timeout_at(until, read).await.ok().flatten()
     }
 
     /// One look at the job: its tasks by node (the newest of each), the stacks' live tasks
@@ -506,6 +615,7 @@ impl DockerSeam {
                 _ => None,
             };
             let task = JobTask {
+                id: t.id.unwrap_or_default(),
                 state: status.state,
                 at,
                 err,
@@ -576,6 +686,45 @@ impl DockerSeam {
     }
 }
 
+impl DockerSeam {
+    /// The nodes of the swarm that are down or not active (drained, paused) right now, each as
+    /// `hostname (id): state`; empty when every node is ready and active, or the swarm could
+    /// not be asked.
+    pub(crate) fn nodes_out(&self) -> Vec<String> {
+        let nodes = self.runtime.block_on(self.swarm_nodes());
+        nodes
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+            .all
+            .iter()
+            .filter(|n| !n.ready || !n.active)
+            .map(|n| {
+                let state = match (n.ready, n.active) {
+                    (false, _) => "down",
+                    _ => "drained or paused",
+                };
+                format!("{} ({}): {state}", n.hostname, n.id)
+            })
+            .collect()
+    }
+
+    /// Wait until every node of the swarm is ready and active again, or `deadline`: whether
+    /// they are.
+    pub(crate) fn wait_nodes_back(&self, deadline: std::time::Instant) -> bool {
+        loop {
+            if self.nodes_out().is_empty() {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep(POLL.min(deadline - now));
+        }
+    }
+}
+
 /// Why a node is not confirmed clean yet.
 fn reason(
     node: Option<&Node>,
@@ -635,8 +784,11 @@ fn job_spec(
     ServiceSpec {
         name: Some(format!("ccci-run-node-sweep-{suffix:08x}")),
         labels: Some(label.clone()),
+        // A global service, not a global job: swarm keeps a job's tasks in the manager's list
+        // (and their containers on every node) for good once the job is removed, a service's
+        // it removes with it.
         mode: Some(ServiceSpecMode {
-            global_job: Some(HashMap::new()),
+            global: Some(Default::default()),
             ..Default::default()
         }),
         task_template: Some(TaskSpec {
@@ -663,9 +815,11 @@ fn job_spec(
                 }]),
                 ..Default::default()
             }),
+            // One attempt per node per sweep: a failed task stays failed, with its exit code
+            // (the cause), and the next sweep makes a new service.
             restart_policy: Some(TaskSpecRestartPolicy {
-                condition: Some(TaskSpecRestartPolicyConditionEnum::ON_FAILURE),
-                delay: Some(Duration::from_millis(250).as_nanos() as i64),
+                condition: Some(TaskSpecRestartPolicyConditionEnum::NONE),
+                max_attempts: Some(1),
                 ..Default::default()
             }),
             ..Default::default()
@@ -715,14 +869,18 @@ impl DockerSeam {
                     .sweep_nodes(
                         &self.node_sweep,
                         &nodes,
-                        &nothing,
-                        &[],
-                        &TaskNodes::new(),
+                        SweepTargets {
+                            stacks: &nothing,
+                            volumes: &[],
+                            had: &TaskNodes::new(),
+                        },
+                        false,
                         deadline,
                     )
                     .await
                     .pop()
                     .unwrap_or_default()
+                    .0
                     .into_iter()
                     .map(|(node, why)| match node.as_str() {
                         "" => why,
@@ -735,12 +893,20 @@ impl DockerSeam {
     }
 }
 
+/// What a node sweep removes: the stacks (name, service ids), the volumes their apps give by
+/// exact name, and where the manager saw each stack's tasks before its services went.
+pub(crate) struct SweepTargets<'a> {
+    pub(crate) stacks: &'a [(String, Vec<String>)],
+    pub(crate) volumes: &'a [String],
+    pub(crate) had: &'a TaskNodes,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_job_runs_once_on_every_node_with_the_node_socket_and_no_stack_label() {
+    fn the_sweep_runs_once_on_every_node_with_the_node_socket_and_no_stack_label() {
         let settings = NodeSweepSettings {
             image: "docker:27-cli".to_owned(),
             socket: "/run/docker.sock".into(),
@@ -758,7 +924,18 @@ mod tests {
                 .starts_with("ccci-run-node-sweep-")
         );
         let mode = spec.mode.unwrap();
-        assert!(mode.global_job.is_some() && mode.replicated.is_none() && mode.global.is_none());
+        assert!(mode.global.is_some() && mode.replicated.is_none() && mode.global_job.is_none());
+        let policy = spec
+            .task_template
+            .as_ref()
+            .unwrap()
+            .restart_policy
+            .clone()
+            .unwrap();
+        assert_eq!(
+            policy.condition,
+            Some(TaskSpecRestartPolicyConditionEnum::NONE)
+        );
         let labels = spec.labels.unwrap();
         assert_eq!(
             labels.get(SWEEP_LABEL).map(String::as_str),

@@ -303,6 +303,21 @@ impl Sweep<'_> {
     /// that fails makes Docker unavailable for this sweep.
     fn discover(&mut self, docker: &mut DockerState<'_>) -> BTreeMap<AppDomain, Candidate> {
         let mut candidates = discover_env(self.global, &mut self.report);
+        // Reaps left unconfirmed: the `.env` may be gone (a teardown hook, an operator), the
+        // stack's copy on a node not.
+        match crate::app::unreaped_domains(self.global) {
+            Ok(domains) => {
+                for domain in domains {
+                    Candidate::of(&mut candidates, domain)
+                        .sources
+                        .insert(Source::Unreaped);
+                }
+            }
+            Err(err) => self.report.errors.push(format!(
+                "failed to list {}: {err}",
+                crate::app::unreaped_dir(self.global).display()
+            )),
+        }
         // A held app lock is a live run even before its app has a `.env` or a Docker object:
         // listed, never reaped (a free lock without an app is nothing to say). The janitor's
         // own sweeps list them; the one at every run start stays as cheap as it was.
@@ -431,7 +446,7 @@ impl Sweep<'_> {
                     safe.min(self.opts.reap_budget)
                 });
                 let given = given_by(&self.given, &self.global.runs_dir);
-                seam.reap(&self.global.pattern, &given, stacks, budget)
+                seam.reap(&self.global.pattern, &given, stacks, budget, false)
             }
             _ => vec![
                 Reaped {
@@ -453,7 +468,9 @@ impl Sweep<'_> {
             if gone {
                 finish_reap(self.global, r.candidate, &*r.lock, line);
             } else {
-                // The .env and the lock file stay: they bring the next sweep back to this stack.
+                // The .env and the lock file stay, and the record in the state dir, which
+                // nothing but a confirmed reap removes: they bring the next sweep back here.
+                crate::app::record_unreaped(self.global, &r.candidate.domain);
                 line.decision = Decision::ReapIncomplete;
                 line.error = Some(problems.join("; "));
                 status::line(&format!(
@@ -542,7 +559,8 @@ impl Sweep<'_> {
                 Probe::Acquired {
                     identity_ok: current,
                     app_present: candidate.docker.as_ref().is_some_and(|d| !d.is_empty())
-                        || crate::app::app_present(self.global, domain),
+                        || crate::app::app_present(self.global, domain)
+                        || candidate.sources.contains(&Source::Unreaped),
                 }
             }
         };

@@ -30,6 +30,8 @@ pub(super) fn finish_reap(
 ) {
     let domain = &candidate.domain;
     let holder = lock.holder();
+    // Confirmed gone on every node: no sweep need come back for it.
+    app::clear_unreaped(global, domain);
     match app::remove(&global.abra_home, domain) {
         Ok(gone) => line.removed.env_files = gone.env_files,
         Err(err) => {
@@ -41,7 +43,12 @@ pub(super) fn finish_reap(
         Ok(unlinked) => line.removed.lock_file = unlinked,
         Err(err) => line.error = Some(err.to_string()),
     }
-    if line.removed.nothing_but_lock_file() {
+    // A recorded reap finished here is this sweep's work, even when what went was only on
+    // another node (a node sweep's removals are not in `removed`).
+    let recorded = candidate
+        .sources
+        .contains(&crate::janitor::report::Source::Unreaped);
+    if line.removed.nothing_but_lock_file() && line.removed.docker.nodes.is_empty() && !recorded {
         // Everything was already gone: another janitor reaped it between our look and our lock.
         line.decision = Decision::Raced;
         return;

@@ -22,6 +22,9 @@ pub(crate) enum Source {
     Docker,
     /// A held app lock (a live run whose app has no `.env` or Docker object yet).
     Lock,
+    /// A reap recorded as not confirmed (in the state dir): what it could not confirm gone
+    /// may still be on a node, whether or not the `.env` is still there.
+    Unreaped,
 }
 
 /// One candidate's line in the report.
@@ -196,6 +199,7 @@ pub(crate) fn render_table(report: &SweepReport, wide: bool) -> String {
                 Source::Env => "env",
                 Source::Docker => "docker",
                 Source::Lock => "lock",
+                Source::Unreaped => "unreaped",
             })
             .collect();
         let age = crate::duration::age(c.lock_age_s);

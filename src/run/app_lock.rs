@@ -143,13 +143,19 @@ impl Run<'_> {
     /// mount an earlier run's data there.
     pub(super) fn clear_leftovers(&mut self, sweeper: &dyn Sweeper) -> Result<(), RunError> {
         let domain = &self.cfg.identity.domain;
-        let several = match self.docker.get() {
-            Some(Ok(seam)) => seam.several_nodes(),
-            _ => false,
+        let seam = match self.docker.get() {
+            Some(Ok(seam)) => Some(seam),
+            _ => None,
         };
         let given = self.given_names();
         let given_by = |d: &crate::names::AppDomain| given.of(d);
-        if !several && !app::app_has_leftovers(self.global, &self.docker, domain, &given_by) {
+        let several = seam.is_some_and(|seam| seam.several_nodes());
+        // Whether anything of the app is on record anywhere: its `.env`, what the manager
+        // lists of its stack (tasks on any node, volumes), or a reap left unfinished. With
+        // none, a node that is down or drained never ran it, and is not waited for.
+        let recorded = app::app_has_leftovers(self.global, &self.docker, domain, &given_by)
+            || app::unreaped_recorded(self.global, domain);
+        if !several && !recorded {
             return Ok(());
         }
         self.save();
@@ -161,27 +167,63 @@ impl Run<'_> {
         if let Some(wait) = self.cfg.lock_wait {
             budget = budget.min(wait);
         }
-        let removal = app::remove_app_now(self.global, &self.docker, domain, &given_by, budget);
-        for kept in &removal.kept {
-            report::line(&kept_line("app lock", kept));
+        let start = Instant::now();
+        let deadline = start + budget;
+        let mut told = false;
+        let mut kept_told = false;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let removal = app::remove_app_now(
+                self.global,
+                &self.docker,
+                domain,
+                &given_by,
+                left,
+                !recorded,
+            );
+            // What was kept is said once, not at every look while a node is waited for.
+            for kept in removal.kept.iter().filter(|_| !kept_told) {
+                report::line(&kept_line("app lock", kept));
+            }
+            kept_told = true;
+            if removal.removed.counts().iter().any(|(_, n)| *n > 0) {
+                report::line(&format!(
+                    "== app lock: removed what a previous run of {domain} left: {} ==",
+                    removal.removed.summary()
+                ));
+            }
+            if removal.nodes.is_empty() {
+                for err in removal.errors {
+                    tracing::warn!("failed to clear leftovers of {domain}: {err}");
+                }
+                return Ok(());
+            }
+            // A node under maintenance (drained, or down) that may hold some of the stack is
+            // waited for, within the lock wait; anything else is said at once.
+            let out = seam.map(|seam| seam.nodes_out()).unwrap_or_default();
+            let back = !out.is_empty()
+                && Instant::now() < deadline
+                && seam.is_some_and(|seam| {
+                    if !told {
+                        told = true;
+                        report::line(&format!(
+                            "== app lock: an earlier run of {domain} may have left containers or \
+                             volumes on {}; waiting up to {:.1} s (the lock wait) for it to be back \
+                             and swept ==",
+                            out.join(", "),
+                            deadline.saturating_duration_since(Instant::now()).as_secs_f64()
+                        ));
+                    }
+                    seam.wait_nodes_back(deadline)
+                });
+            if !back {
+                return Err(RunError::NodesNotClean {
+                    stack: domain.stack_name(),
+                    waited: start.elapsed(),
+                    why: removal.nodes.join("; "),
+                });
+            }
         }
-        if removal.removed.counts().iter().any(|(_, n)| *n > 0) {
-            report::line(&format!(
-                "== app lock: removed what a previous run of {domain} left: {} ==",
-                removal.removed.summary()
-            ));
-        }
-        if !removal.nodes.is_empty() {
-            return Err(RunError::NodesNotClean {
-                stack: domain.stack_name(),
-                waited: budget,
-                why: removal.nodes.join("; "),
-            });
-        }
-        for err in removal.errors {
-            tracing::warn!("failed to clear leftovers of {domain}: {err}");
-        }
-        Ok(())
     }
 }
 

@@ -137,7 +137,7 @@ impl Run<'_> {
             errors,
             kept,
             ..
-        } = app::remove_app_now(self.global, &self.docker, domain, &given_by, budget);
+        } = app::remove_app_now(self.global, &self.docker, domain, &given_by, budget, false);
         for kept in &kept {
             report::line(&super::app_lock::kept_line("teardown", kept));
         }

@@ -1239,3 +1239,304 @@ fn a_node_sweep_that_cannot_reach_its_own_engine_is_reap_incomplete_naming_the_s
         "{check:#}"
     );
 }
+
+/// Makes the worker active again when the test ends, however it ends.
+struct Undrain(&'static Swarm);
+
+impl Undrain {
+    /// Drain the worker and wait until the manager lists it so.
+    fn drain(swarm: &'static Swarm) -> Self {
+        let guard = Self(swarm);
+        swarm.docker(
+            Node::Manager,
+            &[
+                "node",
+                "update",
+                "--availability",
+                "drain",
+                &swarm.worker_name,
+            ],
+        );
+        eventually("the worker listed as drained", || {
+            swarm.worker_availability() == "drain"
+        });
+        guard
+    }
+}
+
+impl Drop for Undrain {
+    fn drop(&mut self) {
+        // Never a panic here (the test may be unwinding already).
+        let out = docker_output(
+            &self.0.manager,
+            &[
+                "node",
+                "update",
+                "--availability",
+                "active",
+                &self.0.worker_name,
+            ],
+        );
+        if !out.status.success() {
+            eprintln!("undrain: {}", String::from_utf8_lossy(&out.stderr).trim());
+            return;
+        }
+        let deadline = Instant::now() + PATIENCE;
+        while self.0.worker_availability() != "active" && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Swarm {
+    /// The worker's availability as the manager lists it now (`active`, `drain`, `pause`).
+    fn worker_availability(&self) -> String {
+        let out = docker_output(
+            &self.manager,
+            &[
+                "node",
+                "inspect",
+                "--format",
+                "{{.Spec.Availability}}",
+                &self.worker_name,
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+/// The worker drained for maintenance: a run of an app nothing of which is on record anywhere
+/// (never deployed: no `.env`, no task or volume the manager knows of) starts its command at
+/// once, not waiting for the worker nor failing; the worker is active again afterwards.
+#[test]
+fn a_drained_node_never_holds_up_a_run_that_never_deployed_there() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = exclusive();
+    let case = Case::for_run(swarm);
+    let undrain = Undrain::drain(swarm);
+    let mut cmd = case
+        .sandbox
+        .run_sh("mdr", &["--lock-wait", "40s"], "echo command-started");
+    swarm.aim(&mut cmd, &swarm.manager);
+    let start = Instant::now();
+    let done = run(cmd);
+    let took = start.elapsed();
+    eprintln!(
+        "run with the worker drained: {:?} after {:.1} s\n{}",
+        done.status.code(),
+        took.as_secs_f64(),
+        done.transcript()
+    );
+    done.assert_code(0);
+    assert!(
+        done.out.iter().any(|l| l == "command-started"),
+        "the command did not start\n{}",
+        done.transcript()
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "the run waited {:.1} s for a node its app never ran on",
+        took.as_secs_f64()
+    );
+    drop(undrain);
+    assert_eq!(swarm.worker_availability(), "active");
+}
+
+/// The engine API at `host` (`unix://…`): `GET path`, as JSON.
+fn api(host: &str, path: &str) -> Value {
+    let out = Command::new("curl")
+        .args(["-sf", "--unix-socket"])
+        .arg(host.strip_prefix("unix://").unwrap_or(host))
+        .arg(format!("http://localhost{path}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "GET {path} at {host}: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// What node sweeps whose service is gone left: the tasks the manager still lists, and the
+/// containers each node keeps (another test's sweep under way is not counted).
+fn sweep_leftovers(swarm: &Swarm) -> (usize, [usize; 2]) {
+    let services: Vec<String> = api(&swarm.manager, "/services")
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["ID"].as_str().map(str::to_owned))
+        .collect();
+    let gone = |id: &Value| !services.iter().any(|s| Some(s.as_str()) == id.as_str());
+    let tasks = api(&swarm.manager, "/tasks")
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["Spec"]["ContainerSpec"]["Labels"]
+                .get("io.ccci-run.node-sweep")
+                .is_some()
+                && gone(&t["ServiceID"])
+        })
+        .count();
+    let containers = NODES.map(|node| {
+        api(
+            swarm.host(node),
+            "/containers/json?all=1&filters=%7B%22label%22%3A%5B%22io.ccci-run.node-sweep%22%5D%7D",
+        )
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| gone(&c["Labels"]["com.docker.swarm.service.id"]))
+        .count()
+    });
+    (tasks, containers)
+}
+
+/// Node sweeps leave the swarm as they found it: after several sweeps of a dead run's app
+/// (each a service with a task on both nodes), the manager lists no more tasks of removed
+/// sweeps than before, and no node keeps more of their containers.
+#[test]
+fn the_manager_s_task_list_does_not_grow_with_sweeps() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = exclusive();
+    let case = Case::new(swarm, "mtsk");
+    let before = sweep_leftovers(swarm);
+    for _ in 0..3 {
+        case.plant_dead_run();
+        case.janitor_reaps();
+    }
+    // Swarm removes a removed service's tasks and containers on its own, seconds later.
+    let deadline = Instant::now() + PATIENCE;
+    let mut after = sweep_leftovers(swarm);
+    let grew = |after: &(usize, [usize; 2])| {
+        after.0 > before.0 || after.1[0] > before.1[0] || after.1[1] > before.1[1]
+    };
+    while grew(&after) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        after = sweep_leftovers(swarm);
+    }
+    eprintln!("sweep leftovers (tasks, containers per node): before {before:?}, after {after:?}");
+    assert!(
+        !grew(&after),
+        "three sweeps left tasks or containers: (tasks in the manager's list, containers on \
+         each node) {before:?} before, {after:?} after"
+    );
+}
+
+/// A run deploys its stack on both nodes, then the worker is cut off; its teardown hook removes
+/// the app's `.env` (as `abra app rm` does), and the teardown cannot confirm the worker clean.
+/// The reap is recorded where no hook reaches: the janitor's dry run lists it, and once the link
+/// is back, one sweep removes the worker's copy of the volume.
+#[test]
+fn a_reap_a_hook_took_the_env_of_is_finished_by_the_next_sweep_after_the_heal() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let Some(base) = swarm.base.clone() else {
+        skip(
+            "the two-node swarm was not made by scripts/swarm-two-node.sh, so it cannot be cut",
+            "start it with `scripts/swarm-two-node.sh start`",
+        );
+        return;
+    };
+    let _gate = exclusive();
+    let case = Case::for_run(swarm);
+    let compose = case.compose(1, App::StopsOnTerm);
+    std::fs::create_dir_all(case.sandbox.abra_home().join("servers/ci")).unwrap();
+    let heal = Heal(swarm);
+    let script = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
+        && echo X=1 > \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\" \
+        && f=label=com.docker.stack.namespace=$CCCI_STACK_NAME \
+        && until [ -n \"$(docker ps -q --filter $f)\" ] && [ -n \"$(docker --host \"$WORKER\" ps -q --filter $f)\" ]; do sleep 0.1; done \
+        && \"$SWARM_SCRIPT\" cut link >/dev/null 2>&1 \
+        && echo \"deployed and cut $CCCI_STACK_NAME\"";
+    let hook = "rm -f \"$ABRA_DIR/servers/ci/$CCCI_APP_DOMAIN.env\"";
+    let mut cmd = case.sandbox.run_sh(
+        "mnh",
+        &["--teardown-timeout", "8s", "--on-teardown", hook],
+        script,
+    );
+    swarm
+        .aim(&mut cmd, &swarm.manager)
+        .env("WORKER", &swarm.worker)
+        .env("COMPOSE", &compose)
+        .env("RUN", "1")
+        .env(
+            "SWARM_SCRIPT",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/swarm-two-node.sh"),
+        )
+        .env("CCCI_SWARM_BASE", &base);
+    let done = run(cmd);
+    eprintln!("{}", done.transcript());
+    assert!(
+        done.out
+            .iter()
+            .any(|l| l == &format!("deployed and cut {}", case.stack)),
+        "the command did not deploy and cut\n{}",
+        done.transcript()
+    );
+    let env = case
+        .sandbox
+        .abra_home()
+        .join(format!("servers/ci/{}.env", case.domain));
+    assert!(!env.exists(), "the hook did not remove the .env");
+    assert!(
+        !swarm.volumes(Node::Worker, &case.stack).is_empty(),
+        "the worker's volume went while it was cut off"
+    );
+
+    let (report, _, _) = case.janitor(&swarm.manager, &["--dry-run"]);
+    let report = report.expect("a JSON report");
+    let c = candidate(&report, &case.domain);
+    assert_eq!(c["decision"], "would-reap", "{report:#}");
+    assert!(
+        c["sources"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s == "unreaped")),
+        "{report:#}"
+    );
+
+    drop(heal);
+    let (report, done, took) = case.janitor(&swarm.manager, &[]);
+    done.assert_code(0);
+    let report = report.expect("a JSON report");
+    let c = candidate(&report, &case.domain);
+    assert_eq!(c["decision"], "reap", "{report:#}");
+    let left = case.left_now();
+    eprintln!(
+        "{}: one sweep after the heal took {:.1} s; left: {left:?}; removed {}",
+        case.stack,
+        took.as_secs_f64(),
+        c["removed"]
+    );
+    // The worker's copy of the volume, removed by the node sweep, is named with the node.
+    let worker_id = swarm.docker(Node::Worker, &["info", "--format", "{{.Swarm.NodeID}}"]);
+    let on_worker = c["removed"]["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["id"] == worker_id.trim()))
+        .unwrap_or_else(|| panic!("the worker is not named in what was removed: {report:#}"));
+    assert_eq!(
+        on_worker["hostname"],
+        swarm.worker_name.as_str(),
+        "{report:#}"
+    );
+    assert!(
+        on_worker["volumes"].as_array().is_some_and(|v| v
+            .iter()
+            .any(|v| v.as_str().is_some_and(|v| v.starts_with(&case.stack)))),
+        "{report:#}"
+    );
+    assert!(
+        left.is_empty(),
+        "one sweep after the heal reported the app reaped, but the nodes held {left:?}"
+    );
+    let (report, _, _) = case.janitor(&swarm.manager, &["--dry-run"]);
+    let report = report.expect("a JSON report");
+    assert!(
+        report["candidates"]
+            .as_array()
+            .is_none_or(|all| !all.iter().any(|c| c["domain"] == case.domain.as_str())),
+        "the finished reap is still listed: {report:#}"
+    );
+}
