@@ -10,6 +10,7 @@
 #   scripts/swarm-two-node.sh status   # what runs, the swarm's nodes, the link
 #   scripts/swarm-two-node.sh cut [link|drop]   # cut node 2 off (link down, or nftables drops)
 #   scripts/swarm-two-node.sh heal     # undo either cut
+#   scripts/swarm-two-node.sh stop-worker   # stop node 2's dockerd only (`start` brings it back)
 #   scripts/swarm-two-node.sh stop     # stops its daemons by pidfile, deletes its namespaces
 #   scripts/swarm-two-node.sh purge    # stop, then remove the base directory (swarm state too)
 #
@@ -381,5 +382,6 @@ case "${1:-}" in
   status) status ;;
   cut) cut "${2:-link}" ;;
   heal) heal ;;
-  *) echo "usage: $0 start|stop|purge|status|cut [link|drop]|heal" >&2; exit 2 ;;
+  stop-worker) need_root; stop_daemon 2 ;;
+  *) echo "usage: $0 start|stop|purge|status|cut [link|drop]|heal|stop-worker" >&2; exit 2 ;;
 esac

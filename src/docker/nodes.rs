@@ -433,6 +433,15 @@ impl DockerSeam {
                             if done && !stack_live {
                                 continue;
                             }
+                            // Nothing of the stack on record: a node that went down or was
+                            // drained since the sweep began, with no task of the stack ever
+                            // seen there, need not answer either (a deploy places nothing
+                            // there).
+                            let out_now = current.get(id).is_none_or(|n| !n.ready || !n.active);
+                            let had_here = had.get(&stacks[i].0).is_some_and(|on| on.contains(id));
+                            if unrecorded && out_now && !had_here && !stack_live {
+                                continue;
+                            }
                             set.insert(id.clone());
                             why.entry(id.clone()).or_insert_with(|| {
                                 reason(current.get(id), task, stack_live, settings)

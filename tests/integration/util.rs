@@ -684,6 +684,11 @@ impl Proc {
             .unwrap_or_else(|| panic!("readiness line without a pid: {line:?}"))
     }
 
+    /// The stdout lines read so far (by [`Self::wait_for`]).
+    pub fn out_so_far(&self) -> &[String] {
+        &self.out
+    }
+
     pub fn close_stdin(&mut self) {
         self.stdin = None;
     }
