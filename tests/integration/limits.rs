@@ -335,7 +335,22 @@ fn with_etcd_a_thread_that_cannot_be_created_is_an_error_naming_the_limit_not_a_
         cmd.args(&args);
         run(cmd).assert_code(0);
     }
-    assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
+    leased_keys_go(&cluster);
+}
+
+/// Nothing is left in etcd once the leases of runs that worked have had their time: a release
+/// that a busy cluster did not answer within its bound leaves the keys to their lease, which
+/// takes them within its TTL; a key bound to no lease would stay for good.
+#[cfg(feature = "etcd")]
+fn leased_keys_go(cluster: &crate::etcd_cluster::Cluster) {
+    // The default lease TTL, and etcd's expiry sweep on a busy host.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut left = cluster.keys();
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        left = cluster.keys();
+    }
+    assert_eq!(left, "", "nothing may be left in etcd");
 }
 
 /// An etcd endpoint given by host name is looked up before the client's runtime has it: left to
@@ -398,7 +413,7 @@ fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thr
         }
     }
     assert_eq!(record(dir.path(), "byname")["exit_code"], 125);
-    assert_eq!(cluster.keys(), "", "nothing may be left in etcd");
+    leased_keys_go(&cluster);
     no_lock_held(dir.path());
 }
 
