@@ -916,31 +916,18 @@ fn leave_a_volume_on_the_worker_only(case: &Case) {
     );
 }
 
-/// The next run of the same domain, whose command deploys the same stack straight away: the
-/// run sweeps the stack off every node before its command, so the task on the worker mounts a
-/// fresh volume, not the one an earlier run left there with its data.
-#[test]
-fn a_run_s_command_never_mounts_a_volume_an_earlier_run_left_on_another_node() {
-    let Some(swarm) = Swarm::get() else {
-        return;
-    };
-    let _gate = shared();
-    let case = Case::for_run(swarm);
-    leave_a_volume_on_the_worker_only(&case);
-    let compose = case.compose(2, App::StopsOnTerm);
-    let script = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
-        && f=label=com.docker.stack.namespace=$CCCI_STACK_NAME \
-        && until c=$(docker --host \"$WORKER\" ps -q --filter $f) && [ -n \"$c\" ] \
-             && docker --host \"$WORKER\" exec $c test -e /data/written-by-2 2>/dev/null; do sleep 0.1; done \
-        && echo \"worker data: $(docker --host \"$WORKER\" exec $c ls /data | tr '\\n' ' ')\"";
-    let mut cmd = case.sandbox.run_sh("mnv", &["--deadline", "120s"], script);
-    swarm
-        .aim(&mut cmd, &swarm.manager)
-        .env("WORKER", &swarm.worker)
-        .env("COMPOSE", &compose)
-        .env("RUN", "2");
-    let done = run(cmd);
-    eprintln!("{}", done.transcript());
+/// Run 2's command (`$COMPOSE` for `$CCCI_STACK_NAME`, the worker at `$WORKER`): deploy the
+/// stack, wait until its task on the worker has written its file, and list the worker's `/data`
+/// on a `worker data: ` line.
+const REDEPLOY_ON_THE_WORKER: &str = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
+    && f=label=com.docker.stack.namespace=$CCCI_STACK_NAME \
+    && until c=$(docker --host \"$WORKER\" ps -q --filter $f) && [ -n \"$c\" ] \
+         && docker --host \"$WORKER\" exec $c test -e /data/written-by-2 2>/dev/null; do sleep 0.1; done \
+    && echo \"worker data: $(docker --host \"$WORKER\" exec $c ls /data | tr '\\n' ' ')\"";
+
+/// The run of [`REDEPLOY_ON_THE_WORKER`] ended 0, its task on the worker saw only run 2's file
+/// (a fresh volume, not run 1's), and nothing of the app is left.
+fn ran_on_a_fresh_worker_volume(case: &Case, done: &Finished) {
     done.assert_code(0);
     let data = done
         .out
@@ -962,6 +949,31 @@ fn a_run_s_command_never_mounts_a_volume_an_earlier_run_left_on_another_node() {
         "left after the run: {:?}",
         case.left_now()
     );
+}
+
+/// The next run of the same domain, whose command deploys the same stack straight away: the
+/// run sweeps the stack off every node before its command, so the task on the worker mounts a
+/// fresh volume, not the one an earlier run left there with its data.
+#[test]
+fn a_run_s_command_never_mounts_a_volume_an_earlier_run_left_on_another_node() {
+    let Some(swarm) = Swarm::get() else {
+        return;
+    };
+    let _gate = shared();
+    let case = Case::for_run(swarm);
+    leave_a_volume_on_the_worker_only(&case);
+    let compose = case.compose(2, App::StopsOnTerm);
+    let mut cmd = case
+        .sandbox
+        .run_sh("mnv", &["--deadline", "120s"], REDEPLOY_ON_THE_WORKER);
+    swarm
+        .aim(&mut cmd, &swarm.manager)
+        .env("WORKER", &swarm.worker)
+        .env("COMPOSE", &compose)
+        .env("RUN", "2");
+    let done = run(cmd);
+    eprintln!("{}", done.transcript());
+    ran_on_a_fresh_worker_volume(&case, &done);
 }
 
 /// A node that may hold an earlier run's volume is cut off when the next run starts: the run
@@ -1445,15 +1457,10 @@ fn a_run_whose_app_was_on_a_node_out_of_service_waits_for_it_then_runs_on_fresh_
     case.sandbox.plant_env("ci", &case.domain, "X=1\n");
     let mut out = OutOfService::begin(swarm, how);
     let compose = case.compose(2, App::StopsOnTerm);
-    let script = "docker stack deploy --resolve-image never -c \"$COMPOSE\" \"$CCCI_STACK_NAME\" >/dev/null \
-        && f=label=com.docker.stack.namespace=$CCCI_STACK_NAME \
-        && until c=$(docker --host \"$WORKER\" ps -q --filter $f) && [ -n \"$c\" ] \
-             && docker --host \"$WORKER\" exec $c test -e /data/written-by-2 2>/dev/null; do sleep 0.1; done \
-        && echo \"worker data: $(docker --host \"$WORKER\" exec $c ls /data | tr '\\n' ' ')\"";
     let mut cmd = case.sandbox.run_sh(
         "mdw",
         &["--lock-wait", "120s", "--deadline", "240s"],
-        script,
+        REDEPLOY_ON_THE_WORKER,
     );
     swarm
         .aim(&mut cmd, &swarm.manager)
@@ -1480,27 +1487,7 @@ fn a_run_whose_app_was_on_a_node_out_of_service_waits_for_it_then_runs_on_fresh_
         back.elapsed().as_secs_f64(),
         done.transcript()
     );
-    done.assert_code(0);
-    let data = done
-        .out
-        .iter()
-        .find_map(|l| l.strip_prefix("worker data: "))
-        .unwrap_or_else(|| {
-            panic!(
-                "the command did not list the worker's /data\n{}",
-                done.transcript()
-            )
-        });
-    assert!(
-        !data.contains("written-by-1"),
-        "run 2's task on the worker mounted run 1's volume: /data holds {data}"
-    );
-    assert!(data.contains("written-by-2"), "{data}");
-    assert!(
-        case.left_now().is_empty(),
-        "left after the run: {:?}",
-        case.left_now()
-    );
+    ran_on_a_fresh_worker_volume(&case, &done);
 }
 
 /// What `proc` printed on stdout so far holds a line starting with `prefix`.
