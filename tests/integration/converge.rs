@@ -131,7 +131,7 @@ fn n_of_n_running_mid_stop_first_update_is_not_converged_until_the_update_comple
     };
     let stack = stack_name("roll");
     let services = format!(
-        "  app:\n{SLEEPER}    deploy:\n      replicas: 2\n      endpoint_mode: dnsrr\n      update_config: {{order: stop-first, parallelism: 1, delay: 0s, monitor: 8s}}\n"
+        "  app:\n{SLEEPER}    deploy:\n      replicas: 2\n      endpoint_mode: dnsrr\n      update_config: {{order: stop-first, parallelism: 1, delay: 0s, monitor: 30s}}\n"
     );
     let _cleanup = deploy(&sandbox, &stack, &services);
     run(converge(&sandbox, &stack, &["--timeout", "120"])).assert_code(0);
