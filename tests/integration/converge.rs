@@ -139,16 +139,32 @@ fn n_of_n_running_mid_stop_first_update_is_not_converged_until_the_update_comple
     docker(&["service", "update", "-d", "--env-add", "ROLL=1", &app]);
     // Wait (through the CLI) for the window: both new tasks running, update still going.
     eventually("2 tasks of the new spec running while updating", || {
-        let tasks = docker(&[
+        // A task of the old spec still running counts in `service ps` too: only the task's own
+        // spec (the added variable) says it is one of the new ones.
+        let ids = docker(&[
             "service",
             "ps",
             &app,
             "--filter",
             "desired-state=running",
             "--format",
-            "{{.CurrentState}}",
+            "{{.ID}}",
         ]);
-        let running = tasks.lines().filter(|l| l.starts_with("Running")).count();
+        let ids: Vec<&str> = ids.lines().collect();
+        if ids.is_empty() {
+            return false;
+        }
+        let mut args = vec![
+            "inspect",
+            "--format",
+            "{{.Status.State}} {{.Spec.ContainerSpec.Env}}",
+        ];
+        args.extend(&ids);
+        let tasks = docker(&args);
+        let running = tasks
+            .lines()
+            .filter(|l| l.starts_with("running ") && l.contains("ROLL=1"))
+            .count();
         running == 2 && update_state(&app) == "updating"
     });
     // No stable window: the new tasks count the moment they run, so only the update state
