@@ -1038,12 +1038,7 @@ impl TestCgroup {
     pub fn create(name: &str) -> Option<Self> {
         static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let made = (|| {
-            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-            let mount = mountinfo.lines().find_map(|l| {
-                let (head, tail) = l.split_once(" - ")?;
-                (tail.split_whitespace().next()? == "cgroup2")
-                    .then(|| head.split_whitespace().nth(4).map(PathBuf::from))?
-            })?;
+            let mount = cgroup2_mount()?;
             let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
             let own = own.lines().find_map(|l| l.strip_prefix("0::"))?.to_owned();
             let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -1143,6 +1138,59 @@ impl TestCgroup {
             }
         }
         let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Where the unified (cgroup v2) hierarchy is mounted, if it is.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|l| {
+        let (head, tail) = l.split_once(" - ")?;
+        (tail.split_whitespace().next()? == "cgroup2")
+            .then(|| head.split_whitespace().nth(4).map(PathBuf::from))?
+    })
+}
+
+/// The cgroups ccci-run made for the configuration whose runs dir is `runs` (their names end
+/// with `-c<dev>.<ino>` of that directory), anywhere in the unified hierarchy.
+fn cgroups_of_runs_dir(runs: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(dir: &Path, suffix: &str, depth: usize, found: &mut Vec<PathBuf>) {
+        if depth > 8 {
+            return;
+        }
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("ccci-") {
+                if name.ends_with(suffix) {
+                    found.push(entry.path());
+                }
+            } else {
+                walk(&entry.path(), suffix, depth + 1, found);
+            }
+        }
+    }
+    let (Ok(meta), Some(mount)) = (std::fs::metadata(runs), cgroup2_mount()) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    walk(&mount, &format!("-c{}.{}", meta.dev(), meta.ino()), 0, &mut found);
+    found
+}
+
+/// A sandbox goes with what its runs left in the cgroup hierarchy (a supervisor killed by a
+/// test leaves its cgroup for a janitor that will never come): its runs dir's inode is free for
+/// the next sandbox once the directory is gone, and that sandbox's janitor must not find
+/// another test's cgroups as its own.
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        for dir in cgroups_of_runs_dir(&self.runs()) {
+            drop(TestCgroup { dir });
+        }
     }
 }
 
