@@ -3,7 +3,9 @@
 //! partitions made with nftables): how long after one holder's last write the next holder's
 //! command first writes, after a clean release and after a lease lapse (the holder cut off from
 //! every member), and how long the next holder starts after etcd deleted the lost holder's key
-//! (the extra wait a stop budget costs, beside etcd's own expiry sweep).
+//! (the extra wait the proof of the lost holder's end costs, beside etcd's own expiry sweep).
+//! A handover after a lapse is held against its bound: the lease TTL, the stop budget and 1 s
+//! from the cut.
 //!
 //! Each holder's command appends `$EPOCHREALTIME host token` to one shared log every 50 ms, as
 //! in the partition tests. Contenders, in the same run on the same cluster: `ccci-run lock` and
@@ -448,11 +450,29 @@ fn main() {
         };
         println!(
             "{} / etcdctl lock: clean handover {}, lapse from cut {}, after expiry {} \
-             (the stop budget's extra wait: {extra})",
+             (the extra wait for the lost holder's end: {extra})",
             who.name(),
             ratio(&|h| Some(h.handover), false),
             ratio(&|h| h.after_cut, true),
             ratio(&|h| h.after_expiry, true),
         );
+    }
+    // The bound a handover after a lapse is held to: TTL + stop budget (grace + 0.5 s) + 1 s.
+    let ttl: f64 = TTL.parse().expect("a TTL in seconds");
+    let grace: f64 = KILL_GRACE.parse().expect("a kill grace in seconds");
+    let bound = ttl + grace + 0.5 + 1.0;
+    for who in [Contender::CcciLock, Contender::CcciRun] {
+        let worst = results
+            .iter()
+            .find(|r| r.0 == who)
+            .and_then(|r| r.2.iter().filter_map(|h| h.after_cut).reduce(f64::max));
+        if let Some(worst) = worst {
+            println!(
+                "{}: slowest lapse from cut {worst:.2} s, bound TTL + stop budget + 1 s = \
+                 {bound:.1} s: {}",
+                who.name(),
+                if worst <= bound { "within" } else { "OVER" }
+            );
+        }
     }
 }

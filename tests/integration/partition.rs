@@ -277,6 +277,32 @@ impl Outcome {
         if !self.keys.is_empty() {
             problems.push(format!("keys left in etcd: {:?}", self.keys));
         }
+        // How the next holder knew the lost one was gone. Cut off from every member, the
+        // holder cannot renew: the waiter sees its lease run down within its stop budget and
+        // takes the lock once that lease has run out, not a whole TTL and budget later. A
+        // revoke of a cut-off holder's lease while much of it is left proves nothing: the lapse
+        // is waited out in full.
+        let waiter_err = self.waiter.err.join("\n");
+        let proven = waiter_err.contains("was stopping its command by then");
+        let full_wait = waiter_err.contains("lost its lease without releasing the lock (cut off");
+        match self.spec.upset {
+            Upset::Cut {
+                members: Members::All,
+                way: Way::Both,
+                length: Length::UntilHandedOver,
+            } if !proven || full_wait => problems.push(
+                "the waiter did not take the lock when the cut-off holder's lease ran out"
+                    .to_owned(),
+            ),
+            Upset::Operator {
+                act: Act::Revoke,
+                cut: true,
+            } if proven || !full_wait => problems.push(
+                "the waiter did not wait out the revoked lease of the cut-off holder in full"
+                    .to_owned(),
+            ),
+            _ => {}
+        }
         problems
     }
 

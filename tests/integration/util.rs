@@ -1178,7 +1178,12 @@ fn cgroups_of_runs_dir(runs: &Path) -> Vec<PathBuf> {
         return Vec::new();
     };
     let mut found = Vec::new();
-    walk(&mount, &format!("-c{}.{}", meta.dev(), meta.ino()), 0, &mut found);
+    walk(
+        &mount,
+        &format!("-c{}.{}", meta.dev(), meta.ino()),
+        0,
+        &mut found,
+    );
     found
 }
 

@@ -203,6 +203,49 @@ pub(in crate::lock::etcd) async fn lapse(
     })
 }
 
+/// End tenure key `kv` whose holder's command a look proved gone ([`LeaseWatch`]), if it is
+/// still the one seen.
+pub(in crate::lock::etcd) async fn end_tenure(
+    pool: &Pool,
+    kv: &KeyValue,
+) -> Result<bool, etcd_client::Error> {
+    let txn = Txn::new()
+        .when([Compare::mod_revision(
+            kv.key(),
+            CompareOp::Equal,
+            kv.mod_revision(),
+        )])
+        .and_then([TxnOp::delete(kv.key(), None)]);
+    let response = pool
+        .call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+    Ok(response.succeeded())
+}
+
+/// The line the head says once about a holder whose lease a look found within its stop
+/// budget before it ended.
+pub(in crate::lock::etcd) fn proven_line(label: &str, kv: &KeyValue, proof: &Proof) -> String {
+    let value = TenureValue::parse(kv);
+    let holder = value.as_ref().and_then(|v| Holder::parse(&v.holder));
+    let budget = value.map_or(0.0, |v| v.stop_budget().as_secs_f64());
+    format!(
+        "== {label}: its last holder, {}, lost its lease without releasing the lock; at {} \
+         etcd's leader gave its lease under {} s, within its {budget:.1} s stop budget, so it \
+         was stopping its command by then: the lock is taken {:.1} s from now, when that lease \
+         had run out ==",
+        Holder::describe(holder.as_ref()),
+        humantime::format_rfc3339_millis(proof.at),
+        proof.left_s + 1,
+        proof
+            .gone_by
+            .saturating_duration_since(tokio::time::Instant::now())
+            .as_secs_f64()
+    )
+}
+
 /// The line a waiter says once about a holder that lost its lease without a release.
 pub(in crate::lock::etcd) fn lapsed_line(
     label: &str,

@@ -2,7 +2,7 @@
 //! what stands between a waiter and the lock ([`Obstacle`]), joining the line, the claim, and
 //! the wait on the runtime for our turn ([`wait_turn`], watched by the signal funnel through
 //! [`PendingTake`]). Here the snapshot and what it says; the claim and a holder's lapse are
-//! [`claim`], the wait for our turn [`turn`].
+//! [`claim`], the head's looks at its holder's lease [`look`], the wait for our turn [`turn`].
 //!
 //! Only keys bound to a lease count: a key that ccci-run always binds to one, found without
 //! (written by hand with `etcdctl put`), is junk. Waiters and claims look past it, `locks`
@@ -34,9 +34,11 @@ use crate::report;
 use crate::supervise::worker::Awaitable;
 
 mod claim;
+mod look;
 mod turn;
 
 pub(super) use claim::*;
+pub(super) use look::*;
 pub(super) use turn::*;
 
 /// How often a waiter reads its queue again even though its watch said nothing.
@@ -217,6 +219,13 @@ impl Snapshot {
         }
         let tenure = TenureValue::parse(self.tenures.first()?)?;
         Holder::parse(&tenure.holder)
+    }
+
+    /// The tenure record of the holder whose lease is `lease`.
+    pub(super) fn tenure_of(&self, lease: i64) -> Option<TenureValue> {
+        let key = keys::tenure_key(&self.dir, lease);
+        let kv = self.tenures.iter().find(|kv| kv.key() == key.as_bytes())?;
+        TenureValue::parse(kv)
     }
 
     /// A junk owner or tenure key: it would fail a claim's transaction, so it goes first.

@@ -31,6 +31,8 @@ pub(in crate::lock::etcd) async fn wait_turn(
     let waiter = turn.waiter.clone();
     // The holder that lost its key we last said we wait for.
     let mut told: Option<(Vec<u8>, bool)> = None;
+    // The head's looks at its holder's lease ([`LeaseWatch`]).
+    let mut looking: Option<LeaseWatch> = None;
     loop {
         let snap = match snapshot(&pool, &turn.dir).await {
             Ok(snap) => snap,
@@ -82,7 +84,34 @@ pub(in crate::lock::etcd) async fn wait_turn(
             continue;
         }
         let obstacle = snap.obstacle(Some(&waiter));
+        // Whose lease the head looks at: the holder's that stands in its way, while it lives.
+        let holder_lease = match &obstacle {
+            Some(Obstacle::Owner(kv)) => Some(kv.lease()),
+            Some(Obstacle::Tenure(kv)) => tenure_lease(kv),
+            _ => None,
+        };
+        if holder_lease != looking.as_ref().map(|l| l.lease) {
+            looking = holder_lease.and_then(|lease| {
+                let tenure = snap.tenure_of(lease)?;
+                LeaseWatch::new(lease, tenure.stop_budget())
+            });
+        }
+        let proof = looking.as_ref().and_then(|l| l.proof);
         let watched = match &obstacle {
+            Some(Obstacle::Tenure(kv)) if proof.is_some() => {
+                // A look proved the holder's command gone by then: its tenure ends there,
+                // whatever ended its lease.
+                let proof = proof.expect("just checked");
+                if told.as_ref().map(|(key, _)| key) != Some(&kv.key().to_vec()) {
+                    told = Some((kv.key().to_vec(), true));
+                    report::line(&proven_line(&turn.label, kv, &proof));
+                }
+                tokio::time::sleep_until(proof.gone_by).await;
+                if end_tenure(&pool, kv).await.is_err() {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                continue;
+            }
             None => {
                 let lineage = snap.lineage.valid().expect("no obstacle: a valid lineage");
                 let claimed = claim(
@@ -164,7 +193,19 @@ pub(in crate::lock::etcd) async fn wait_turn(
         tokio::pin!(recheck);
         loop {
             let promote_at = turn.promote.as_ref().map(|(at, _)| *at);
+            let look_at = looking.as_ref().and_then(LeaseWatch::due);
             tokio::select! {
+                () = async {
+                    match look_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let watch = looking.as_mut().expect("only armed while set");
+                    if !watch.look(&pool).await || watch.proof.is_some() {
+                        break;
+                    }
+                }
                 answer = watch.message() => match answer {
                     Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
                     Ok(Some(_)) => break,
