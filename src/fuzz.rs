@@ -305,8 +305,8 @@ fn every_target_survives_a_short_run() {
     reason = "a soak prints its counts to the harness"
 )]
 fn soak() {
-    let wanted = std::env::var("CCCI_FUZZ_TARGET").ok();
-    let secs: u64 = std::env::var("CCCI_FUZZ_SECS")
+    let wanted = crate::config::env::var("CCCI_FUZZ_TARGET").ok();
+    let secs: u64 = crate::config::env::var("CCCI_FUZZ_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);

@@ -241,7 +241,7 @@ fn command_line_error(err: &clap::Error) -> ExitCode {
     let (flag, config_flag) = cli::log_format_before_parsing(std::env::args_os().skip(1));
     let given = flag.or_else(config::log_format_from_env);
     let config = config_flag.or_else(|| {
-        std::env::var_os("CCCI_CONFIG")
+        crate::config::env::var_os("CCCI_CONFIG")
             .filter(|v| !v.is_empty())
             .map(std::path::PathBuf::from)
     });
@@ -259,8 +259,7 @@ fn command_line_error(err: &clap::Error) -> ExitCode {
         return ExitCode::from(code);
     }
     // clap's text, styled as clap would style it, under the one prefix every error has.
-    let colour =
-        report::stderr_is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let colour = report::stderr_is_terminal() && !config::env::no_color();
     let rendered = err.render();
     let text = if colour {
         rendered.ansi().to_string()
@@ -624,7 +623,8 @@ fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
     if let Some(Ok(seam)) = link.get() {
         seam.refuse_a_worker().map_err(|err| names::NameError {
             what: "Docker engine",
-            value: std::env::var("DOCKER_HOST").unwrap_or_else(|_| "(the default socket)".into()),
+            value: crate::config::env::var("DOCKER_HOST")
+                .unwrap_or_else(|_| "(the default socket)".into()),
             rule: err.to_string(),
         })?;
     }
@@ -879,8 +879,7 @@ fn init_logging(quiet: u8, verbose: u8, format: LogFormat) {
         .unwrap_or_else(|_| EnvFilter::new(format!("ccci_run={level}")))
         .add_directive(status);
     // Colour only for a person at a terminal, and never when NO_COLOR says so.
-    let colour =
-        report::stderr_is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let colour = report::stderr_is_terminal() && !config::env::no_color();
     // A stderr nobody reads any more (or a full disk) drops the event, never a panic.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

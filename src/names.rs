@@ -168,9 +168,8 @@ pub(crate) struct DroneBuild {
 }
 
 impl DroneBuild {
-    /// Read from the step's environment.
-    pub(crate) fn from_env() -> Self {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    /// Read through `var` (the step's environment: a variable's value when set and not empty).
+    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
         let repo = var("DRONE_REPO").or_else(|| {
             var("DRONE_REPO_OWNER")
                 .zip(var("DRONE_REPO_NAME"))

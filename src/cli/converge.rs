@@ -97,7 +97,7 @@ impl ConvergeArgs {
             .domain
             .stack_name()
         } else {
-            match std::env::var("CCCI_STACK_NAME") {
+            match crate::config::env::var("CCCI_STACK_NAME") {
                 Ok(stack) if !stack.is_empty() => StackName::parse(&stack)
                     .map_err(|e| NameError {
                         what: "CCCI_STACK_NAME",

@@ -100,7 +100,7 @@ impl IdentityArgs {
 impl RunArgs {
     pub(crate) fn validate(&self, global: &Global) -> Result<RunConfig, NameError> {
         let identity = self.identity.validate(&global.suffix)?;
-        let drone = DroneBuild::from_env();
+        let drone = DroneBuild::from_vars(crate::config::env::non_empty);
         let run_id = RunId::resolve(self.run_id.as_deref(), &drone)?;
         let fetch = Fetch::choose(
             self.no_fetch,

@@ -8,8 +8,8 @@
 //!
 //! Here: the validated configurations each command is handed (`Global`, `RunConfig`,
 //! `LockConfig`, ...); the values settings take are [`values`], the file's settings [`file`],
-//! the resolution of each setting from its four sources [`resolve`], and what a missing
-//! configured directory means [`dirs`].
+//! the resolution of each setting from its four sources [`resolve`], what a missing
+//! configured directory means [`dirs`], and the one reader of the environment [`env`].
 //!
 //! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
@@ -26,6 +26,7 @@ use crate::names::{
 };
 
 pub(crate) mod dirs;
+pub(crate) mod env;
 mod file;
 mod resolve;
 mod values;
@@ -345,7 +346,7 @@ impl Fetch {
         template: Option<&str>,
         recipe: &Recipe,
     ) -> Result<Self, NameError> {
-        let skip_from_env = std::env::var("CCCI_SKIP_FETCH")
+        let skip_from_env = env::var("CCCI_SKIP_FETCH")
             .ok()
             .map(|v| parse_boolish("CCCI_SKIP_FETCH", &v))
             .transpose()?

@@ -120,7 +120,7 @@ pub(super) fn pick<T>(
 
 /// Our home: `$HOME`, or, when it is unset or empty, the home directory of the user we run as.
 pub(crate) fn home_dir() -> Option<PathBuf> {
-    std::env::var_os("HOME")
+    super::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
@@ -214,7 +214,9 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
     let docker = pick(i.docker, file.docker, &from_file, DockerMode::Auto);
     // The engine: the flag, else the environment's DOCKER_HOST (read where the engine is
     // chosen), else the file's docker_host, else the default socket.
-    let env_host = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
+    let env_host = super::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|h| !h.is_empty());
     let docker_host = match (i.docker_host, &env_host, file.docker_host.clone()) {
         (Some((host, origin)), _, _) => Some((host, origin)),
         (None, Some(_), _) => None,
@@ -267,7 +269,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
     // TLS to a TCP engine: the file's settings, else the environment's (as the docker CLI
     // reads them), else none.
     let env_set = |var: &str| {
-        std::env::var(var)
+        super::env::var(var)
             .ok()
             .filter(|v| !v.is_empty())
             .map(|v| (v, Origin::Environment(var.to_owned())))
@@ -333,7 +335,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
             &lease_ttl.1,
         ),
     ];
-    let recipe_url_template = match std::env::var("CCCI_RECIPE_URL_TEMPLATE") {
+    let recipe_url_template = match super::env::var("CCCI_RECIPE_URL_TEMPLATE") {
         Ok(template) => Some((
             template,
             Origin::Environment("CCCI_RECIPE_URL_TEMPLATE".to_owned()),
@@ -398,7 +400,7 @@ pub(super) fn node_sweep_settings(
     settings: &mut Vec<Setting>,
 ) -> Result<NodeSweepSettings, NameError> {
     let env = |name: &str| {
-        std::env::var(name)
+        super::env::var(name)
             .ok()
             .map(|v| (v, Origin::Environment(name.to_owned())))
     };
@@ -460,7 +462,7 @@ pub(super) fn resolve_timings(
             .map(|(_, v)| (*v, Origin::Flag));
         // A flag wins: the variable is not even read then, so a bad value set for every step
         // never turns an explicit flag into a usage error.
-        let env = match std::env::var_os(info.env).filter(|_| flag.is_none()) {
+        let env = match super::env::var_os(info.env).filter(|_| flag.is_none()) {
             Some(value) => {
                 let text = value.to_string_lossy();
                 let parsed =
@@ -526,7 +528,7 @@ pub(super) fn invalid(what: &'static str, path: &Option<PathBuf>, rule: String) 
 
 /// `CCCI_LOG_FORMAT`, when it names a format.
 pub(crate) fn log_format_from_env() -> Option<LogFormat> {
-    std::env::var("CCCI_LOG_FORMAT")
+    super::env::var("CCCI_LOG_FORMAT")
         .ok()
         .and_then(|v| LogFormat::from_name(&v))
 }

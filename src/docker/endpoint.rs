@@ -73,12 +73,12 @@ impl DockerEnv {
     pub(crate) fn from_process() -> Self {
         let home = crate::config::home_dir();
         Self {
-            host: std::env::var_os("DOCKER_HOST"),
+            host: crate::config::env::var_os("DOCKER_HOST"),
             named_by: None,
             export: false,
-            tls_verify: std::env::var_os("DOCKER_TLS_VERIFY"),
-            tls: std::env::var_os("DOCKER_TLS"),
-            cert_path: std::env::var_os("DOCKER_CERT_PATH"),
+            tls_verify: crate::config::env::var_os("DOCKER_TLS_VERIFY"),
+            tls: crate::config::env::var_os("DOCKER_TLS"),
+            cert_path: crate::config::env::var_os("DOCKER_CERT_PATH"),
             home,
         }
     }

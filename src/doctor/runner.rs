@@ -340,7 +340,7 @@ pub(super) fn step_path(source: &UnitSource) -> Vec<Check> {
             }
         }
         _ => (
-            std::env::var_os("PATH").unwrap_or_default(),
+            crate::config::env::var_os("PATH").unwrap_or_default(),
             "this shell's PATH (no runner unit could be read)".to_owned(),
         ),
     };

@@ -130,7 +130,7 @@ pub(crate) fn run(
     // Made before the wait, so the holder line can name it.
     let cgroups = cgroup::run_cgroup(opts.cgroup, "lock", opts.name.as_str(), owner);
     let key = LockKey::Named(&opts.name);
-    let mut held = HeldLocks::inherited(std::env::var(HELD_VAR).unwrap_or_default());
+    let mut held = HeldLocks::inherited(crate::config::env::var(HELD_VAR).unwrap_or_default());
     let fence;
     let lease = match held.grant(backend, &opts.name)? {
         // The command inherits the ancestor's token with the rest of its environment.
@@ -152,8 +152,10 @@ pub(crate) fn run(
             let wait = Wait {
                 // Inside a run, the run; elsewhere just the process. The line names our cgroup
                 // and marker: should we die holding the lock, the next holder clears them.
-                holder: &Holder::this_process(&std::env::var("CCCI_RUN_ID").unwrap_or_default())
-                    .with_cgroup(cgroups.as_ref().map(|c| c.cgroup.path())),
+                holder: &Holder::this_process(
+                    &crate::config::env::var("CCCI_RUN_ID").unwrap_or_default(),
+                )
+                .with_cgroup(cgroups.as_ref().map(|c| c.cgroup.path())),
                 funnel: &funnel,
                 until: opts.wait.map(|w| Instant::now() + w),
                 class: opts.class,

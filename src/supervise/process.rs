@@ -252,7 +252,7 @@ fn cstring(bytes: &[u8], program: &OsString) -> Result<CString, SpawnError> {
 impl Prepared {
     fn new(spec: &CommandSpec) -> Result<Self, SpawnError> {
         let program = &spec.program;
-        let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+        let mut env: Vec<(OsString, OsString)> = crate::config::env::all();
         let mut set = |key: OsString, value: OsString| match env.iter_mut().find(|(k, _)| *k == key)
         {
             Some(slot) => slot.1 = value,
