@@ -129,20 +129,122 @@ fn raw_string_opens(text: &str, i: usize) -> bool {
     after.trim_start_matches('#').starts_with('"')
 }
 
-/// The first component of every path that starts with `crate::`, with the path as written.
-/// `use crate::{a::b, c}` gives `a` and `c`.
-fn crate_paths(code: &str) -> Vec<(String, String)> {
+/// The module path of a source file (`janitor/report.rs` → `janitor::report`, `run/mod.rs` →
+/// `run`, `lib.rs` → the crate root).
+fn module_of(rel: &str) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_owned)
+        .collect();
+    if parts
+        .last()
+        .is_some_and(|p| p == "mod" || p == "lib" || p == "main")
+    {
+        parts.pop();
+    }
+    parts
+}
+
+/// The inline modules (`mod tests { … }`) open at each byte of `code`: for each byte, how many
+/// and their names, as a stack.
+fn inline_modules(code: &str) -> Vec<Vec<String>> {
+    let opens = regex::Regex::new(r"\bmod\s+([A-Za-z_][A-Za-z0-9_]*)\s*\{").unwrap();
+    let mut starts: BTreeMap<usize, (String, usize)> = BTreeMap::new();
+    for m in opens.captures_iter(code) {
+        let whole = m.get(0).unwrap();
+        starts.insert(whole.end() - 1, (m[1].to_owned(), whole.start()));
+    }
+    let mut at = Vec::with_capacity(code.len());
+    let mut stack: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0usize;
+    for (i, b) in code.bytes().enumerate() {
+        match b {
+            b'{' => {
+                depth += 1;
+                if let Some((name, _)) = starts.get(&i) {
+                    stack.push((name.clone(), depth));
+                }
+            }
+            b'}' => {
+                if stack.last().is_some_and(|(_, d)| *d == depth) {
+                    stack.pop();
+                }
+                depth = depth.saturating_sub(1);
+            }
+            _ => {}
+        }
+        at.push(stack.iter().map(|(n, _)| n.clone()).collect());
+    }
+    at
+}
+
+/// Every path of the crate that `code` (the file `rel` under `src/`, comments and strings
+/// removed) names, as the compiler resolves it: `crate::…`, `$crate::…` (a macro expands it to
+/// the crate), and `super::…` chains from the file's module and the inline modules around them.
+/// Each comes back as its first component under the crate root (the room) and the path as
+/// written. `use crate::{a::b, c}` gives `a` and `c`; a chain that resolves inside the file's
+/// own room gives that room.
+fn crate_paths(rel: &str, code: &str) -> Vec<(String, String)> {
+    let module = module_of(rel);
+    let inline = inline_modules(code);
+    let starts = regex::Regex::new(r"\$?crate\s*::|(?:super\s*::\s*)+").unwrap();
     let mut found = Vec::new();
-    let mut at = 0;
-    while let Some(pos) = code[at..].find("crate::") {
-        let start = at + pos;
-        at = start + "crate::".len();
-        // `$crate::` (a macro) and `ccci_crate::` are no paths of ours.
-        let before = code[..start].chars().next_back();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+    // The end of the last group read: a path inside it was read with it.
+    let mut read_to = 0;
+    for m in starts.find_iter(code) {
+        let start = m.start();
+        if start < read_to {
             continue;
         }
-        let rest = &code[at..];
+        let before = code[..start].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            // `ccci_crate::`, `a::super::` (not a path from here), `::crate`.
+            continue;
+        }
+        let written = m.as_str();
+        let (base, head): (Vec<String>, String) = if written.contains("crate") {
+            (Vec::new(), written.replace(char::is_whitespace, ""))
+        } else {
+            // `super::super::` from the module the code sits in.
+            let ups = written.matches("super").count();
+            let mut here = module.clone();
+            here.extend(inline.get(start).cloned().unwrap_or_default());
+            if ups > here.len() {
+                found.push((
+                    "<above the crate>".to_owned(),
+                    written.replace(char::is_whitespace, ""),
+                ));
+                continue;
+            }
+            here.truncate(here.len() - ups);
+            (here, written.replace(char::is_whitespace, ""))
+        };
+        let rest = &code[m.end()..];
+        let mut push = |whole: &str| {
+            let whole = whole.trim();
+            // `super::` at the head of a group's item goes up from the group's path.
+            let (mut base, mut item) = (base.clone(), whole);
+            while let Some(up) = item
+                .strip_prefix("super")
+                .and_then(|r| r.trim_start().strip_prefix("::"))
+            {
+                if base.pop().is_none() {
+                    found.push(("<above the crate>".to_owned(), format!("{head}{whole}")));
+                    return;
+                }
+                item = up.trim_start();
+            }
+            let first: String = item
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '*')
+                .collect();
+            if first.is_empty() {
+                return;
+            }
+            let room = base.first().cloned().unwrap_or(first);
+            found.push((room, format!("{head}{}", whole.replace('\n', " "))));
+        };
         if let Some(group) = rest.strip_prefix('{') {
             // A group: its top-level items, up to the matching brace.
             let mut depth = 1;
@@ -163,29 +265,31 @@ fn crate_paths(code: &str) -> Vec<(String, String)> {
                     item.push(c);
                 }
             }
+            let length: usize = items.iter().map(|i| i.len() + 1).sum::<usize>() + item.len();
+            read_to = m.end() + 1 + length;
             items.push(item);
             for item in items {
-                let item = item.trim();
-                let first: String = item
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !first.is_empty() {
-                    found.push((first, format!("crate::{{{}}}", item.replace('\n', " "))));
-                }
+                push(&item);
             }
         } else {
             let path: String = rest
                 .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':' || *c == '*')
                 .collect();
-            let first = path.split("::").next().unwrap_or_default().to_owned();
-            if !first.is_empty() {
-                found.push((first, format!("crate::{path}")));
-            }
+            push(&path);
         }
     }
     found
+}
+
+/// Every `crate as NAME` in `code`: a second name for the crate root hides each path through
+/// it from this test, so none is allowed.
+fn crate_aliases(code: &str) -> Vec<String> {
+    regex::Regex::new(r"\b(?:\$?crate)\s+as\s+[A-Za-z_][A-Za-z0-9_]*")
+        .unwrap()
+        .find_iter(code)
+        .map(|m| m.as_str().to_owned())
+        .collect()
 }
 
 /// A room's own doc: the `//!` lines at the top of its file (`x.rs`) or its `mod.rs`.
@@ -258,7 +362,13 @@ fn every_import_points_down_and_no_command_imports_another() {
     let mut arrows: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
     for (rel, text) in &files {
         let from = room_of(rel);
-        for (to, path) in crate_paths(&code_only(text)) {
+        let code = code_only(text);
+        for alias in crate_aliases(&code) {
+            problems.push(format!(
+                "src/{rel}: `{alias}` names the crate root anew: write `crate::` paths"
+            ));
+        }
+        for (to, path) in crate_paths(rel, &code) {
             if to == from || !rooms.contains(&to) {
                 // Its own room, or an item of lib.rs itself (`crate::Error`): the entry.
                 if to != from && !rooms.contains(&to) {
@@ -341,8 +451,10 @@ fn every_import_points_down_and_no_command_imports_another() {
     );
 }
 
-/// The reader of paths is itself right: groups, nested groups, inline paths, and nothing from
-/// comments, strings or macros.
+/// The reader of paths is itself right: groups, nested groups, inline paths, `$crate::` in a
+/// macro, `super::` chains from a file's module and its inline modules, a second name for the
+/// crate refused, and nothing from comments or strings. Each shape that once slipped past it is
+/// planted here.
 #[test]
 fn the_import_reader_reads_what_rustc_reads() {
     let code = code_only(
@@ -357,14 +469,69 @@ fn the_import_reader_reads_what_rustc_reads() {
         let r = r#"crate::doctor"#;
         macro_rules! m { () => { $crate::report::line("") } }
         let c = '"'; let d = crate::exit::OK;
+        pub(in crate::lock::etcd) fn f() {}
+        pub(super) fn g() {}
         "##,
     );
-    let firsts: Vec<String> = crate_paths(&code).into_iter().map(|(f, _)| f).collect();
+    let firsts = |rel: &str, code: &str| -> Vec<String> {
+        crate_paths(rel, code).into_iter().map(|(f, _)| f).collect()
+    };
     assert_eq!(
-        firsts,
-        ["lock", "names", "supervise", "config", "run", "exit"],
+        firsts("run/mod.rs", &code),
+        [
+            "lock",
+            "names",
+            "supervise",
+            "config",
+            "run",
+            "report",
+            "exit",
+            "lock"
+        ],
         "{code}"
     );
+    // `super::` from a top-level room is the crate root.
+    assert_eq!(
+        firsts("app.rs", &code_only("use super::janitor::sweep;")),
+        ["janitor"]
+    );
+    // Two levels up from `run/list.rs` is the crate root too; one is `run` itself.
+    assert_eq!(
+        firsts(
+            "run/list.rs",
+            &code_only("use super::super::janitor; use super::stop::StopError;")
+        ),
+        ["janitor", "run"]
+    );
+    // A group after a chain, and a chain inside an inline module.
+    assert_eq!(
+        firsts(
+            "lock/etcd/queue/claim.rs",
+            &code_only("use super::super::super::{file, super::janitor::x};")
+        ),
+        ["lock", "janitor"]
+    );
+    assert_eq!(
+        firsts(
+            "names.rs",
+            &code_only(
+                "fn a() {} mod tests { use super::*; use super::super::janitor::x; } \
+                 use super::converge;"
+            )
+        ),
+        ["names", "janitor", "converge"]
+    );
+    // `$crate::` outside a macro_rules body, written with spaces.
+    assert_eq!(
+        firsts("report.rs", &code_only("$crate::janitor::x")),
+        ["janitor"]
+    );
+    // A second name for the crate is refused: paths through it would go unseen.
+    assert_eq!(
+        crate_aliases(&code_only("use crate as root; root::janitor::sweep();")),
+        ["crate as root"]
+    );
+    assert!(crate_aliases(&code_only("use crate::names as n;")).is_empty());
 }
 
 /// The README's Layout names every entry of the tree that a reader meets: each file and folder
