@@ -1,8 +1,8 @@
 //! ccci-run: a daemonless run supervisor for recipe CI on a Co-op Cloud style host.
 //!
 //! The invariant everything rests on: lock lifetime ⊆ process lifetime ⊆ step lifetime ⊆ hard
-//! deadline. Kernel primitives only — flock, prctl, signals, process groups — no daemon and no
-//! shared state service.
+//! deadline. Kernel primitives only — flock, prctl, signals, process groups, cgroups — and no
+//! daemon; across hosts, etcd for the locks and the swarm's own nodes for the reaps.
 //!
 //! Floor: entry (docs/architecture.md): the top floor, imported by nothing but the entry.
 
@@ -352,7 +352,7 @@ fn command(
         _ => false,
     };
     if keeps_runs {
-        janitor::retention::check_runs_dir(&global.runs_dir)?;
+        janitor::retention::refuse_system_runs_dir(&global.runs_dir)?;
     }
     check_dirs(&command, global)?;
     match command {
@@ -441,7 +441,6 @@ fn command(
         }
         Command::Run(args) => {
             let cfg = args.validate(global)?;
-            janitor::retention::check_runs_dir(&global.runs_dir)?;
             docker::DockerLink::check_env(global.docker)?;
             Ok(run::run(global, &cfg, start_ppid, &RunSweeper)?)
         }
@@ -612,10 +611,8 @@ fn show_config(args: &ConfigArgs, resolved: &Resolved) -> Result<u8, Error> {
 
 /// `ccci-run janitor`: one sweep, the retention pass, the metrics, the report.
 fn janitor(args: &JanitorArgs, global: &Global) -> Result<u8, Error> {
+    // A system directory as the runs dir was refused before (`command`).
     let keep_runs = global.timings.get(config::Timing::KeepRuns);
-    if keep_runs.is_some() {
-        janitor::retention::check_runs_dir(&global.runs_dir)?;
-    }
     docker::DockerLink::check_env(global.docker)?;
     let opts = args.sweep_options(global);
     let link = docker::DockerLink::new(global.docker, global.node_sweep.clone());

@@ -10,7 +10,7 @@
 //! - It is removed only while we hold its guard lock (`run.lock`), so a live run's directory —
 //!   its guard is held for the run's whole life — is never touched.
 //! - A runs dir that is a system directory (`/`, `/etc`, `/var/lib`, a home directory, …) is
-//!   refused before anything looks in it ([`check_runs_dir`]): such a path is a typo, and what
+//!   refused before anything looks in it ([`refuse_system_runs_dir`]): such a path is a typo, and what
 //!   lives there is never ours.
 
 use std::io;
@@ -104,7 +104,7 @@ pub(crate) struct Kept {
 /// Refuse a runs dir that is a system directory (or the home directory of the user we run as):
 /// every entry there is someone else's, and a run would scatter its directories among them.
 /// The path is compared as given (made lexically plain) and with its symbolic links resolved.
-pub(crate) fn check_runs_dir(runs_dir: &Path) -> Result<(), NameError> {
+pub(crate) fn refuse_system_runs_dir(runs_dir: &Path) -> Result<(), NameError> {
     let plain = lexically_plain(runs_dir);
     let resolved = resolved(runs_dir);
     let home = nix::unistd::User::from_uid(nix::unistd::Uid::effective())
@@ -398,19 +398,21 @@ mod tests {
             "/proc/1",
             "/sys/fs",
         ] {
-            let err = check_runs_dir(Path::new(dir)).unwrap_err().to_string();
+            let err = refuse_system_runs_dir(Path::new(dir))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("--runs-dir"), "{dir}: {err}");
         }
         // `..` and symbolic links are resolved before the comparison.
-        assert!(check_runs_dir(Path::new("/var/lib/..")).is_err());
-        assert!(check_runs_dir(Path::new("/var/run")).is_err());
+        assert!(refuse_system_runs_dir(Path::new("/var/lib/..")).is_err());
+        assert!(refuse_system_runs_dir(Path::new("/var/run")).is_err());
         for dir in [
             "/var/lib/cc-ci-runs",
             "/srv/ci/runs",
             "/tmp/ccci-runs",
             "/etc/ccci-run/runs",
         ] {
-            assert_eq!(check_runs_dir(Path::new(dir)), Ok(()), "{dir}");
+            assert_eq!(refuse_system_runs_dir(Path::new(dir)), Ok(()), "{dir}");
         }
     }
 }

@@ -146,7 +146,9 @@ fn make_dir(dir: &Path) -> io::Result<()> {
     }
 }
 
-fn check_runs_dir(runs_dir: &Path) -> Result<(), RunDirError> {
+/// Refuse a runs dir that others may write to without the sticky bit: they could replace a
+/// run's directory.
+fn check_runs_dir_mode(runs_dir: &Path) -> Result<(), RunDirError> {
     use std::os::unix::fs::PermissionsExt;
     let Ok(meta) = std::fs::metadata(runs_dir) else {
         return Ok(()); // created below, by us
@@ -268,7 +270,7 @@ impl RunDir {
         let run_id = claimant.run_id;
         let ours = describe(claimant.repo, claimant.recipe);
         let dir = runs_dir.join(run_id.as_str());
-        check_runs_dir(runs_dir)?;
+        check_runs_dir_mode(runs_dir)?;
         // The runs dir and the run's are each made in their parent only: a missing parent of
         // the runs dir is a setting to fix (`config::dirs`), never made.
         make_dir(runs_dir).map_err(io_err("create runs dir", runs_dir))?;

@@ -675,3 +675,58 @@ fn raw_kills_live_in_one_place() {
         "src/supervise/linux.rs's raw kill and pidfd_send_signal"
     );
 }
+
+/// docs/architecture.md says what the tree holds: every file or folder of `src/` it names in
+/// backticks exists, and its list of files over 600 lines names each of them.
+#[test]
+fn the_architecture_document_matches_the_tree() {
+    let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
+    let src = repo().join("src");
+    let named = regex::Regex::new(r"`([a-z_]+(?:/[a-z_]+)*(?:\.rs|/))`").unwrap();
+    let room_line = regex::Regex::new(r"^- \*\*`([a-z_/]+/)`\*\*").unwrap();
+    let mut problems = Vec::new();
+    for line in doc.lines() {
+        // A room's own line names its files from the room (`**`config/`**: `values.rs``).
+        let room = room_line.captures(line).map(|c| c[1].to_owned());
+        for found in named.captures_iter(line) {
+            let path = &found[1];
+            let whole = found.get(0).unwrap();
+            // What a file was once called (`(was `a.rs`, `b.rs`)`), `src/` itself, and paths
+            // outside it.
+            let before = &line[..whole.start()];
+            let aside = before.rfind('(').map_or("", |at| &before[at..]);
+            if aside.contains("was ")
+                || path == "src/"
+                || path.starts_with("tests/")
+                || path.starts_with("benches/")
+            {
+                continue;
+            }
+            let there = src.join(path).exists()
+                || room
+                    .as_ref()
+                    .is_some_and(|r| src.join(r).join(path).exists());
+            if !there {
+                problems.push(format!(
+                    "docs/architecture.md names src/{path}, which is not there"
+                ));
+            }
+        }
+    }
+    let sizes = doc
+        .split("The files over 600 lines")
+        .nth(1)
+        .expect("docs/architecture.md lists the files over 600 lines");
+    let mut files = Vec::new();
+    sources(&src, &src, &mut files);
+    for (rel, text) in &files {
+        let lines = text.lines().count();
+        if lines > 600 && !sizes.contains(&format!("`{rel}`")) {
+            problems.push(format!(
+                "src/{rel} has {lines} lines and is not in docs/architecture.md's list of the \
+                 files over 600 lines"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
