@@ -15,6 +15,7 @@ pub(crate) mod converge;
 pub(crate) mod docker;
 mod doctor;
 pub(crate) mod duration;
+pub(crate) mod error;
 pub(crate) mod exit;
 pub(crate) mod files;
 mod fuzz;
@@ -38,133 +39,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command, ConfigArgs, JanitorArgs, LocksArgs, RunsArgs};
 use crate::config::{Global, LogFormat, Resolved};
-
-/// Every way `ccci-run` itself can fail, each with its documented exit code.
-#[derive(Debug, thiserror::Error)]
-enum Error {
-    #[error(transparent)]
-    Invalid(#[from] names::NameError),
-    #[error(transparent)]
-    Run(#[from] run::RunError),
-    #[error(transparent)]
-    NamedLock(#[from] lock::named::NamedLockError),
-    #[error("failed to write metrics file {path}: {source}")]
-    Metrics {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("failed to write to stdout: {0}")]
-    Output(std::io::Error),
-    #[error("failed to write man pages into {path}: {source}")]
-    ManDir {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Locks(lock::LockError),
-    #[error("failed to read runs dir {path}: {source}")]
-    RunsDir {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("no run {run_id} in {runs_dir}: no record names it")]
-    NoSuchRun {
-        run_id: String,
-        runs_dir: std::path::PathBuf,
-    },
-    #[error(transparent)]
-    Stop(#[from] run::stop::StopError),
-    #[error(transparent)]
-    Converge(#[from] converge::ConvergeError),
-    #[error("failed to list the locks in {store}: {source}")]
-    LockDir {
-        store: String,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Dir(#[from] config::dirs::ParentMissing),
-    #[error(transparent)]
-    Switch(#[from] trust::SwitchError),
-    /// An error about a path under a configured directory, with the setting that names it.
-    #[error("{source} (the directory is set by {setting})")]
-    Located {
-        source: Box<Error>,
-        setting: &'static str,
-    },
-}
-
-impl Error {
-    /// What kind of error this is, as a JSON error event names it: its exit code in a word.
-    fn kind(&self) -> &'static str {
-        match self.exit_code() {
-            exit::USAGE => "invalid-input",
-            exit::INTERNAL => "internal",
-            _ => "failure",
-        }
-    }
-
-    fn exit_code(&self) -> u8 {
-        match self {
-            Self::Invalid(_) | Self::Dir(_) => exit::USAGE,
-            Self::Run(e) => e.exit_code(),
-            Self::NamedLock(_) | Self::Converge(_) | Self::Switch(_) => exit::INTERNAL,
-            Self::Metrics { .. }
-            | Self::LockDir { .. }
-            | Self::Locks(_)
-            | Self::RunsDir { .. }
-            | Self::NoSuchRun { .. }
-            | Self::Stop(_)
-            | Self::Output(_)
-            | Self::ManDir { .. } => exit::FAILURE,
-            Self::Located { source, .. } => source.exit_code(),
-        }
-    }
-
-    /// Name the setting behind the path this error is about, so that a typo or a directory
-    /// the user may not write (a root-owned `/run/lock`, `/var/lib/cc-ci-runs`) says which
-    /// option to change. The longest configured directory the message names wins.
-    fn located(self, global: &Global) -> Self {
-        if matches!(self, Self::Invalid(_) | Self::Output(_) | Self::Dir(_)) {
-            return self;
-        }
-        let message = self.to_string();
-        // A message that already names its setting (`config::dirs`) says it once.
-        let dirs = [
-            config::dirs::Dir::Lock,
-            config::dirs::Dir::Runs,
-            config::dirs::Dir::State,
-        ];
-        if dirs.iter().any(|dir| message.contains(dir.sources())) {
-            return self;
-        }
-        let settings = [
-            (&global.lock_dir, "--lock-dir / CCCI_APP_LOCK_DIR"),
-            (&global.runs_dir, "--runs-dir / CCCI_RUNS_DIR"),
-            (&global.state_dir, "--state-dir / CCCI_STATE_DIR"),
-            (&global.abra_home, "--abra-home / CCCI_ABRA_HOME"),
-        ];
-        let named = settings
-            .iter()
-            .filter(|(dir, _)| names_path_under(&message, dir))
-            .max_by_key(|(dir, _)| dir.as_os_str().len());
-        match named {
-            Some((_, setting)) => Self::Located {
-                source: Box::new(self),
-                setting,
-            },
-            None => self,
-        }
-    }
-}
-
-/// Whether `message` names `dir` or a path below it.
-fn names_path_under(message: &str, dir: &std::path::Path) -> bool {
-    let dir = dir.display().to_string();
-    message.match_indices(&dir).any(|(at, _)| {
-        let rest = &message[at + dir.len()..];
-        rest.is_empty() || rest.starts_with(['/', ':', ' ', ')', ','])
-    })
-}
+use crate::error::Error;
 
 /// The program: parse the command line, build the configuration, run one command.
 pub fn main() -> ExitCode {
@@ -731,7 +606,7 @@ fn doctor(args: &cli::DoctorArgs, inputs: &config::Inputs) -> Result<u8, Error> 
 /// `ccci-run locks`: every lock file, held or not.
 fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
     let long_held = global.timings.value(config::Timing::LongHeld);
-    let backend = lock::backend(global).map_err(Error::Locks)?;
+    let backend = lock::backend(global).map_err(Error::from)?;
     let mut errors = Vec::new();
     if let Some(missing) = backend.missing_store() {
         report::line(&format!("ccci-run: warning: {missing}"));
@@ -743,7 +618,7 @@ fn locks(args: &LocksArgs, global: &Global) -> Result<u8, Error> {
         Err(source) => {
             // The etcd backend's own error names its endpoints already: said once.
             return Err(match source.downcast::<lock::LockError>() {
-                Ok(err) => Error::Locks(err),
+                Ok(err) => Error::from(err),
                 Err(source) => Error::LockDir {
                     store: backend.describe_store(),
                     source,

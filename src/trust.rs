@@ -69,6 +69,12 @@ pub(crate) struct SwitchError {
     source: nix::Error,
 }
 
+impl From<SwitchError> for crate::error::Error {
+    fn from(err: SwitchError) -> Self {
+        Self::command(err, crate::exit::INTERNAL)
+    }
+}
+
 /// Become the runner's user for good, when we are root and the configuration names one: its
 /// groups first (all of them, so its Docker group keeps the engine's socket), then its group,
 /// then its user, real, effective and saved alike. From then on everything this process makes is

@@ -58,6 +58,12 @@ pub(crate) enum ConvergeError {
     Docker { stack: String, cause: String },
 }
 
+impl From<ConvergeError> for crate::error::Error {
+    fn from(err: ConvergeError) -> Self {
+        Self::command(err, crate::exit::INTERNAL)
+    }
+}
+
 /// The report `--json` prints.
 #[derive(Debug, Serialize)]
 struct Report<'a> {

@@ -76,6 +76,12 @@ pub(crate) enum LockError {
     },
 }
 
+impl From<LockError> for crate::error::Error {
+    fn from(err: LockError) -> Self {
+        Self::command(err, crate::exit::FAILURE)
+    }
+}
+
 impl LockError {
     fn io(what: &'static str, path: &Path, source: impl Into<io::Error>) -> Self {
         Self::Io {

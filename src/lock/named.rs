@@ -69,6 +69,12 @@ pub(crate) enum NamedLockError {
     Predecessor { name: LockName, why: String },
 }
 
+impl From<NamedLockError> for crate::error::Error {
+    fn from(err: NamedLockError) -> Self {
+        Self::command(err, crate::exit::INTERNAL)
+    }
+}
+
 pub(crate) type LockOptions = crate::config::LockConfig;
 
 /// What the command above the lock does once the wait is over: `lock --metrics-file` writes

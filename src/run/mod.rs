@@ -131,6 +131,13 @@ impl RunError {
     }
 }
 
+impl From<RunError> for crate::error::Error {
+    fn from(err: RunError) -> Self {
+        let code = err.exit_code();
+        Self::command(err, code)
+    }
+}
+
 /// What a run asks of the janitor: its start-of-run sweep, and the reaping of dead runs'
 /// processes before a dead run's app is removed. A command imports no other command, so the
 /// entry (`lib.rs`) hands the run the janitor's side as a value of this trait.

@@ -91,6 +91,12 @@ pub(crate) enum StopError {
     },
 }
 
+impl From<StopError> for crate::error::Error {
+    fn from(err: StopError) -> Self {
+        Self::command(err, crate::exit::FAILURE)
+    }
+}
+
 /// How a stop ended: the exit code, and the line for stdout.
 #[derive(Debug)]
 pub(crate) struct Stopped {
