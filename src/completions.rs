@@ -332,6 +332,43 @@ fn fish_positional_values(cmd: &clap::Command, bin_name: &str) -> String {
     lines
 }
 
+/// `ccci-run __complete WHAT`: the names a shell completes, one a line; what cannot be read is
+/// left out without a word (a completion must never print an error into the line).
+pub(crate) fn complete(
+    what: &str,
+    global: &crate::config::Global,
+) -> Result<u8, crate::error::Error> {
+    let names: Vec<String> = match what {
+        "run-ids" | "live-run-ids" => {
+            let all = what == "run-ids";
+            let mut listing =
+                crate::runs::list::list(&global.runs_dir, all, std::time::SystemTime::now())
+                    .unwrap_or_default();
+            if !all {
+                crate::runs::list::only_live(&mut listing);
+            }
+            listing.runs.into_iter().map(|r| r.run_id).collect()
+        }
+        _ => crate::lock::backend(global)
+            .ok()
+            .and_then(|b| {
+                b.list(global.timings.value(crate::config::Timing::LongHeld))
+                    .ok()
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|l| l.kind == crate::lock::list::LockKind::Named)
+            .map(|l| l.name)
+            .collect(),
+    };
+    let text: String = names
+        .iter()
+        .filter(|n| crate::names::RunId::parse(n).is_ok())
+        .map(|n| format!("{n}\n"))
+        .collect();
+    crate::error::emit(text.as_bytes()).map(|()| 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,6 +123,12 @@ impl Error {
     }
 }
 
+/// Write `bytes` to stdout. A closed stdout (`| head`) ends the output quietly, as coreutils
+/// do; any other write error (a full disk) is a clear error. Never a panic.
+pub(crate) fn emit(bytes: &[u8]) -> Result<(), Error> {
+    crate::report::stdout(bytes).map_err(Error::Output)
+}
+
 /// Whether `message` names `dir` or a path below it.
 fn names_path_under(message: &str, dir: &Path) -> bool {
     let dir = dir.display().to_string();

@@ -512,3 +512,36 @@ fn see_also(out: &mut dyn Write, cmd: &clap::Command, main: &clap::Command) -> i
     };
     writeln!(out, ".SH \"SEE ALSO\"\n{}", pages.join(", "))
 }
+
+/// `ccci-run man`: one page on stdout, or every page into a directory.
+pub(crate) fn command(
+    command: Option<&str>,
+    dir: Option<&std::path::Path>,
+) -> Result<u8, crate::error::Error> {
+    let pages = pages(crate::cli::command()).map_err(crate::error::Error::Output)?;
+    if let Some(dir) = dir {
+        let written = std::fs::create_dir_all(dir).and_then(|()| {
+            pages
+                .iter()
+                .try_for_each(|(name, page)| std::fs::write(dir.join(name), page))
+        });
+        written.map_err(|source| crate::error::Error::ManDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let names: Vec<String> = pages.iter().map(|(name, _)| format!("{name}\n")).collect();
+        return crate::error::emit(names.concat().as_bytes()).map(|()| 0);
+    }
+    let wanted = match command {
+        None | Some("ccci-run") => "ccci-run.1".to_owned(),
+        Some(command) => format!("ccci-run-{command}.1"),
+    };
+    match pages.iter().find(|(name, _)| *name == wanted) {
+        Some((_, page)) => crate::error::emit(page).map(|()| 0),
+        None => Err(crate::error::Error::Invalid(crate::names::NameError {
+            what: "man page",
+            value: command.unwrap_or_default().to_owned(),
+            rule: "no such command; see ccci-run --help".to_owned(),
+        })),
+    }
+}

@@ -232,3 +232,49 @@ pub(crate) fn table(columns: &[Column], last: &str, rows: &[Vec<String>], wide: 
     }
     out
 }
+
+/// Pretty JSON of a report made of plain data.
+pub(crate) fn json(value: &impl serde::Serialize) -> String {
+    // No control or bidi character reaches a reader of any document, raw or decoded.
+    crate::names::visible_json(
+        &serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")),
+    )
+}
+
+/// Set up logging once: the level from `-q`/`-v` (or `RUST_LOG`), status lines always shown,
+/// text or JSON on stderr.
+pub(crate) fn init_logging(quiet: u8, verbose: u8, format: crate::config::LogFormat) {
+    let level = match (quiet, verbose) {
+        (q, _) if q > 0 => "error",
+        (_, 0) => "warn",
+        (_, 1) => "info",
+        (_, 2) => "debug",
+        _ => "trace",
+    };
+    // Status lines are always shown, whatever the level or RUST_LOG says.
+    let status = format!("{}=info", STATUS_TARGET)
+        .parse()
+        .expect("a valid directive");
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("ccci_run={level}")))
+        .add_directive(status);
+    // Colour only for a person at a terminal, and never when NO_COLOR says so.
+    let colour = stderr_is_terminal() && !crate::config::env::no_color();
+    // A stderr nobody reads any more (or a full disk) drops the event, never a panic.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(Stderr)
+        .with_ansi(colour)
+        .with_target(false);
+    let _ = match format {
+        crate::config::LogFormat::Text => builder.without_time().try_init(),
+        crate::config::LogFormat::Json => {
+            use_json();
+            builder
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .try_init()
+        }
+    };
+}

@@ -24,6 +24,7 @@ use crate::names::{DomainSuffix, DroneBuild, LockName, NameError, RunId, StackNa
 
 mod converge;
 mod doctor;
+pub(crate) mod errors;
 mod janitor;
 mod lock;
 mod run;

@@ -44,8 +44,8 @@ pub(crate) struct StopArgs {
 }
 
 impl StopArgs {
-    pub(crate) fn validate(&self) -> Result<crate::run::stop::StopConfig, NameError> {
-        Ok(crate::run::stop::StopConfig {
+    pub(crate) fn validate(&self) -> Result<crate::runs::stop::StopConfig, NameError> {
+        Ok(crate::runs::stop::StopConfig {
             run_id: RunId::parse(&self.run_id)?,
             wait: self.wait,
             kill: self.kill,

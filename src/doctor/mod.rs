@@ -36,6 +36,7 @@ use serde::Serialize;
 
 use crate::config::dirs::{self, Dir};
 use crate::config::{self, CgroupMode, DockerMode, Global, Inputs, Timing};
+use crate::error::{Error, emit};
 
 /// The runner unit named when `--unit` is not given (the unit `systemd/` ships a drop-in for).
 pub(crate) const DEFAULT_UNIT: &str = "drone-runner-exec.service";
@@ -261,4 +262,39 @@ fn settings(inputs: &Inputs, checks: &mut Vec<Check>) -> Global {
                 .expect("the built-in defaults are valid")
         }
     }
+}
+
+/// `ccci-run doctor`: every check, exit 1 when any failed.
+pub(crate) fn command(opts: &Options, json: bool, inputs: &config::Inputs) -> Result<u8, Error> {
+    let report = run(inputs, opts);
+    // A failed check fails the command: said on stderr too, under the one prefix.
+    let failed: Vec<&str> = report
+        .checks
+        .iter()
+        .filter(|c| c.state == State::Fail)
+        .map(|c| c.name.as_str())
+        .collect();
+    let errors: Vec<String> = if failed.is_empty() {
+        Vec::new()
+    } else {
+        vec![format!(
+            "doctor: {} check(s) failed: {}",
+            failed.len(),
+            failed.join(", ")
+        )]
+    };
+    let text = if json {
+        format!(
+            "{}\n",
+            crate::report::json(&crate::report::Envelope::new(&report, errors.clone()))
+        )
+    } else {
+        crate::names::visible_text(&render(&report))
+    };
+    emit(text.as_bytes())?;
+    let code = if report.ok { 0 } else { crate::exit::FAILURE };
+    for error in &errors {
+        crate::report::failure(&format!("ccci-run: error: {error}"), "doctor", code);
+    }
+    Ok(code)
 }

@@ -18,6 +18,7 @@
 //!
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
+pub(crate) mod command;
 pub(crate) mod decide;
 pub(crate) mod reap;
 pub(crate) mod report;

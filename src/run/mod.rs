@@ -2,8 +2,8 @@
 //!
 //! This folder holds what one run does: its state files ([`state`]), the recipe it fetches
 //! ([`fetch`]), its app lock ([`app_lock`]), its end ([`teardown`]), and here the order
-//! everything happens in; and the two commands that look at
-//! runs from outside: `runs` ([`list`]) and `stop` ([`stop`]). Its directory, guard, record and
+//! everything happens in. The commands that look at runs from outside, `runs` and `stop`, are
+//! a room of their own ([`crate::runs`]). Its directory, guard, record and
 //! phases are a floor below ([`crate::rundir`]), where the janitor reads them too; the janitor's
 //! side of a run comes from the entry, as a [`Sweeper`]. It must never reap another run's app
 //! or hold a lock past its own process: what a dead run leaves is the janitor's.
@@ -20,9 +20,7 @@
 
 mod app_lock;
 pub(crate) mod fetch;
-pub(crate) mod list;
 pub(crate) mod state;
-pub(crate) mod stop;
 mod teardown;
 
 use std::collections::VecDeque;

@@ -464,7 +464,7 @@ fn the_import_reader_reads_what_rustc_reads() {
         use crate::config::Global;
         // use crate::janitor::sweep;
         /// See [`crate::docker::DockerSeam`].
-        let x = crate::run::stop::stop(a);
+        let x = crate::runs::stop::stop(a);
         let s = "crate::converge::run";
         let r = r#"crate::doctor"#;
         macro_rules! m { () => { $crate::report::line("") } }
@@ -483,7 +483,7 @@ fn the_import_reader_reads_what_rustc_reads() {
             "names",
             "supervise",
             "config",
-            "run",
+            "runs",
             "report",
             "exit",
             "lock"

@@ -532,3 +532,15 @@ fn kill(
         )),
     })
 }
+
+/// `ccci-run stop RUN_ID`: the stop, its line on stdout, its exit code.
+pub(crate) fn command(
+    cfg: &StopConfig,
+    global: &crate::config::Global,
+) -> Result<u8, crate::error::Error> {
+    let stopped = stop(&global.runs_dir, cfg)?;
+    if let Some(line) = stopped.line {
+        crate::error::emit(format!("{line}\n").as_bytes())?;
+    }
+    Ok(stopped.code)
+}
