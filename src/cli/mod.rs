@@ -23,6 +23,7 @@ use crate::config::{
 use crate::names::{DomainSuffix, DroneBuild, LockName, NameError, RunId, StackName};
 
 mod converge;
+pub(crate) mod dispatch;
 mod doctor;
 pub(crate) mod errors;
 mod janitor;
