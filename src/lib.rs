@@ -12,6 +12,7 @@ mod completions;
 pub(crate) mod config;
 mod config_file;
 pub(crate) mod converge;
+mod dispatch;
 pub(crate) mod docker;
 mod doctor;
 pub(crate) mod duration;
@@ -62,7 +63,7 @@ pub fn main() -> ExitCode {
     };
     // A `--json` command prints its envelope whatever happens: on a failure, with the error.
     let json_when_failed = cli.command.json_when_failed();
-    match cli::dispatch::dispatch(cli, &matches, start_ppid) {
+    match dispatch::dispatch(cli, &matches, start_ppid) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             report::failure(

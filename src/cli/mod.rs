@@ -23,7 +23,6 @@ use crate::config::{
 use crate::names::{DomainSuffix, DroneBuild, LockName, NameError, RunId, StackName};
 
 mod converge;
-pub(crate) mod dispatch;
 mod doctor;
 pub(crate) mod errors;
 mod janitor;

@@ -138,7 +138,7 @@ impl From<RunError> for crate::error::Error {
 
 /// What a run asks of the janitor: its start-of-run sweep, and the reaping of dead runs'
 /// processes before a dead run's app is removed. A command imports no other command, so the
-/// entry (`cli/dispatch.rs`) hands the run the janitor's side as a value of this trait.
+/// entry (`dispatch.rs`) hands the run the janitor's side as a value of this trait.
 pub(crate) trait Sweeper {
     /// Stop every process a dead run of the configuration `scope` left.
     fn reap_dead_runs_processes(&self, scope: crate::supervise::identity::Scope);

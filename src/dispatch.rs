@@ -7,7 +7,7 @@
 
 use nix::unistd::Pid;
 
-use super::{Cli, Command};
+use crate::cli::{self, Cli, Command};
 use crate::config::{self, Global, LogFormat, Resolved};
 use crate::error::Error;
 use crate::{
@@ -18,7 +18,7 @@ use crate::{
 /// Resolve the configuration and run the command. `start_ppid` is our parent pid as read first
 /// thing, so the orphan check can tell whether the parent died while we were starting.
 pub(crate) fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) -> Result<u8, Error> {
-    let globals = super::Globals {
+    let globals = cli::Globals {
         top: (&cli.global, matches),
         sub: cli
             .command
@@ -219,7 +219,7 @@ impl run::Sweeper for RunSweeper {
 }
 
 /// What `doctor`'s command line asks for beyond the configuration.
-fn doctor_options(args: &super::DoctorArgs) -> doctor::Options {
+fn doctor_options(args: &cli::DoctorArgs) -> doctor::Options {
     doctor::Options {
         unit: args.unit.clone(),
         unit_file: args.unit_file.clone(),
