@@ -124,7 +124,7 @@ pub(crate) struct SweepReport {
     /// Entries of the runs dir that `--keep-runs` left alone although they are old enough:
     /// nothing proves them run directories of ours.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub runs_kept: Option<Vec<crate::janitor::retention::Kept>>,
+    pub runs_kept: Option<Vec<Kept>>,
     /// Docker list calls this sweep made (one per resource kind), when Docker was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_list_calls: Option<usize>,
@@ -742,6 +742,16 @@ pub(crate) fn write_host_metrics(path: &Path, metrics: &HostMetrics) -> io::Resu
         false,
         crate::files::Mode::WorldReadable,
     )
+}
+
+/// An entry of the runs dir that retention left alone because nothing proves it a run
+/// directory of ours, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Kept {
+    /// The entry, escaped (its name comes from whoever made it).
+    #[serde(serialize_with = "crate::names::serialize_path_escaped")]
+    pub path: std::path::PathBuf,
+    pub why: String,
 }
 
 #[cfg(test)]

@@ -18,9 +18,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
-
-use crate::janitor::report::SweepReport;
+use crate::janitor::report::{Kept, SweepReport};
 use crate::lock::LockError;
 use crate::names::{self, NameError, RunId};
 use crate::rundir::record::RunRecord;
@@ -90,16 +88,6 @@ const PSEUDO_FS: &[&str] = &["/proc", "/sys"];
 
 /// The runs dir's entries that are ccci-run's own but not run directories.
 const OWN_ENTRIES: &[&str] = &[names::DOMAINS_DIR, names::STATE_DIR];
-
-/// An entry of the runs dir that retention left alone because nothing proves it a run
-/// directory of ours, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct Kept {
-    /// The entry, escaped (its name comes from whoever made it).
-    #[serde(serialize_with = "names::serialize_path_escaped")]
-    pub path: PathBuf,
-    pub why: String,
-}
 
 /// Refuse a runs dir that is a system directory (or the home directory of the user we run as):
 /// every entry there is someone else's, and a run would scatter its directories among them.

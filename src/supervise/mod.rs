@@ -37,7 +37,8 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use self::cgroup::Leaf;
-use self::process::{ChildStatus, CommandSpec, ProcessGroup};
+use self::process::{CommandSpec, ProcessGroup};
+use self::shutdown::ChildStatus;
 use crate::report;
 use crate::supervise::shutdown::{Action, Escalation, Event, ShutdownReason};
 use crate::supervise::signals::{SignalFunnel, shutdown_events};
@@ -279,7 +280,7 @@ impl Supervisor<'_> {
                 // Killed when the fence's deadline had come (a whole host frozen, then thawed):
                 // the fence killed it, because the lock may have lapsed. That is a lost lock,
                 // and the run ends as one, not as a command killed by a signal.
-                if status == process::ChildStatus::Signaled(Signal::SIGKILL as i32)
+                if status == ChildStatus::Signaled(Signal::SIGKILL as i32)
                     && !stop.escalation.tearing_down()
                     && self.fence.is_some_and(fence::Fence::fired)
                 {

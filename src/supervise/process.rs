@@ -20,36 +20,14 @@ use nix::unistd::Pid;
 
 use crate::exit;
 use crate::supervise::linux;
+use crate::supervise::shutdown::ChildStatus;
 
-/// How a child ended, in the terms the run's exit code is made of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case", tag = "kind", content = "value")]
-pub(crate) enum ChildStatus {
-    /// It exited with this code.
-    Exited(i32),
-    /// A signal with this number killed it.
-    Signaled(i32),
-    /// It could not be started: 126 (not executable), 127 (not found), or 125 when this host
-    /// could not start any process (a limit on processes, memory or descriptors).
-    NotStarted(u8),
-}
-
-impl ChildStatus {
-    /// The shell's convention: the code, 128+N for signal N, 126/127 when it never ran.
-    pub(crate) fn exit_code(self) -> u8 {
-        match self {
-            Self::Exited(code) => (code & 0xff) as u8,
-            Self::Signaled(n) => exit::SIGNAL_BASE.saturating_add(n as u8),
-            Self::NotStarted(code) => code,
-        }
-    }
-
-    fn from_wait(status: WaitStatus) -> Option<(Pid, Self)> {
-        match status {
-            WaitStatus::Exited(pid, code) => Some((pid, Self::Exited(code))),
-            WaitStatus::Signaled(pid, signal, _) => Some((pid, Self::Signaled(signal as i32))),
-            _ => None,
-        }
+/// How a child ended, from what `waitpid` said (`None` for a stop or a continue).
+fn child_status(status: WaitStatus) -> Option<(Pid, ChildStatus)> {
+    match status {
+        WaitStatus::Exited(pid, code) => Some((pid, ChildStatus::Exited(code))),
+        WaitStatus::Signaled(pid, signal, _) => Some((pid, ChildStatus::Signaled(signal as i32))),
+        _ => None,
     }
 }
 
@@ -462,7 +440,7 @@ pub(crate) fn reap_ready() -> Vec<(Pid, ChildStatus)> {
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
-            Ok(status) => reaped.extend(ChildStatus::from_wait(status)),
+            Ok(status) => reaped.extend(child_status(status)),
             Err(Errno::EINTR) => continue,
             Err(err) => {
                 tracing::warn!("waitpid failed: {err}");

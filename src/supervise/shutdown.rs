@@ -12,7 +12,6 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::exit;
-use crate::supervise::process::ChildStatus;
 
 /// Who asked for a run to stop (`ccci-run stop`): its real uid and its pid, each as the
 /// requester saw itself.
@@ -20,6 +19,30 @@ use crate::supervise::process::ChildStatus;
 pub(crate) struct Requester {
     pub uid: u32,
     pub pid: i32,
+}
+
+/// How a child ended, in the terms the run's exit code is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "value")]
+pub(crate) enum ChildStatus {
+    /// It exited with this code.
+    Exited(i32),
+    /// A signal with this number killed it.
+    Signaled(i32),
+    /// It could not be started: 126 (not executable), 127 (not found), or 125 when this host
+    /// could not start any process (a limit on processes, memory or descriptors).
+    NotStarted(u8),
+}
+
+impl ChildStatus {
+    /// The shell's convention: the code, 128+N for signal N, 126/127 when it never ran.
+    pub(crate) fn exit_code(self) -> u8 {
+        match self {
+            Self::Exited(code) => (code & 0xff) as u8,
+            Self::Signaled(n) => exit::SIGNAL_BASE.saturating_add(n as u8),
+            Self::NotStarted(code) => code,
+        }
+    }
 }
 
 /// Why the run is ending.
