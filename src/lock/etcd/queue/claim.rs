@@ -204,25 +204,12 @@ pub(in crate::lock::etcd) async fn lapse(
 }
 
 /// End tenure key `kv` whose holder's command a look proved gone ([`LeaseWatch`]), if it is
-/// still the one seen.
+/// still the one seen (bound to a lease of a lapse or not).
 pub(in crate::lock::etcd) async fn end_tenure(
     pool: &Pool,
     kv: &KeyValue,
 ) -> Result<bool, etcd_client::Error> {
-    let txn = Txn::new()
-        .when([Compare::mod_revision(
-            kv.key(),
-            CompareOp::Equal,
-            kv.mod_revision(),
-        )])
-        .and_then([TxnOp::delete(kv.key(), None)]);
-    let response = pool
-        .call(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
-    Ok(response.succeeded())
+    delete_seen(pool, kv, false).await
 }
 
 /// The line the head says once about a holder whose lease a look found within its stop

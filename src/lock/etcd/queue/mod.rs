@@ -344,11 +344,26 @@ pub(super) async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_cl
 
 /// Remove `kv`, a key found without a lease, if it is still the one seen; whether it went.
 pub(super) async fn remove_junk(pool: &Pool, kv: &KeyValue) -> Result<bool, etcd_client::Error> {
+    delete_seen(pool, kv, true).await
+}
+
+/// Delete `kv` if it is still the one seen (its revision unchanged; and still bound to no lease,
+/// when `unleased`); whether it went.
+pub(super) async fn delete_seen(
+    pool: &Pool,
+    kv: &KeyValue,
+    unleased: bool,
+) -> Result<bool, etcd_client::Error> {
+    let mut when = vec![Compare::mod_revision(
+        kv.key(),
+        CompareOp::Equal,
+        kv.mod_revision(),
+    )];
+    if unleased {
+        when.push(Compare::lease(kv.key(), CompareOp::Equal, 0));
+    }
     let txn = Txn::new()
-        .when([
-            Compare::lease(kv.key(), CompareOp::Equal, 0),
-            Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
-        ])
+        .when(when)
         .and_then([TxnOp::delete(kv.key(), None)]);
     let response = pool
         .call(|mut c| {
