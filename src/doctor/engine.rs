@@ -1,7 +1,13 @@
 //! The engine's checks: Docker reachable and new enough, a swarm manager, and every node of a
 //! swarm of several reachable by the node sweep.
 
-use super::*;
+use std::time::Duration;
+
+use crate::config::DockerMode;
+use crate::config::Global;
+use crate::doctor::check::Check;
+use crate::doctor::check::State;
+use crate::doctor::check::check;
 
 /// How long any one Docker request may take.
 pub(super) const DOCKER_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,7 +1,11 @@
 //! The etcd checks: the cluster answers, a lease can be granted and revoked, and the lease TTL
 //! holds the kill grace (the stop budget).
 
-use super::*;
+use crate::config;
+use crate::config::Global;
+use crate::doctor::check::Check;
+use crate::doctor::check::State;
+use crate::doctor::check::check;
 
 /// Each etcd endpoint reachable; one cluster, with a leader; the TTL as granted.
 pub(super) fn etcd(global: &Global) -> Vec<Check> {

@@ -1,7 +1,12 @@
 //! The host's checks: the configured directories, the lock dir's filesystem, cgroups, and
 //! inotify's limits.
 
-use super::*;
+use std::path::Path;
+
+use crate::config::CgroupMode;
+use crate::doctor::check::Check;
+use crate::doctor::check::State;
+use crate::doctor::check::check;
 
 /// A configured directory: there, and safe (the lock dir's rule: owned by us or root, not
 /// writable by others unless sticky).

@@ -17,93 +17,27 @@
 //!
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
+mod check;
 mod engine;
 mod etcd;
 mod host;
+mod options;
 mod runner;
 mod unit;
 
+use check::check;
+pub(crate) use check::{Check, Report, State};
 use engine::docker;
 use etcd::etcd;
 use host::{cgroups, directory, inotify, lock_dir_tmpfs};
+pub(crate) use options::Options;
 use runner::{runner_unit, step_path, unit_checks};
 
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use serde::Serialize;
+use std::path::PathBuf;
 
 use crate::config::dirs::{self, Dir};
-use crate::config::{self, CgroupMode, DockerMode, Global, Inputs, Timing};
+use crate::config::{self, Global, Inputs};
 use crate::error::{Error, emit};
-
-/// The runner unit named when `--unit` is not given (the unit `systemd/` ships a drop-in for).
-pub(crate) const DEFAULT_UNIT: &str = "drone-runner-exec.service";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum State {
-    Ok,
-    Warn,
-    Fail,
-    Skip,
-}
-
-impl State {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Warn => "warn",
-            Self::Fail => "fail",
-            Self::Skip => "skip",
-        }
-    }
-}
-
-/// One check's line.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Check {
-    pub name: String,
-    pub state: State,
-    pub detail: String,
-    /// What to do about it (for `warn`, `fail` and `skip`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fix: Option<String>,
-}
-
-fn check(name: impl Into<String>, state: State, detail: impl Into<String>) -> Check {
-    Check {
-        name: name.into(),
-        state,
-        detail: detail.into(),
-        fix: None,
-    }
-}
-
-impl Check {
-    fn fix(mut self, fix: impl Into<String>) -> Self {
-        self.fix = Some(fix.into());
-        self
-    }
-}
-
-/// Every check, in order; `--json` prints it as is.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Report {
-    /// False when any check failed (exit 1).
-    pub ok: bool,
-    pub checks: Vec<Check>,
-}
-
-/// What `doctor` is told beyond the global settings.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Options {
-    /// The runner's systemd unit, asked of systemd.
-    pub unit: Option<String>,
-    /// The runner's unit file (with its `<file>.d/*.conf` drop-ins), read instead.
-    pub unit_file: Option<PathBuf>,
-}
 
 /// Run every check.
 pub(crate) fn run(inputs: &Inputs, opts: &Options) -> Report {

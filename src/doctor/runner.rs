@@ -1,7 +1,18 @@
 //! The runner's checks: its systemd unit (read by [`super::unit`]) as runs need it, and the
 //! programs a step finds on its `PATH`.
 
-use super::*;
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::config::Global;
+use crate::config::Timing;
+use crate::doctor::check::Check;
+use crate::doctor::check::DEFAULT_UNIT;
+use crate::doctor::check::State;
+use crate::doctor::check::check;
+use crate::doctor::options::Options;
+use crate::doctor::unit;
 
 /// The programs a step runs, which must be on the `PATH` it sees.
 pub(super) const STEP_PROGRAMS: [&str; 4] = ["ccci-run", "abra", "git", "setsid"];

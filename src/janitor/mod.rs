@@ -18,6 +18,7 @@
 //!
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
+pub(crate) mod candidate;
 pub(crate) mod command;
 pub(crate) mod decide;
 pub(crate) mod reap;
@@ -25,7 +26,7 @@ pub(crate) mod report;
 pub(crate) mod retention;
 pub(crate) mod tidy;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io;
 use std::time::Instant;
 
@@ -33,6 +34,7 @@ use crate::app::RemovedResources;
 use crate::config::dirs::{self, Dir};
 use crate::config::{DockerMode, Global, Hunt, SweepOptions};
 use crate::docker::{DockerLink, DockerSeam, Reaped, StackResources};
+use crate::janitor::candidate::{Candidate, discover_env};
 use crate::janitor::decide::{Decision, Probe, decide};
 use crate::janitor::reap::{finish_reap, not_in_cgroups, reap_dead_runs_cgroups, reap_leftovers};
 use crate::janitor::report::{CandidateReport, Source, SweepReport};
@@ -42,85 +44,6 @@ use crate::lock::list::LockKind;
 use crate::names::AppDomain;
 use crate::report as status;
 use crate::supervise::identity::Scope;
-
-/// A run app found on disk (or, later, in Docker).
-#[derive(Debug, Clone)]
-pub(crate) struct Candidate {
-    pub domain: AppDomain,
-    pub sources: BTreeSet<Source>,
-    /// Its Docker resources, when Docker discovery found any.
-    pub docker: Option<StackResources>,
-}
-
-impl Candidate {
-    /// The candidate of `domain` in `found`, a new one (no source yet) if it is not there.
-    fn of(found: &mut BTreeMap<AppDomain, Candidate>, domain: AppDomain) -> &mut Candidate {
-        found.entry(domain.clone()).or_insert_with(|| Candidate {
-            domain,
-            sources: BTreeSet::new(),
-            docker: None,
-        })
-    }
-}
-
-/// Run-app domains from `<abra-home>/servers/*/<domain>.env`, filtered by `RUN_APP_RE`.
-/// Unreadable server directories are reported, odd names skipped; a linked server directory is
-/// followed only as [`crate::app::server_dirs`] allows, and one that is not is named.
-pub(crate) fn discover_env(
-    global: &Global,
-    report: &mut SweepReport,
-) -> BTreeMap<AppDomain, Candidate> {
-    let mut found = BTreeMap::new();
-    let servers = global.abra_home.join(crate::names::ABRA_SERVERS);
-    report
-        .scanned
-        .push(format!(".env files {}/*/*.env", servers.display()));
-    let dirs = match crate::app::server_dirs(&global.abra_home) {
-        Ok(Some((dirs, refused))) => {
-            report.warnings.extend(refused);
-            dirs
-        }
-        Ok(None) => {
-            report.warnings.push(format!(
-                "{} does not exist (--abra-home, CCCI_ABRA_HOME): no .env file was scanned",
-                servers.display()
-            ));
-            return found;
-        }
-        Err(err) => {
-            report.errors.push(err.to_string());
-            return found;
-        }
-    };
-    let errors = &mut report.errors;
-    for server in dirs {
-        let files = match std::fs::read_dir(&server.dir) {
-            Ok(files) => files,
-            Err(err) => {
-                errors.push(format!("failed to list {}: {err}", server.named.display()));
-                continue;
-            }
-        };
-        for file in files.flatten() {
-            if !file
-                .file_type()
-                .is_ok_and(|t| t.is_file() || t.is_symlink())
-            {
-                continue;
-            }
-            let name = file.file_name();
-            if let Some(domain) = name
-                .to_str()
-                .and_then(|n| global.pattern.domain_of_env_file(n))
-            {
-                Candidate::of(&mut found, domain)
-                    .sources
-                    .insert(Source::Env);
-            }
-        }
-    }
-    found
-}
 
 /// Docker as this sweep sees it.
 enum DockerState<'a> {

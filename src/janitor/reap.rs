@@ -8,7 +8,7 @@ use std::time::{Instant, SystemTime};
 
 use crate::app;
 use crate::config::Global;
-use crate::janitor::Candidate;
+use crate::janitor::candidate::Candidate;
 use crate::janitor::decide::{self, Decision, LeftoverDecision};
 use crate::janitor::report::{CandidateReport, DeadCgroup, LeftoverProcess};
 use crate::lock::Holder;

@@ -190,7 +190,7 @@ pub(crate) trait LockBackend {
 pub(crate) fn is_lost(lease: &dyn Lease) -> bool {
     lease
         .lost_fd()
-        .is_some_and(crate::supervise::signals::readable_now)
+        .is_some_and(crate::supervise::linux::readable_now)
 }
 
 /// For a held lock: start the run's fence for `target`, its dead-man (it kills what the run

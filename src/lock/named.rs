@@ -298,7 +298,7 @@ fn run_holding(
     for problem in problems {
         report::line(&format!("!! lock {}: {problem}", opts.name));
     }
-    crate::supervise::summarise_ignored();
+    crate::supervise::ignored::summarise_ignored();
     stopped.reason.exit_code()
 }
 

@@ -53,7 +53,7 @@ impl Run<'_> {
         if self.teardown_timed_out || Instant::now() >= self.hard_end {
             self.record.shutdown_reason = Some(TEARDOWN_TIMEOUT.to_owned());
         }
-        crate::supervise::summarise_ignored();
+        crate::supervise::ignored::summarise_ignored();
         let code = stopped.reason.exit_code();
         self.record.exit_code = Some(code);
         self.record.enter(Phase::Finished);

@@ -224,7 +224,7 @@ impl Fence {
     /// Whether the lock it guards is gone for sure: it guards one that can lapse, and has ended
     /// (fired, or was killed). A dead-man of a lock that cannot lapse is no lock's guarantee.
     pub(crate) fn ended(&self) -> bool {
-        self.guards_lease && crate::supervise::signals::readable_now(self.pidfd.as_fd())
+        self.guards_lease && crate::supervise::linux::readable_now(self.pidfd.as_fd())
     }
 
     /// Whether the fence has ended, or the last deadline it was given has passed (it kills,

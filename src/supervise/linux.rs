@@ -7,8 +7,11 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 
+use std::os::fd::BorrowedFd;
+
 use nix::errno::Errno;
 use nix::libc;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::prctl;
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::unistd::Pid;
@@ -714,6 +717,12 @@ pub(crate) fn signal_group_of_unreaped_child(
         Err(Errno::ESRCH) => Ok(()),
         other => other,
     }
+}
+
+/// Whether `fd` has something to read right now, without waiting.
+pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use signal_hook::iterator::exfiltrator::WithRawSiginfo;
 
 use crate::report;
 use crate::supervise::identity::ProcessIdentity;
-use crate::supervise::linux;
+use crate::supervise::linux::{self, readable_now};
 use crate::supervise::shutdown::{Event, Requester};
 use crate::supervise::worker::Awaitable;
 
@@ -379,7 +379,7 @@ impl SignalFunnel {
                 .get(signal as usize)
                 .is_some_and(|f| f.swap(false, Ordering::SeqCst))
             {
-                crate::supervise::ignored_signal(signal, ignored_name(signal), "");
+                crate::supervise::ignored::ignored_signal(signal, ignored_name(signal), "");
             }
         }
         let mut arrived = Arrived {
@@ -575,11 +575,6 @@ fn signal_name(signal: libc::c_int) -> String {
         Ok(known) => known.as_str().to_owned(),
         Err(_) => format!("SIGRTMIN+{}", signal - libc::SIGRTMIN()),
     }
-}
-
-pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> bool {
-    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
 #[cfg(test)]

@@ -287,7 +287,7 @@ impl Lease for EtcdLease {
                 )
             })
         };
-        if crate::supervise::signals::readable_now(self.lost.as_fd()) {
+        if crate::supervise::linux::readable_now(self.lost.as_fd()) {
             return Err("the lock was lost".to_owned());
         }
         if let Some(why) = at_risk() {
@@ -317,7 +317,7 @@ impl Drop for EtcdLease {
     fn drop(&mut self) {
         // A guard that saw the lock lost may still be at work on the lineage (a rewound
         // cluster): let it finish, briefly. Otherwise our own release is no loss: stop it.
-        if crate::supervise::signals::readable_now(self.lost.as_fd()) {
+        if crate::supervise::linux::readable_now(self.lost.as_fd()) {
             let guard = &mut self.guard;
             let _ = self
                 .shared
