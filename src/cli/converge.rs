@@ -1,6 +1,19 @@
 //! `converge`'s arguments: the stack to wait for, and how long.
 
-use super::*;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cli::globals::GlobalArgs;
+use crate::cli::parse::converge_stable;
+use crate::cli::parse::converge_timeout;
+use crate::config::DockerMode;
+use crate::config::Global;
+use crate::config::Identity;
+use crate::config::Origin;
+use crate::config::Timing;
+use crate::names::NameError;
+use crate::names::StackName;
 
 #[derive(Debug, Args)]
 #[command(

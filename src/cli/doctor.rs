@@ -1,6 +1,10 @@
 //! `doctor` and `config`: what the host and the configuration are.
 
-use super::*;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::cli::globals::GlobalArgs;
 
 #[derive(Debug, Args)]
 pub(crate) struct DoctorArgs {

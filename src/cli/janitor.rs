@@ -1,6 +1,17 @@
 //! `janitor`'s arguments.
 
-use super::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cli::globals::GlobalArgs;
+use crate::cli::parse::keep_runs;
+use crate::cli::parse::long_held;
+use crate::cli::parse::reap_budget;
+use crate::config::Global;
+use crate::config::SweepOptions;
+use crate::config::Timing;
 
 #[derive(Debug, Args)]
 pub(crate) struct JanitorArgs {

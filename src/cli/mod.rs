@@ -11,22 +11,18 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
-use crate::config::Class;
-use crate::config::{
-    CgroupMode, Choice, DockerMode, Fetch, Given, Global, Identity, Inputs, LockConfig, LogFormat,
-    Origin, RunConfig, SweepOptions, Timing,
-};
-use crate::names::{DomainSuffix, DroneBuild, LockName, NameError, RunId, StackName};
+use crate::config::{Choice, LogFormat, Timing};
 
 mod converge;
 mod doctor;
 pub(crate) mod errors;
+pub(crate) use globals::{GlobalArgs, Globals};
+mod globals;
 mod janitor;
 mod lock;
+mod parse;
 mod run;
 mod runs;
 
@@ -60,78 +56,6 @@ pub(crate) struct Cli {
     pub global: GlobalArgs,
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Settings every command that uses them takes, before or after its name.
-#[derive(Debug, Args)]
-#[command(next_help_heading = "Global options")]
-pub(crate) struct GlobalArgs {
-    /// Configuration file (TOML: lock_dir, abra_home, runs_dir, state_dir, domain_suffix,
-    /// docker, log_format, cgroup, etcd_endpoints, lease_ttl, recipe_url_template, and the run
-    /// settings deadline,
-    /// kill_grace, teardown_timeout, lock_wait, long_held, keep_runs, reap_budget,
-    /// promote_after, converge_timeout, converge_stable) [default: /etc/ccci-run/config.toml when it exists].
-    /// Precedence: flag > environment > file > built-in default.
-    #[arg(long, value_name = "FILE", env = "CCCI_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Directory of the app-domain lock files and named-lock files [default: /run/lock].
-    #[arg(long, value_name = "DIR", env = "CCCI_APP_LOCK_DIR")]
-    pub lock_dir: Option<PathBuf>,
-    /// The canonical abra directory (servers/, catalogue/, recipes/) [default: $HOME/.abra].
-    #[arg(long, value_name = "DIR", env = "CCCI_ABRA_HOME")]
-    pub abra_home: Option<PathBuf>,
-    /// Directory of the per-run directories and run records [default: /var/lib/cc-ci-runs].
-    #[arg(long, value_name = "DIR", env = "CCCI_RUNS_DIR")]
-    pub runs_dir: Option<PathBuf>,
-    /// Directory of the run-scoped state files [default: RUNS_DIR/.state].
-    #[arg(long, value_name = "DIR", env = "CCCI_STATE_DIR")]
-    pub state_dir: Option<PathBuf>,
-    /// Run-app domains end in `.SUFFIX` [default: ci.commoninternet.net].
-    #[arg(long, value_name = "SUFFIX", env = "CCCI_DOMAIN_SUFFIX")]
-    pub domain_suffix: Option<String>,
-    /// Whether to touch Docker [default: auto]. The engine is DOCKER_HOST's: unix:///PATH, or
-    /// tcp://HOST[:PORT] (TLS when DOCKER_TLS_VERIFY is set, with ca.pem, cert.pem and key.pem
-    /// from DOCKER_CERT_PATH or ~/.docker); unset or empty, unix:///var/run/docker.sock; any
-    /// other value is refused (exit 2), never replaced by the default socket.
-    #[arg(long, value_name = "MODE", env = "CCCI_DOCKER", value_parser = choice::<DockerMode>())]
-    pub docker: Option<DockerMode>,
-    /// The engine, in DOCKER_HOST's forms, over DOCKER_HOST and the file's docker_host (which
-    /// a Drone step needs: it never sees the runner's DOCKER_HOST); a run's command gets it as
-    /// its DOCKER_HOST [default: DOCKER_HOST, else the file's docker_host, else
-    /// unix:///var/run/docker.sock].
-    #[arg(long, value_name = "URL")]
-    pub docker_host: Option<String>,
-    /// Whether runs and `lock` commands get a cgroup of their own (cgroup v2, where writable)
-    /// [default: auto].
-    #[arg(long, value_name = "MODE", env = "CCCI_CGROUP", value_parser = choice::<CgroupMode>())]
-    pub cgroup: Option<CgroupMode>,
-    /// etcd endpoints, comma-separated (http://HOST:PORT): the app-domain and named locks become
-    /// keys bound to leases, shared by every host on the same etcd [default: none: this host's
-    /// flock].
-    #[arg(
-        long,
-        value_name = "URL,...",
-        env = "CCCI_ETCD_ENDPOINTS",
-        value_delimiter = ','
-    )]
-    pub etcd_endpoints: Option<Vec<String>>,
-    /// How long an etcd lease outlives its holder's last keepalive (whole seconds, 2s-1h): how
-    /// soon a dead holder's lock frees, and how long etcd may be unreachable before a holder
-    /// stops its command; at least the kill grace + 4s, so the command is gone before the lease
-    /// can expire and a leader election passes unnoticed [default: 15s].
-    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, env = "CCCI_LEASE_TTL", value_parser = lease_ttl)]
-    pub lease_ttl: Option<Duration>,
-    /// Diagnostics format: text, or json (then all of stderr is JSON, one object a line, status
-    /// lines and errors included, also a refused command line: this flag wherever it stands,
-    /// else CCCI_LOG_FORMAT, else the file's log_format) [default: text].
-    #[arg(long, value_name = "F", env = "CCCI_LOG_FORMAT", value_parser = choice::<LogFormat>())]
-    pub log_format: Option<LogFormat>,
-    /// More diagnostics (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
-    #[arg(short, long, action = clap::ArgAction::Count)]
-    pub verbose: u8,
-    /// Fewer diagnostics (errors only).
-    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "verbose")]
-    pub quiet: u8,
 }
 
 #[derive(Debug, Subcommand)]
@@ -188,104 +112,6 @@ pub(crate) enum Command {
     /// undo (a probe cgroup, a probe lease), and each Docker, etcd and systemd question has a
     /// time limit. Exit 0 when nothing failed, 1 otherwise.
     Doctor(DoctorArgs),
-}
-
-/// The value parsers of the run settings: one duration syntax, each with its own bounds.
-fn deadline(value: &str) -> Result<Duration, String> {
-    Timing::Deadline.parse_flag(value)
-}
-
-fn kill_grace(value: &str) -> Result<Duration, String> {
-    Timing::KillGrace.parse_flag(value)
-}
-
-fn teardown_timeout(value: &str) -> Result<Duration, String> {
-    Timing::TeardownTimeout.parse_flag(value)
-}
-
-fn lock_wait(value: &str) -> Result<Duration, String> {
-    Timing::LockWait.parse_flag(value)
-}
-
-fn long_held(value: &str) -> Result<Duration, String> {
-    Timing::LongHeld.parse_flag(value)
-}
-
-fn keep_runs(value: &str) -> Result<Duration, String> {
-    Timing::KeepRuns.parse_flag(value)
-}
-
-fn reap_budget(value: &str) -> Result<Duration, String> {
-    Timing::ReapBudget.parse_flag(value)
-}
-
-fn promote_after(value: &str) -> Result<Duration, String> {
-    Timing::PromoteAfter.parse_flag(value)
-}
-
-fn converge_timeout(value: &str) -> Result<Duration, String> {
-    Timing::ConvergeTimeout.parse_flag(value)
-}
-
-fn converge_stable(value: &str) -> Result<Duration, String> {
-    Timing::ConvergeStable.parse_flag(value)
-}
-
-/// Any duration from nothing to a year.
-fn any_duration(value: &str) -> Result<Duration, String> {
-    crate::duration::parse(value, &crate::duration::Spec::at_least(Duration::ZERO))
-}
-
-fn lease_ttl(value: &str) -> Result<Duration, String> {
-    crate::duration::parse(value, &crate::config::LEASE_TTL_SPEC)
-}
-
-/// The exit code of a lock not acquired: any that ccci-run gives no other meaning, so a script
-/// can tell "not acquired" from what else the command or ccci-run ended with.
-fn conflict_exit_code(value: &str) -> Result<u8, String> {
-    let allowed = "choose 1, 3-75 or 77-124";
-    let code: u32 = value
-        .trim()
-        .parse()
-        .map_err(|_| format!("{value:?} is not an exit code (a number, {allowed})"))?;
-    let meaning = match code {
-        0 => "0 would say the command ran and succeeded",
-        2 => "2 means invalid input",
-        76 => "76 means a held lock was lost",
-        125 => "125 means ccci-run itself failed",
-        126 | 127 => "126 and 127 mean the command could not be executed or found",
-        128..=255 => "128-255 mean a signal (128+N) or the hard deadline (142)",
-        256.. => "exit codes go up to 255",
-        _ => return Ok(code as u8),
-    };
-    Err(format!("{meaning}: {allowed}"))
-}
-
-/// A process id: a positive number. (Whether 1 makes sense depends on who our parent is: the
-/// guards decide.)
-fn parse_pid(value: &str) -> Result<i32, String> {
-    let pid: i32 = value.trim().parse().map_err(|_| {
-        format!("{value:?} is not a process id (a positive number; several: PID,PID)")
-    })?;
-    if pid <= 0 {
-        return Err(format!(
-            "{value:?} is not a process id (a positive number; several: PID,PID)"
-        ));
-    }
-    Ok(pid)
-}
-
-/// A value parser for a [`Choice`]: its names as the possible values, its help as theirs.
-fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {
-    let values = T::CHOICES.iter().map(|(_, name, help)| {
-        let value = PossibleValue::new(*name);
-        if help.is_empty() {
-            value
-        } else {
-            value.help(*help)
-        }
-    });
-    PossibleValuesParser::new(values).try_map(|name| T::from_name(&name).ok_or("unknown value"))
 }
 
 impl Command {
@@ -371,91 +197,6 @@ impl Command {
             Self::Completions { .. } | Self::Man { .. } | Self::Complete { .. } => None,
         }
     }
-}
-
-/// The global options as given before the command's name (`top`) and after it (`sub`): after
-/// wins, as a later flag does, and a flag wins over the environment wherever it was given.
-pub(crate) struct Globals<'a> {
-    pub top: (&'a GlobalArgs, &'a ArgMatches),
-    pub sub: Option<(&'a GlobalArgs, &'a ArgMatches)>,
-}
-
-impl Globals<'_> {
-    /// What the command line and the environment say, with which of the two said it.
-    pub(crate) fn inputs(&self) -> Inputs {
-        Inputs {
-            config: self
-                .pick(|g| &g.config, "config", "CCCI_CONFIG")
-                .map(|(v, _)| v),
-            lock_dir: self.pick(|g| &g.lock_dir, "lock_dir", "CCCI_APP_LOCK_DIR"),
-            abra_home: self.pick(|g| &g.abra_home, "abra_home", "CCCI_ABRA_HOME"),
-            runs_dir: self.pick(|g| &g.runs_dir, "runs_dir", "CCCI_RUNS_DIR"),
-            state_dir: self.pick(|g| &g.state_dir, "state_dir", "CCCI_STATE_DIR"),
-            domain_suffix: self.pick(|g| &g.domain_suffix, "domain_suffix", "CCCI_DOMAIN_SUFFIX"),
-            docker: self.pick(|g| &g.docker, "docker", "CCCI_DOCKER"),
-            docker_host: self.pick(|g| &g.docker_host, "docker_host", "DOCKER_HOST"),
-            log_format: self.pick(|g| &g.log_format, "log_format", "CCCI_LOG_FORMAT"),
-            cgroup: self.pick(|g| &g.cgroup, "cgroup", "CCCI_CGROUP"),
-            etcd_endpoints: self.pick(
-                |g| &g.etcd_endpoints,
-                "etcd_endpoints",
-                "CCCI_ETCD_ENDPOINTS",
-            ),
-            lease_ttl: self.pick(|g| &g.lease_ttl, "lease_ttl", "CCCI_LEASE_TTL"),
-            timings: Vec::new(),
-        }
-    }
-
-    /// `-q` and `-v` counts, wherever they were given.
-    pub(crate) fn verbosity(&self) -> (u8, u8) {
-        let (q, v) = self.sub.map_or((0, 0), |(g, _)| (g.quiet, g.verbose));
-        (
-            self.top.0.quiet.saturating_add(q),
-            self.top.0.verbose.saturating_add(v),
-        )
-    }
-
-    fn pick<T: Clone>(
-        &self,
-        field: impl Fn(&GlobalArgs) -> &Option<T>,
-        id: &str,
-        env: &str,
-    ) -> Given<T> {
-        let given = |(args, matches): (&GlobalArgs, &ArgMatches)| {
-            let origin = match matches.value_source(id) {
-                Some(ValueSource::CommandLine) => Origin::Flag,
-                Some(ValueSource::EnvVariable) => Origin::Environment(env.to_owned()),
-                _ => return None,
-            };
-            field(args).clone().map(|v| (v, origin))
-        };
-        let is_flag = |g: &Given<T>| matches!(g, Some((_, Origin::Flag)));
-        let sub = self.sub.and_then(given);
-        let top = given(self.top);
-        if is_flag(&sub) || !is_flag(&top) && sub.is_some() {
-            sub
-        } else {
-            top
-        }
-    }
-}
-
-/// The `--tie-to` pids, each once: a pid named twice is a mistake in whoever built the list.
-fn unique_pids(pids: &[i32]) -> Result<Vec<i32>, NameError> {
-    for (at, pid) in pids.iter().enumerate() {
-        if pids[..at].contains(pid) {
-            return Err(NameError {
-                what: "--tie-to / CCCI_TIE_TO",
-                value: pids
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-                rule: format!("names pid {pid} twice: list each ancestor once (PID,PID)"),
-            });
-        }
-    }
-    Ok(pids.to_vec())
 }
 
 /// What a command line says of `--log-format` and `--config` (the last of each, before `--`),
@@ -630,27 +371,6 @@ mod tests {
         Cli::command().debug_assert();
     }
 
-    #[test]
-    fn every_duration_flag_speaks_one_syntax() {
-        assert_eq!(kill_grace("0.25").unwrap(), Duration::from_millis(250));
-        assert_eq!(deadline("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(deadline("1.5").unwrap(), Duration::from_millis(1500));
-        assert_eq!(lease_ttl("10s").unwrap(), Duration::from_secs(10));
-        assert_eq!(long_held("2h").unwrap(), Duration::from_secs(7200));
-        assert_eq!(keep_runs("14d").unwrap(), Duration::from_secs(14 * 86_400));
-        assert!(keep_runs("14").unwrap_err().contains("14d"));
-        assert!(deadline("0").unwrap_err().contains("too short"));
-        assert!(teardown_timeout("0.5").unwrap_err().contains("at least 1s"));
-        assert!(
-            deadline("9223372036854775807")
-                .unwrap_err()
-                .contains("too long")
-        );
-        for bad in ["-1", "soon", "NaN", "inf", "", "5x"] {
-            assert!(kill_grace(bad).is_err(), "{bad}");
-        }
-    }
-
     #[rstest::rstest]
     #[case(&["--log-format", "json", "run", "--bogus"], Some(LogFormat::Json), None)]
     #[case(&["run", "--bogus", "--log-format=json"], Some(LogFormat::Json), None)]
@@ -666,30 +386,5 @@ mod tests {
     ) {
         let got = log_format_before_parsing(args.iter().map(OsString::from));
         assert_eq!(got, (format, config.map(PathBuf::from)));
-    }
-
-    #[test]
-    fn conflict_exit_codes_avoid_the_ones_already_taken() {
-        for ok in [1, 3, 9, 75, 77, 124] {
-            assert_eq!(conflict_exit_code(&ok.to_string()), Ok(ok as u8));
-        }
-        for bad in [
-            "0", "2", "76", "125", "126", "127", "128", "143", "255", "256", "-1", "x",
-        ] {
-            let err = conflict_exit_code(bad).unwrap_err();
-            assert!(err.contains("choose 1, 3-75 or 77-124"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn pids_are_positive_and_listed_once() {
-        assert_eq!(parse_pid("42"), Ok(42));
-        assert_eq!(parse_pid("1"), Ok(1));
-        for bad in ["0", "-5", "x", "", "99999999999", "$"] {
-            assert!(parse_pid(bad).unwrap_err().contains("PID,PID"), "{bad}");
-        }
-        assert_eq!(unique_pids(&[7, 9]).unwrap(), vec![7, 9]);
-        let err = unique_pids(&[7, 9, 7]).unwrap_err().to_string();
-        assert!(err.contains("twice") && err.contains("7,9,7"), "{err}");
     }
 }

@@ -1,6 +1,13 @@
 //! `runs` and `stop`: looking at runs from outside.
 
-use super::*;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cli::globals::GlobalArgs;
+use crate::cli::parse::any_duration;
+use crate::names::NameError;
+use crate::names::RunId;
 
 #[derive(Debug, Args)]
 pub(crate) struct RunsArgs {
