@@ -5,15 +5,9 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cli::globals::GlobalArgs;
-use crate::cli::parse::converge_stable;
-use crate::cli::parse::converge_timeout;
-use crate::config::DockerMode;
-use crate::config::Global;
-use crate::config::Identity;
-use crate::config::Origin;
-use crate::config::Timing;
-use crate::names::NameError;
-use crate::names::StackName;
+use crate::cli::parse::{converge_stable, converge_timeout};
+use crate::config::{DockerMode, Global, Identity, Origin, Timing};
+use crate::names::{NameError, StackName};
 
 #[derive(Debug, Args)]
 #[command(

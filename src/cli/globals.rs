@@ -8,14 +8,8 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args};
 
-use crate::cli::parse::choice;
-use crate::cli::parse::lease_ttl;
-use crate::config::CgroupMode;
-use crate::config::DockerMode;
-use crate::config::Given;
-use crate::config::Inputs;
-use crate::config::LogFormat;
-use crate::config::Origin;
+use crate::cli::parse::{choice, lease_ttl};
+use crate::config::{CgroupMode, DockerMode, Given, Inputs, LogFormat, Origin};
 
 /// Settings every command that uses them takes, before or after its name.
 #[derive(Debug, Args)]

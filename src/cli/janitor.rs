@@ -6,12 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cli::globals::GlobalArgs;
-use crate::cli::parse::keep_runs;
-use crate::cli::parse::long_held;
-use crate::cli::parse::reap_budget;
-use crate::config::Global;
-use crate::config::SweepOptions;
-use crate::config::Timing;
+use crate::cli::parse::{keep_runs, long_held, reap_budget};
+use crate::config::{Global, SweepOptions, Timing};
 
 #[derive(Debug, Args)]
 pub(crate) struct JanitorArgs {

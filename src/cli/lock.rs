@@ -7,21 +7,12 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cli::globals::GlobalArgs;
-use crate::cli::parse::any_duration;
-use crate::cli::parse::choice;
-use crate::cli::parse::conflict_exit_code;
-use crate::cli::parse::kill_grace;
-use crate::cli::parse::long_held;
-use crate::cli::parse::parse_pid;
-use crate::cli::parse::promote_after;
-use crate::cli::parse::teardown_timeout;
-use crate::cli::parse::unique_pids;
-use crate::config::Class;
-use crate::config::Global;
-use crate::config::LockConfig;
-use crate::config::Timing;
-use crate::names::LockName;
-use crate::names::NameError;
+use crate::cli::parse::{
+    any_duration, choice, conflict_exit_code, kill_grace, long_held, parse_pid, promote_after,
+    teardown_timeout, unique_pids,
+};
+use crate::config::{Class, Global, LockConfig, Timing};
+use crate::names::{LockName, NameError};
 
 #[derive(Debug, Args)]
 pub(crate) struct LockArgs {

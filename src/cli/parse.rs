@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
-use crate::config::Choice;
-use crate::config::Timing;
+use crate::config::{Choice, Timing};
 use crate::names::NameError;
 
 /// The value parsers of the run settings: one duration syntax, each with its own bounds.

@@ -7,21 +7,11 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cli::globals::GlobalArgs;
-use crate::cli::parse::deadline;
-use crate::cli::parse::kill_grace;
-use crate::cli::parse::lock_wait;
-use crate::cli::parse::parse_pid;
-use crate::cli::parse::teardown_timeout;
-use crate::cli::parse::unique_pids;
-use crate::config::Fetch;
-use crate::config::Global;
-use crate::config::Identity;
-use crate::config::RunConfig;
-use crate::config::Timing;
-use crate::names::DomainSuffix;
-use crate::names::DroneBuild;
-use crate::names::NameError;
-use crate::names::RunId;
+use crate::cli::parse::{
+    deadline, kill_grace, lock_wait, parse_pid, teardown_timeout, unique_pids,
+};
+use crate::config::{Fetch, Global, Identity, RunConfig, Timing};
+use crate::names::{DomainSuffix, DroneBuild, NameError, RunId};
 
 #[derive(Debug, Args)]
 pub(crate) struct AppDomainArgs {

@@ -6,8 +6,7 @@ use clap::Args;
 
 use crate::cli::globals::GlobalArgs;
 use crate::cli::parse::any_duration;
-use crate::names::NameError;
-use crate::names::RunId;
+use crate::names::{NameError, RunId};
 
 #[derive(Debug, Args)]
 pub(crate) struct RunsArgs {

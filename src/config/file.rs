@@ -1,7 +1,14 @@
 //! The configuration file's settings: what a file may hold (anything else is an error naming
 //! the nearest key), read through [`crate::config_file`]'s rules.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::values::{CgroupMode, DockerMode, LogFormat, Timing};
+use crate::duration::Spec;
+use crate::names::NameError;
 
 /// The configuration file used when neither `--config` nor `CCCI_CONFIG` names one.
 pub(crate) const DEFAULT_FILE: &str = "/etc/ccci-run/config.toml";

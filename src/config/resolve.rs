@@ -1,7 +1,18 @@
 //! Resolution: each setting from the command line, else the environment, else the file, else
 //! its default, with where it came from ([`Origin`]) for `ccci-run config`.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::file::{FileConfig, load};
+use crate::config::services::{DockerHost, EtcdSettings, NodeSweepSettings};
+use crate::config::values::{
+    CgroupMode, Choice, DEFAULT_LEASE_TTL, DEFAULT_NODE_DOCKER_SOCKET, DEFAULT_NODE_SWEEP_IMAGE,
+    DockerMode, LEASE_TTL_SPEC, LogFormat, Origin, TIMINGS, Timing, Timings,
+};
+use crate::names::NameError;
 
 /// A yes/no environment value: empty, `0`, `false`, `no`, `off` are no; `1`, `true`, `yes`,
 /// `on` are yes (any case); anything else is a usage error naming the variable.
@@ -14,27 +25,6 @@ pub(super) fn parse_boolish(var: &'static str, value: &str) -> Result<bool, Name
             value: value.to_owned(),
             rule: "must be 1/true/yes/on or 0/false/no/off (or empty)".to_owned(),
         }),
-    }
-}
-
-/// Where a setting's value came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case", tag = "kind", content = "from")]
-pub(crate) enum Origin {
-    Flag,
-    Environment(String),
-    File(PathBuf),
-    Default,
-}
-
-impl std::fmt::Display for Origin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Flag => f.write_str("flag"),
-            Self::Environment(var) => write!(f, "environment ({var})"),
-            Self::File(path) => write!(f, "file ({})", path.display()),
-            Self::Default => f.write_str("default"),
-        }
     }
 }
 
@@ -262,7 +252,7 @@ pub(crate) fn resolve(inputs: &Inputs) -> Result<Resolved, NameError> {
         ),
         (None, None) => setting(
             "docker_host",
-            format!("unix://{}", super::DEFAULT_DOCKER_SOCKET),
+            format!("unix://{}", crate::config::values::DEFAULT_DOCKER_SOCKET),
             &Origin::Default,
         ),
     };

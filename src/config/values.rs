@@ -2,7 +2,12 @@
 //! settings with a fixed set of values ([`Choice`]: `Class`, `DockerMode`, `CgroupMode`,
 //! `LogFormat`), and the defaults several floors share, each with the setting that carries it.
 
-use super::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::duration::Spec;
 
 /// The run settings a host sets once (configuration file, or the environment of every step)
 /// and a command line may override: the bounds and budgets of runs, locks, sweeps and of the
@@ -331,3 +336,77 @@ pub(crate) const DEFAULT_STABLE: Duration = Duration::from_secs(1);
 
 /// Twice the default hard deadline: no healthy run holds its lock that long.
 pub(crate) const DEFAULT_LONG_HELD: Duration = Duration::from_secs(7200);
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", content = "from")]
+pub(crate) enum Origin {
+    Flag,
+    Environment(String),
+    File(PathBuf),
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Flag => f.write_str("flag"),
+            Self::Environment(var) => write!(f, "environment ({var})"),
+            Self::File(path) => write!(f, "file ({})", path.display()),
+            Self::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// The node sweep's image when none is given: Docker's own CLI image. A fleet without a
+/// registry pre-loads it (or its own) on every node.
+pub(crate) const DEFAULT_NODE_SWEEP_IMAGE: &str = "docker:27-cli";
+
+/// Where a node's engine listens when nothing else is said: the engine's default socket.
+pub(crate) const DEFAULT_NODE_DOCKER_SOCKET: &str = DEFAULT_DOCKER_SOCKET;
+
+/// The engine's socket when nothing names another (`DOCKER_HOST` unset or empty, no
+/// `--docker-host`, no `docker_host`).
+pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
+/// The lease TTL when none is given, in seconds: room for the default kill grace (10 s), the
+/// kill margin and the keepalive headroom ([`EtcdSettings::check_stop_budget`]).
+pub(crate) const DEFAULT_LEASE_TTL: u32 = 15;
+
+/// What a SIGKILL (to a process group, or `cgroup.kill`) may take to empty what it hits, added
+/// to the kill grace in a holder's stop budget. Measured with the fence's own report (`cgroup.kill`,
+/// the process groups and the marker scan until nothing of a run with eight processes is left):
+/// 1.7–12 ms on an idle 2-core host, 3–23 ms with both cores busy; twenty times that leaves room
+/// for a host under memory pressure.
+pub(crate) const KILL_MARGIN: Duration = Duration::from_millis(500);
+
+/// etcd's election timeout, as its members run by default (`--election-timeout 1000`): a
+/// follower that hears nothing from its leader for a random time between one and two of these
+/// calls an election.
+pub(crate) const ETCD_ELECTION_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// How much of a lease's TTL must be left for keepalives once the stop budget is set aside:
+/// several keepalive rounds, each given up on a member that does not answer for the next
+/// (1.5 s), and an etcd leader election, which takes up to twice the members' election timeout
+/// before a new leader answers (measured in the fleet tests: a leader killed on a busy host),
+/// or a healthy cluster that changes leaders would make a holder stop its command. A cluster
+/// run with a longer `--election-timeout` needs that much more TTL.
+pub(crate) const LEASE_HEADROOM: Duration =
+    Duration::from_millis(1500 + 2 * ETCD_ELECTION_TIMEOUT.as_millis() as u64);
+/// The bounds of a lease TTL, in seconds: below 2 s an etcd server rounds it up anyway (its
+/// election timeout), above an hour a dead holder blocks the fleet for too long.
+pub(crate) const LEASE_TTL_RANGE: std::ops::RangeInclusive<u32> = 2..=3600;
+
+/// The largest stop budget any configuration can give a holder: it must fit in its lease TTL
+/// ([`EtcdSettings::check_stop_budget`]), at most the longest TTL. A record that says more was
+/// not written by a holder.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) const MAX_STOP_BUDGET: Duration = Duration::from_secs(*LEASE_TTL_RANGE.end() as u64);
+
+/// The longest lease TTL any configuration gives: a record that says more was not written by a
+/// holder.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(*LEASE_TTL_RANGE.end() as u64);
+
+/// The one form an etcd endpoint is written in, as every refusal names it.
+pub(crate) const ENDPOINT_FORM: &str =
+    "write each endpoint as http://HOST:PORT (https:// is not supported by this build)";

@@ -3,11 +3,8 @@
 
 use std::time::Duration;
 
-use crate::config::DockerMode;
-use crate::config::Global;
-use crate::doctor::check::Check;
-use crate::doctor::check::State;
-use crate::doctor::check::check;
+use crate::config::{DockerMode, Global};
+use crate::doctor::check::{Check, State, check};
 
 /// How long any one Docker request may take.
 pub(super) const DOCKER_TIMEOUT: Duration = Duration::from_secs(5);

@@ -3,9 +3,7 @@
 
 use crate::config;
 use crate::config::Global;
-use crate::doctor::check::Check;
-use crate::doctor::check::State;
-use crate::doctor::check::check;
+use crate::doctor::check::{Check, State, check};
 
 /// Each etcd endpoint reachable; one cluster, with a leader; the TTL as granted.
 pub(super) fn etcd(global: &Global) -> Vec<Check> {

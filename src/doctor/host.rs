@@ -4,9 +4,7 @@
 use std::path::Path;
 
 use crate::config::CgroupMode;
-use crate::doctor::check::Check;
-use crate::doctor::check::State;
-use crate::doctor::check::check;
+use crate::doctor::check::{Check, State, check};
 
 /// A configured directory: there, and safe (the lock dir's rule: owned by us or root, not
 /// writable by others unless sticky).

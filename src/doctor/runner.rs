@@ -5,12 +5,8 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::config::Global;
-use crate::config::Timing;
-use crate::doctor::check::Check;
-use crate::doctor::check::DEFAULT_UNIT;
-use crate::doctor::check::State;
-use crate::doctor::check::check;
+use crate::config::{Global, Timing};
+use crate::doctor::check::{Check, DEFAULT_UNIT, State, check};
 use crate::doctor::options::Options;
 use crate::doctor::unit;
 
