@@ -4,8 +4,20 @@
 //! between rounds, whatever is still listed deleted again; past the budget, what is left is
 //! reported, never assumed gone.
 
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use bollard::Docker;
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+
 use super::remove::{blocked_networks, delete_all, describe};
-use super::*;
+use crate::docker::backoff::{Backoff, MonotonicClock, Policy};
+use crate::docker::nodes;
+use crate::docker::remove::RemovedNames;
+use crate::docker::seam::{DockerError, DockerSeam, GivenBy, SETTLE, StackResources};
+use crate::docker::seam::PROGRESS_EVERY;
+use crate::names::{AppDomain, RunAppPattern};
 
 impl DockerSeam {
     /// Reap `stacks` and confirm it: delete everything each stack has, then poll — one list

@@ -10,9 +10,18 @@
 //! nothing outside the run-app namespace, and nothing labelled for another stack, is ever
 //! touched.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::*;
+use bollard::errors::Error as BollardError;
+use bollard::query_parameters::{
+    ListConfigsOptions, ListContainersOptions, ListNetworksOptions, ListSecretsOptions,
+    ListServicesOptions, ListVolumesOptions,
+};
+
+use crate::docker::seam::{
+    DockerError, DockerSeam, GivenBy, Kept, Match, Resource, STACK_LABEL, StackResources,
+};
+use crate::names::{AppDomain, RunAppPattern};
 
 impl DockerSeam {
     /// Every run-app stack's resources: one list call per kind.

@@ -41,8 +41,8 @@ use bollard::models::{
 use bollard::query_parameters::{ListServicesOptions, ListTasksOptions};
 
 use crate::config::NodeSweepSettings;
+use crate::docker::seam::{DockerError, DockerSeam, STACK_LABEL};
 use crate::docker::swarm::{Node, node};
-use crate::docker::{DockerError, DockerSeam, STACK_LABEL};
 
 /// The label of a node sweep's service and containers; its value is the job's deadline, in
 /// seconds since the epoch: past it, the job is nobody's and may be removed.
@@ -652,7 +652,7 @@ impl DockerSeam {
         for attempt in 0..5 {
             match self.docker.delete_service(job).await {
                 Ok(()) => return,
-                Err(err) if super::classify(&err) == super::Failure::Gone => return,
+                Err(err) if crate::docker::seam::classify(&err) == crate::docker::seam::Failure::Gone => return,
                 Err(err) => {
                     tracing::warn!(job, attempt, "failed to remove the node sweep job: {err}");
                     tokio::time::sleep(Duration::from_millis(200)).await;

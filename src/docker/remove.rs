@@ -3,7 +3,18 @@
 //! secrets, configs, and volumes last. Transient failures are retried with full jitter
 //! ([`super::backoff`]); other client errors are not.
 
-use super::*;
+use bollard::Docker;
+use bollard::errors::Error as BollardError;
+use bollard::query_parameters::{
+    InspectNetworkOptions, RemoveContainerOptions, RemoveVolumeOptions,
+};
+use futures_util::stream::{self, StreamExt};
+use serde::Serialize;
+
+use crate::docker::nodes;
+use crate::docker::seam::{
+    DockerError, Failure, REAP_CONCURRENCY, Resource, STACKS_AT_ONCE, StackResources, classify,
+};
 
 impl RemovedNames {
     pub(super) fn merge(&mut self, mut other: RemovedNames) {
@@ -298,4 +309,35 @@ pub(super) fn containers_named_in(message: &str) -> Vec<String> {
         .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()))
         .map(str::to_owned)
         .collect()
+}
+
+/// Names of what a removal took away, by kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct RemovedNames {
+    pub services: Vec<String>,
+    pub containers: Vec<String>,
+    pub networks: Vec<String>,
+    pub volumes: Vec<String>,
+    pub secrets: Vec<String>,
+    pub configs: Vec<String>,
+    /// What a node sweep removed on each node of a swarm (containers and volumes no manager
+    /// lists), the node by id and hostname; absent when it removed nothing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<nodes::NodeRemoved>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("remove v: volume is in use - [0a1b2c, 3d4e5f]", &["0a1b2c", "3d4e5f"])]
+    #[case("remove v: volume is in use - [0a1b2c]", &["0a1b2c"])]
+    #[case("volume is in use - []", &[])]
+    #[case("something else [deadbeef]", &[])]
+    #[case("in use - [not-hex!, ab]", &["ab"])]
+    fn in_use_messages_name_containers(#[case] message: &str, #[case] ids: &[&str]) {
+        assert_eq!(containers_named_in(message), ids);
+    }
 }

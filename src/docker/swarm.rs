@@ -16,7 +16,7 @@ use bollard::models::{ServiceUpdateStatusStateEnum, TaskState as ApiTaskState};
 use bollard::query_parameters::{ListNodesOptions, ListServicesOptions, ListTasksOptions};
 use serde::Serialize;
 
-use crate::docker::{DockerSeam, STACK_LABEL};
+use crate::docker::seam::{DockerSeam, STACK_LABEL};
 
 /// A service's mode, with what it asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,7 +250,7 @@ fn failed(kind: &'static str) -> impl Fn(BollardError) -> PollError {
         transient: matches!(
             err,
             BollardError::RequestTimeoutError | BollardError::HyperResponseError { .. }
-        ) || matches!(&err, BollardError::IOError { err } if !super::is_connect_failure(err)),
+        ) || matches!(&err, BollardError::IOError { err } if !crate::docker::seam::is_connect_failure(err)),
         message: format!("failed to list {kind}: {err}"),
     }
 }
