@@ -15,8 +15,8 @@ use super::remove::{blocked_networks, delete_all, describe};
 use crate::docker::backoff::{Backoff, MonotonicClock, Policy};
 use crate::docker::nodes;
 use crate::docker::remove::RemovedNames;
-use crate::docker::seam::{DockerError, DockerSeam, GivenBy, SETTLE, StackResources};
 use crate::docker::seam::PROGRESS_EVERY;
+use crate::docker::seam::{DockerError, DockerSeam, GivenBy, SETTLE, StackResources};
 use crate::names::{AppDomain, RunAppPattern};
 
 impl DockerSeam {

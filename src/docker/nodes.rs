@@ -652,7 +652,12 @@ impl DockerSeam {
         for attempt in 0..5 {
             match self.docker.delete_service(job).await {
                 Ok(()) => return,
-                Err(err) if crate::docker::seam::classify(&err) == crate::docker::seam::Failure::Gone => return,
+                Err(err)
+                    if crate::docker::seam::classify(&err)
+                        == crate::docker::seam::Failure::Gone =>
+                {
+                    return;
+                }
                 Err(err) => {
                     tracing::warn!(job, attempt, "failed to remove the node sweep job: {err}");
                     tokio::time::sleep(Duration::from_millis(200)).await;
