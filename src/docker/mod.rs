@@ -21,6 +21,8 @@ pub(crate) mod backoff;
 mod confirm;
 mod discover;
 pub(crate) mod endpoint;
+pub(crate) mod node_job;
+pub(crate) mod node_probe;
 pub(crate) mod nodes;
 mod remove;
 mod seam;
