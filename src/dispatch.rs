@@ -116,8 +116,8 @@ fn command(
             // lock backend knows nothing of the janitor).
             let publish = |backend: &dyn lock::backend::LockBackend| {
                 let Some(target) = &cfg.metrics else { return };
-                let metrics = janitor::report::gather(&target.global, Some(backend), "lock");
-                if let Err(err) = janitor::report::write_host_metrics(&target.file, &metrics) {
+                let metrics = janitor::metrics::gather(&target.global, Some(backend), "lock");
+                if let Err(err) = janitor::metrics::write_host_metrics(&target.file, &metrics) {
                     report::line(&format!(
                         "ccci-run: warning: failed to write metrics file {}: {err}",
                         target.file.display()

@@ -3,6 +3,8 @@
 //!
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
+use crate::janitor::metrics;
+
 use std::path::PathBuf;
 
 use crate::config::{Global, SweepOptions};
@@ -53,8 +55,8 @@ pub(crate) fn run(args: &Asked, global: &Global) -> Result<u8, Error> {
         )),
         Some(path) => {
             let backend = lock::backend(global).ok();
-            report.host = Some(report::gather(global, backend.as_deref(), "janitor"));
-            report::write_metrics(path, &report).map_err(|source| Error::Metrics {
+            report.host = Some(metrics::gather(global, backend.as_deref(), "janitor"));
+            metrics::write_metrics(path, &report).map_err(|source| Error::Metrics {
                 path: path.clone(),
                 source,
             })?;

@@ -21,6 +21,7 @@
 pub(crate) mod candidate;
 pub(crate) mod command;
 pub(crate) mod decide;
+pub(crate) mod metrics;
 pub(crate) mod reap;
 pub(crate) mod report;
 pub(crate) mod retention;
