@@ -6,6 +6,7 @@
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
 pub(crate) mod list;
+pub(crate) mod show;
 pub(crate) mod stop;
 
 use crate::config::{self, Global};
@@ -79,7 +80,7 @@ pub(crate) fn command(args: &Asked, global: &Global) -> Result<u8, Error> {
                 crate::report::json(&crate::report::Envelope::new(&one, errors))
             )
         } else {
-            list::render_one(found)
+            show::render_one(found)
         };
         return emit(text.as_bytes()).map(|()| 0);
     }
@@ -92,7 +93,7 @@ pub(crate) fn command(args: &Asked, global: &Global) -> Result<u8, Error> {
             crate::report::json(&crate::report::Envelope::new(&listing, errors))
         )
     } else {
-        list::render_table(&listing.runs, args.wide)
+        show::render_table(&listing.runs, args.wide)
     };
     emit(text.as_bytes()).map(|()| 0)
 }
