@@ -2,7 +2,17 @@
 //! a predecessor left (its processes, its app, on every node of a swarm) cleared before the
 //! command; and the lock confirmed ours before the app is touched.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use crate::config::Class;
+use crate::lock::Holder;
+use crate::lock::backend::{Lease, LockKey, Taken, Wait, arm_fence, is_lost};
+use crate::run::error::RunError;
+use crate::run::{Run, Sweeper, save_or_warn};
+use crate::rundir::phase::Phase;
+use crate::supervise::fence::Fence;
+use crate::supervise::{fence, leftovers};
+use crate::{app, exit, report};
 
 impl Run<'_> {
     /// Before anything runs under the app lock: start the run's fence, its dead-man, and for

@@ -19,6 +19,7 @@
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
 mod app_lock;
+pub(crate) mod error;
 pub(crate) mod fetch;
 pub(crate) mod state;
 mod teardown;
@@ -31,111 +32,27 @@ use std::time::{Duration, Instant};
 
 use nix::unistd::Pid;
 
+pub(crate) use self::error::RunError;
 use self::fetch::{FetchError, FetchSpec};
-use crate::app;
-use crate::config::Class;
 use crate::config::{DockerMode, Fetch, Global, RunConfig};
-use crate::docker::DockerError;
 use crate::docker::DockerLink;
-use crate::exit;
-use crate::lock::backend::{
-    Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, arm_fence, is_lost, loss_watch,
-};
-use crate::lock::{Holder, LockError};
+use crate::lock::Holder;
+use crate::lock::backend::{Lease, LockBackend, PROGRESS_EVERY, Taken, loss_watch};
 use crate::names;
 use crate::report;
-use crate::run::state::{StateError, StateFiles};
+use crate::run::state::StateFiles;
 use crate::rundir::phase::Phase;
 use crate::rundir::record::RunRecord;
-use crate::rundir::{Claimant, RunDir, RunDirError};
+use crate::rundir::{Claimant, RunDir};
 use crate::supervise::Supervisor;
 use crate::supervise::cgroup::{self, Cgroups};
-use crate::supervise::fence::{self, Fence};
-use crate::supervise::guards::{self, GuardError, GuardOptions};
-use crate::supervise::identity::{IdentityError, Owner};
-use crate::supervise::leftovers;
-use crate::supervise::process::CommandSpec;
-use crate::supervise::shutdown::ChildStatus;
-use crate::supervise::shutdown::{Event, ShutdownReason};
+use crate::supervise::fence::Fence;
+use crate::supervise::guards::{self, GuardOptions};
+use crate::supervise::identity::Owner;
+use crate::supervise::shutdown::Event;
 use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
 use crate::supervise::watchdog::Watchdog;
 use crate::supervise::worker::Worker;
-
-/// Ways a run fails before or around its command: exit 125, but for a recipe that cannot be
-/// deployed as it is (2).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RunError {
-    #[error(transparent)]
-    Guards(#[from] GuardError),
-    #[error(transparent)]
-    RunDir(#[from] RunDirError),
-    #[error(transparent)]
-    Lock(#[from] LockError),
-    #[error("Docker is required (--docker required): {0}; {hint}", hint = crate::docker::REQUIRED_HINT)]
-    DockerRequired(DockerError),
-    #[error("{0}")]
-    DockerWorker(DockerError),
-    #[error(transparent)]
-    State(#[from] StateError),
-    #[error("failed to write run record {path}: {source}")]
-    Record {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Fetch(#[from] FetchError),
-    /// The recipe cannot be deployed as it is (exit 2): a name over Docker's limit, a compose
-    /// file abra cannot read, a `.env.sample` naming no usable recipe.
-    #[error("recipe {recipe}: {why}; nothing was deployed")]
-    Recipe { recipe: String, why: String },
-    #[error("recipe {recipe}: {source}")]
-    RecipeRead {
-        recipe: String,
-        source: crate::recipe::RecipeError,
-    },
-    #[error("failed to watch the app lock for its loss: {0}")]
-    LossWatch(std::io::Error),
-    #[error(transparent)]
-    Watchdog(#[from] crate::supervise::watchdog::WatchdogError),
-    #[error(
-        "failed to start the fence that kills the run's processes should its supervisor die \
-         (or its etcd lease expire): {0}; not starting the command without it"
-    )]
-    Fence(std::io::Error),
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
-    #[error(
-        "failed to clear what the previous holder of the app lock of {domain} left: {why}; \
-         not starting the command beside it"
-    )]
-    Predecessor { domain: String, why: String },
-    #[error(
-        "an earlier run of stack {stack} may have left containers or volumes on a node that \
-         could not be checked within {waited:.1?}: {why}; not starting the command, whose deploy \
-         could mount that data (the .env stays for the next sweep)"
-    )]
-    NodesNotClean {
-        stack: String,
-        waited: Duration,
-        why: String,
-    },
-}
-
-impl RunError {
-    pub(crate) fn exit_code(&self) -> u8 {
-        match self {
-            Self::Recipe { .. } => exit::USAGE,
-            _ => exit::INTERNAL,
-        }
-    }
-}
-
-impl From<RunError> for crate::error::Error {
-    fn from(err: RunError) -> Self {
-        let code = err.exit_code();
-        Self::command(err, code)
-    }
-}
 
 /// What a run asks of the janitor: its start-of-run sweep, and the reaping of dead runs'
 /// processes before a dead run's app is removed. A command imports no other command, so the

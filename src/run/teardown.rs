@@ -2,7 +2,14 @@
 //! hook, the app removed while the lock is provably ours, what is left of the command killed —
 //! each step within its share of what is left before the hard end.
 
-use super::*;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::run::{Run, TEARDOWN_TIMEOUT, save_or_warn, supervisor};
+use crate::rundir::phase::Phase;
+use crate::supervise::process::CommandSpec;
+use crate::supervise::shutdown::{ChildStatus, Event, ShutdownReason};
+use crate::{app, report};
 
 impl Run<'_> {
     /// Start the command (unless a way out already happened), wait for a way out, tear down.
