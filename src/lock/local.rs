@@ -89,13 +89,13 @@ impl Local {
                         // to judge it, and may unlink it. Look again, at the path, until a line
                         // shows or the grace is over: neither is a holder without a line.
                         let unsigned = *unsigned_since.get_or_insert_with(Instant::now);
-                        let polled = Instant::now() + lock::file::HANDOFF_POLL;
+                        let polled = Instant::now() + lock::holder::HANDOFF_POLL;
                         if holder.is_none()
-                            && unsigned.elapsed() < lock::file::HANDOFF_GRACE
+                            && unsigned.elapsed() < lock::holder::HANDOFF_GRACE
                             && wait.until.is_none_or(|until| polled < until)
                         {
                             drop(file);
-                            std::thread::sleep(lock::file::HANDOFF_POLL);
+                            std::thread::sleep(lock::holder::HANDOFF_POLL);
                             continue;
                         }
                         announced = true;

@@ -19,12 +19,14 @@ pub(crate) mod backend;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod file;
+pub(crate) mod holder;
 pub(crate) mod list;
 pub(crate) mod local;
 pub(crate) mod named;
 pub(crate) mod queue;
 
 pub(crate) use file::*;
+pub(crate) use holder::*;
 
 /// The lock backend the configuration names: etcd when endpoints are set (and reachable: an
 /// unreachable etcd is an error, never a fallback to the flock, which would exclude nobody on
