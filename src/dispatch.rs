@@ -11,8 +11,8 @@ use crate::cli::{self, Cli, Command};
 use crate::config::{self, Global, LogFormat, Resolved};
 use crate::error::Error;
 use crate::{
-    completions, converge, docker, doctor, error, inspect, janitor, lock, man, report, run, runs,
-    supervise, trust,
+    completions, converge, docker, doctor, error, inspect, janitor, lock, man, named_lock, report,
+    run, runs, supervise, trust,
 };
 
 /// Resolve the configuration and run the command. `start_ppid` is our parent pid as read first
@@ -111,7 +111,7 @@ fn command(
         ),
         Command::Lock(args) => {
             let cfg = args.validate(global)?;
-            let backend = lock::backend(global).map_err(lock::named::NamedLockError::from)?;
+            let backend = lock::backend(global).map_err(named_lock::NamedLockError::from)?;
             // `--metrics-file`: the janitor's report of the host, once the wait is over (the
             // lock backend knows nothing of the janitor).
             let publish = |backend: &dyn lock::backend::LockBackend| {
@@ -124,7 +124,7 @@ fn command(
                     ));
                 }
             };
-            Ok(lock::named::run(
+            Ok(named_lock::run(
                 &*backend,
                 &global.runs_dir,
                 &cfg,

@@ -24,6 +24,7 @@ mod inspect;
 pub(crate) mod janitor;
 pub(crate) mod lock;
 mod man;
+mod named_lock;
 pub(crate) mod names;
 pub(crate) mod recipe;
 pub(crate) mod recipe_url;

@@ -22,7 +22,6 @@ pub(crate) mod file;
 pub(crate) mod holder;
 pub(crate) mod list;
 pub(crate) mod local;
-pub(crate) mod named;
 pub(crate) mod queue;
 
 pub(crate) use file::*;

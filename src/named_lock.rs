@@ -7,6 +7,10 @@
 //! Invariant: the lock is released only by the process's exit, after the command's whole
 //! process group (and cgroup) is gone; and the command starts only once whatever a previous
 //! holder that died holding the lock left running is gone (or said to be out of reach).
+//!
+//! Its lock mechanics are the lock backend's (`lock/`); this room is the command around them.
+//!
+//! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
 use std::collections::VecDeque;
 use std::fmt;
