@@ -357,7 +357,7 @@ pub(crate) fn complete(
             })
             .unwrap_or_default()
             .into_iter()
-            .filter(|l| l.kind == crate::lock::list::LockKind::Named)
+            .filter(|l| l.kind == crate::lock::backend::LockKind::Named)
             .map(|l| l.name)
             .collect(),
     };

@@ -137,5 +137,5 @@ struct Settings<'a> {
 /// `locks --json`: every lock, in the envelope.
 #[derive(serde::Serialize)]
 struct Locks<'a> {
-    locks: &'a [lock::list::LockInfo],
+    locks: &'a [lock::backend::LockInfo],
 }

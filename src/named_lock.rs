@@ -96,7 +96,9 @@ fn publish(
     then: Publish<'_>,
 ) {
     if matches!(taken, Taken::Held(_)) {
-        if let Err(err) = crate::lock::queue::record_last_wait(&opts.lock_dir, &opts.name, waited) {
+        if let Err(err) =
+            crate::lock::queue::wait::record_last_wait(&opts.lock_dir, &opts.name, waited)
+        {
             tracing::warn!(
                 "failed to record the wait for lock {} in {}: {err}",
                 opts.name,

@@ -141,7 +141,7 @@ pub(crate) fn gather(
     let now = SystemTime::now();
     for lock in locks
         .iter()
-        .filter(|l| l.kind == crate::lock::list::LockKind::Named)
+        .filter(|l| l.kind == crate::lock::backend::LockKind::Named)
     {
         let queue = lock.queue.clone().unwrap_or_default();
         let local_queue = crate::names::queue_dir_of(&lock.path);
@@ -157,7 +157,7 @@ pub(crate) fn gather(
         let last_wait = crate::names::LockName::parse(&lock.name)
             .ok()
             .and_then(|n| {
-                crate::lock::queue::last_wait(&crate::lock::queue::last_wait_path(
+                crate::lock::queue::wait::last_wait(&crate::lock::queue::wait::last_wait_path(
                     &global.lock_dir,
                     &n,
                 ))

@@ -16,9 +16,12 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
+
 use crate::config::Class;
-use crate::lock::list::LockInfo;
-use crate::lock::{Holder, LockError};
+use crate::lock::file::LockError;
+use crate::lock::holder::Holder;
+use crate::lock::queue::ticket::QueuedTicket;
 use crate::names::{AppDomain, LockName};
 use crate::supervise::fence;
 use crate::supervise::shutdown::Event;
@@ -227,4 +230,43 @@ pub(crate) fn loss_watch(lease: &dyn Lease) -> std::io::Result<Option<OwnedFd>> 
         .lost_fd()
         .map(|fd| fd.try_clone_to_owned())
         .transpose()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum LockKind {
+    /// `cc-ci-app-<domain>.lock`
+    App,
+    /// `ccci-<name>.lock`
+    Named,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct LockInfo {
+    #[serde(serialize_with = "crate::names::serialize_path_escaped")]
+    pub path: PathBuf,
+    pub kind: LockKind,
+    /// The domain (app locks) or the lock name (named locks).
+    pub name: String,
+    pub held: bool,
+    pub holder_pids: Vec<i32>,
+    pub waiters: usize,
+    /// The holder metadata, when it parses.
+    pub holder: Option<Holder>,
+    /// The raw contents when they do not parse (at most 4 KiB, lossily decoded).
+    pub holder_raw: Option<String>,
+    /// What this host, from where `locks` runs, can say of the holder its line names: `alive`,
+    /// `dead` (it died holding the lock: its line was never cleared), or `unresolvable` (in a
+    /// pid namespace not visible here, on another host), never a guess.
+    pub holder_is: Option<&'static str>,
+    /// Why the holder cannot be judged from here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_unresolvable: Option<String>,
+    pub age_s: Option<u64>,
+    pub long_held: bool,
+    /// Why this file is suspicious (a symlink, not a regular file, another user's).
+    pub problem: Option<String>,
+    /// A named lock's queue, in queue order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Vec<QueuedTicket>>,
 }

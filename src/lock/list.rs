@@ -7,57 +7,18 @@
 //! line names is judged from here: alive, dead (it died holding the lock), or unresolvable.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
-
-use serde::Serialize;
 
 use crate::names::escape_outside;
 
-use crate::lock::queue::{Queue, QueuedTicket};
-use crate::lock::{Holder, LockFile, TryLock};
+use crate::lock::backend::{LockInfo, LockKind};
+use crate::lock::file::{LockFile, TryLock};
+use crate::lock::holder::Holder;
+use crate::lock::queue::Queue;
 use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX, named_lock_of_file, queue_dir_of};
 use crate::supervise::identity::Verdict;
 use crate::supervise::linux::{self, ProcLock};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum LockKind {
-    /// `cc-ci-app-<domain>.lock`
-    App,
-    /// `ccci-<name>.lock`
-    Named,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct LockInfo {
-    #[serde(serialize_with = "crate::names::serialize_path_escaped")]
-    pub path: PathBuf,
-    pub kind: LockKind,
-    /// The domain (app locks) or the lock name (named locks).
-    pub name: String,
-    pub held: bool,
-    pub holder_pids: Vec<i32>,
-    pub waiters: usize,
-    /// The holder metadata, when it parses.
-    pub holder: Option<Holder>,
-    /// The raw contents when they do not parse (at most 4 KiB, lossily decoded).
-    pub holder_raw: Option<String>,
-    /// What this host, from where `locks` runs, can say of the holder its line names: `alive`,
-    /// `dead` (it died holding the lock: its line was never cleared), or `unresolvable` (in a
-    /// pid namespace not visible here, on another host), never a guess.
-    pub holder_is: Option<&'static str>,
-    /// Why the holder cannot be judged from here.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub holder_unresolvable: Option<String>,
-    pub age_s: Option<u64>,
-    pub long_held: bool,
-    /// Why this file is suspicious (a symlink, not a regular file, another user's).
-    pub problem: Option<String>,
-    /// A named lock's queue, in queue order.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue: Option<Vec<QueuedTicket>>,
-}
 
 /// The kind and the name (escaped: file names come from outside) of a lock file.
 fn classify(file_name: &[u8]) -> Option<(LockKind, String)> {

@@ -10,15 +10,17 @@
 //! A flock is never lost while its holder lives, and always released when it dies.
 
 use std::io;
-use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::config::dirs::{self, Dir};
-use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
-use crate::lock::list::{self, LockInfo};
-use crate::lock::{self, HeldLock, Holder, LockError, LockFile, TryLock};
+use crate::lock::backend::LockInfo;
+use crate::lock::backend::{Attempt, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
+use crate::lock::file::{HeldLock, LockError, LockFile, TryLock};
+use crate::lock::file_lease::{FileLease, file_token};
+use crate::lock::holder::Holder;
+use crate::lock::list;
 use crate::names::{self, AppDomain, RunAppPattern};
 use crate::supervise::leftovers::remains;
 use crate::supervise::linux;
@@ -74,7 +76,7 @@ impl Local {
         wait: &Wait<'_>,
         on_wait: &mut dyn FnMut(Option<&Holder>, Duration),
     ) -> Result<Result<(HeldLock, Option<Holder>), Taken>, LockError> {
-        lock::prepare_dir(dir)?;
+        crate::lock::file::prepare_dir(dir)?;
         let started = Instant::now();
         let mut announced = false;
         let mut unsigned_since: Option<Instant> = None;
@@ -89,13 +91,13 @@ impl Local {
                         // to judge it, and may unlink it. Look again, at the path, until a line
                         // shows or the grace is over: neither is a holder without a line.
                         let unsigned = *unsigned_since.get_or_insert_with(Instant::now);
-                        let polled = Instant::now() + lock::holder::HANDOFF_POLL;
+                        let polled = Instant::now() + crate::lock::holder::HANDOFF_POLL;
                         if holder.is_none()
-                            && unsigned.elapsed() < lock::holder::HANDOFF_GRACE
+                            && unsigned.elapsed() < crate::lock::holder::HANDOFF_GRACE
                             && wait.until.is_none_or(|until| polled < until)
                         {
                             drop(file);
-                            std::thread::sleep(lock::holder::HANDOFF_POLL);
+                            std::thread::sleep(crate::lock::holder::HANDOFF_POLL);
                             continue;
                         }
                         announced = true;
@@ -206,9 +208,9 @@ impl LockBackend for Local {
 
     fn prepare(&self, create: bool) -> Result<(), LockError> {
         if create {
-            return lock::prepare_dir(&self.lock_dir);
+            return crate::lock::file::prepare_dir(&self.lock_dir);
         }
-        lock::check_dir(&self.lock_dir).or_else(|err| match err {
+        crate::lock::file::check_dir(&self.lock_dir).or_else(|err| match err {
             // A look creates nothing: a missing lock dir simply holds no locks.
             _ if !self.lock_dir.exists() => Ok(()),
             err => Err(err),
@@ -267,8 +269,13 @@ impl LockBackend for Local {
     ) -> Result<Taken, LockError> {
         let domain = match key {
             LockKey::Named(name) => {
-                lock::prepare_dir(&self.lock_dir)?;
-                return crate::lock::queue::acquire(name, &self.path(key), &self.lock_dir, wait);
+                crate::lock::file::prepare_dir(&self.lock_dir)?;
+                return crate::lock::queue::wait::acquire(
+                    name,
+                    &self.path(key),
+                    &self.lock_dir,
+                    wait,
+                );
             }
             LockKey::App(domain) => domain,
         };
@@ -343,88 +350,5 @@ impl LockBackend for Local {
             }
         }
         (tidied, errors)
-    }
-}
-
-/// `MAJOR:MINOR:INODE` of a lock file: names the very file a flock is on.
-fn file_token(meta: &std::fs::Metadata) -> String {
-    format!(
-        "{}:{}:{}",
-        linux::dev_major(meta.dev()),
-        linux::dev_minor(meta.dev()),
-        meta.ino()
-    )
-}
-
-/// Held lock files; the first is the lock itself, any other its second account.
-#[derive(Debug)]
-pub(crate) struct FileLease {
-    locks: Vec<HeldLock>,
-    /// The holder lines found when they were taken.
-    predecessors: Vec<Holder>,
-    /// A named lock's fencing token ([`crate::lock::queue`]); app locks on one host keep none.
-    fencing: Option<i64>,
-}
-
-impl FileLease {
-    pub(crate) fn one(lock: HeldLock) -> Self {
-        Self {
-            locks: vec![lock],
-            predecessors: Vec::new(),
-            fencing: None,
-        }
-    }
-
-    /// One lock file, taken over from the holder its line named.
-    pub(crate) fn taken_over(lock: HeldLock, before: Option<Holder>) -> Self {
-        Self {
-            locks: vec![lock],
-            predecessors: before.into_iter().collect(),
-            fencing: None,
-        }
-    }
-
-    pub(crate) fn with_fencing_token(self, token: i64) -> Self {
-        Self {
-            fencing: Some(token),
-            ..self
-        }
-    }
-}
-
-impl Lease for FileLease {
-    fn holder(&self) -> Option<Holder> {
-        Holder::parse(&self.locks.first()?.read_holder())
-    }
-
-    fn token(&self) -> Result<String, LockError> {
-        let Some(lock) = self.locks.first() else {
-            return Ok(String::new());
-        };
-        let meta = lock.file().metadata().map_err(|source| LockError::Io {
-            what: "inspect",
-            path: PathBuf::new(),
-            source,
-        })?;
-        Ok(file_token(&meta))
-    }
-
-    fn lost_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
-    }
-
-    fn remove(&self) -> Result<bool, LockError> {
-        match self.locks.first() {
-            Some(lock) => lock.unlink(),
-            None => Ok(false),
-        }
-    }
-
-    fn predecessors(&self) -> Vec<Holder> {
-        self.predecessors.clone()
-    }
-
-    fn fencing_token(&self) -> Option<i64> {
-        self.fencing
     }
 }

@@ -19,6 +19,7 @@ pub(crate) mod backend;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod file;
+pub(crate) mod file_lease;
 pub(crate) mod holder;
 pub(crate) mod list;
 pub(crate) mod local;

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::config::dirs::{self, Dir};
-use crate::lock::list::{LockInfo, LockKind};
+use crate::lock::backend::{LockInfo, LockKind};
 use crate::names::{self, escape_outside};
 use crate::rundir::phase::Phase;
 use crate::rundir::record::RunRecord;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions, GetResponse, Txn, TxnResponse};
 
 use super::lease::Session;
-use crate::lock::LockError;
+use crate::lock::file::LockError;
 use crate::supervise::linux;
 
 /// How long connecting, and any one request of the main thread, may take.

@@ -18,7 +18,8 @@ use super::client::{ATTEMPT_TIMEOUT, Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RET
 use super::guard::{self, Watched};
 use super::queue::Claimed;
 use crate::lock::backend::Lease;
-use crate::lock::{Holder, LockError};
+use crate::lock::file::LockError;
+use crate::lock::holder::Holder;
 use crate::names::etcd as keys;
 
 /// A granted lease and its keepalive.

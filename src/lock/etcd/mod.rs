@@ -53,9 +53,10 @@ use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, SortOrder, SortT
 use crate::config::Class;
 use crate::config::EtcdSettings;
 use crate::lock::backend::{Attempt, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
-use crate::lock::list::{LockInfo, LockKind};
-use crate::lock::queue::{QueuedTicket, Ticket};
-use crate::lock::{Holder, LockError};
+use crate::lock::backend::{LockInfo, LockKind};
+use crate::lock::file::LockError;
+use crate::lock::holder::Holder;
+use crate::lock::queue::ticket::{QueuedTicket, Ticket};
 use crate::names::AppDomain;
 use crate::names::etcd as keys;
 use crate::report;

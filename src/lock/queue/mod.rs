@@ -29,33 +29,27 @@
 //! process exit.
 
 use std::io::{self, Read, Seek, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use inotify::{Inotify, WatchMask};
 use nix::errno::Errno;
-use nix::sys::signal::Signal;
 use nix::sys::stat::{UtimensatFlags, utimensat};
 use nix::sys::time::TimeSpec;
 use nix::unistd::Pid;
-use rand::RngExt;
 
 use crate::config::Class;
-use crate::lock::backend::{Taken, Wait};
-use crate::lock::local::FileLease;
-use crate::lock::{self, HeldLock, LockError, LockFile, TryLock};
+use crate::lock::file::{HeldLock, LockError, LockFile};
 use crate::names::LockName;
-use crate::report;
 use crate::supervise::identity::{Judge, ProcessIdentity, Verdict};
 use crate::supervise::linux;
-use crate::supervise::shutdown::Event;
-use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
+use crate::supervise::signals::{SignalFunnel, shutdown_events};
 
-mod wait;
+pub(crate) mod ticket;
+pub(crate) mod wait;
 
-pub(crate) use wait::{acquire, last_wait, last_wait_path, record_last_wait};
+pub(crate) use ticket::{QueuedTicket, Ticket};
 
 /// A ticket whose owner cannot be judged is removed once it is this old (untouched that long).
 const UNJUDGED_OWNER_AGE: Duration = Duration::from_secs(10);
@@ -70,61 +64,6 @@ const DEAD_AHEAD_RETRY: Duration = Duration::from_millis(20);
 const POLL_MS: std::ops::RangeInclusive<u64> = 20..=50;
 /// How often a waiter repeats its waiting line.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
-
-/// A place in the queue; its file name is `rank-seq-pid`, so names sort in queue order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-pub(crate) struct Ticket {
-    pub class: Class,
-    pub seq: u64,
-    pub pid: i32,
-}
-
-impl Ticket {
-    pub(crate) fn file_name(&self) -> String {
-        format!("{}-{:012}-{}", self.class.rank(), self.seq, self.pid)
-    }
-
-    /// Parse a queue entry's name; anything else in the directory is not a ticket.
-    pub(crate) fn parse(name: &str) -> Option<Self> {
-        let mut parts = name.split('-');
-        let class = match parts.next()? {
-            "0" => Class::Fast,
-            "1" => Class::Normal,
-            _ => return None,
-        };
-        let seq = parts.next()?;
-        let pid = parts.next()?;
-        // Only canonical names are tickets: a ticket is removed by the name it formats to, so
-        // `1-…-01` taken for pid 1 could never be removed and would wedge the queue.
-        if parts.next().is_some()
-            || seq.len() != 12
-            || !seq.bytes().all(|b| b.is_ascii_digit())
-            || pid.is_empty()
-            || pid.starts_with('0')
-            || !pid.bytes().all(|b| b.is_ascii_digit())
-        {
-            return None;
-        }
-        let pid: i32 = pid.parse().ok().filter(|p| *p > 0)?;
-        Some(Self {
-            class,
-            seq: seq.parse().ok()?,
-            pid,
-        })
-    }
-
-    /// "12 (normal, pid 4242)"
-    fn describe(&self) -> String {
-        format!("{} ({}, pid {})", self.seq, self.class.as_str(), self.pid)
-    }
-}
-
-/// A ticket seen in the queue directory, with its age.
-#[derive(Debug, Clone, serde::Serialize)]
-pub(crate) struct QueuedTicket {
-    pub ticket: Ticket,
-    pub age_s: u64,
-}
 
 /// The queue directory of one named lock.
 #[derive(Debug)]
@@ -144,7 +83,7 @@ impl Queue {
 
     pub(crate) fn open(lock_dir: &Path, name: &LockName) -> Result<Self, LockError> {
         let dir = Self::dir_for(lock_dir, name);
-        lock::prepare_private_dir(&dir)?;
+        crate::lock::file::prepare_private_dir(&dir)?;
         Ok(Self { dir })
     }
 

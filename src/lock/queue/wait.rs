@@ -2,7 +2,25 @@
 //! queue changes or the owner ahead dies, promotion, the wait's bound and its reports; and the
 //! record of how long the last holder waited.
 
-use super::*;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use inotify::{Inotify, WatchMask};
+use nix::sys::signal::Signal;
+use rand::RngExt;
+
+use crate::config::Class;
+use crate::lock::backend::{Taken, Wait};
+use crate::lock::file::{HeldLock, LockError, LockFile, TryLock};
+use crate::lock::file_lease::FileLease;
+use crate::lock::queue::ticket::{QueuedTicket, Ticket};
+use crate::lock::queue::{DEAD_AHEAD_RETRY, KEEPALIVE, OwnerWatch, POLL_MS, Queue, REPORT_EVERY};
+use crate::names::LockName;
+use crate::report;
+use crate::supervise::shutdown::Event;
+use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
 
 /// Wait in the queue of `name` (its lock file at `path`) until we hold the lock, the budget
 /// runs out, or a way out arrives. The ticket is gone whichever way this ends.
@@ -289,8 +307,10 @@ impl Waiter<'_> {
     /// Ours: say who holds it, for `locks` and for whoever times out behind us; a line found
     /// in it names a holder that died holding it.
     fn held(&self, mut lock: HeldLock) -> Result<Taken, LockError> {
-        let before = lock::Holder::parse(&lock.read_holder());
-        lock.write_holder(&crate::lock::Holder::taken_now(&self.wait.holder.to_line()))?;
+        let before = crate::lock::holder::Holder::parse(&lock.read_holder());
+        lock.write_holder(&crate::lock::holder::Holder::taken_now(
+            &self.wait.holder.to_line(),
+        ))?;
         let token = self.queue.next_fencing_token()?;
         Ok(Taken::Held(Box::new(
             FileLease::taken_over(lock, before).with_fencing_token(token),
@@ -314,8 +334,8 @@ impl Waiter<'_> {
                 "as queue ticket {} ({}); {head}; held by {}",
                 self.ticket.seq,
                 self.ticket.class.as_str(),
-                crate::lock::Holder::describe(
-                    crate::lock::Holder::of_file_settled(self.path).as_ref()
+                crate::lock::holder::Holder::describe(
+                    crate::lock::holder::Holder::of_file_settled(self.path).as_ref()
                 )
             ),
         }

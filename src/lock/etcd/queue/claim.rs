@@ -40,7 +40,7 @@ pub(in crate::lock::etcd) async fn claim(
     fleet::raise(pool, fleet::Bound::of(ttl, stop_budget)).await?;
     let owner = keys::owner_key(dir);
     // Its `started_at` is when the lock is taken: now, not when the wait began.
-    let holder_line = crate::lock::Holder::taken_now(holder_line);
+    let holder_line = crate::lock::holder::Holder::taken_now(holder_line);
     let holder_line = holder_line.as_str();
     let bound = || Some(PutOptions::new().with_lease(lease));
     let tenure = TenureValue {
