@@ -12,8 +12,8 @@
 //!
 //! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
-use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::io::{self};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::names::NameError;
@@ -43,17 +43,10 @@ pub(crate) fn read(path: &Path, required: bool) -> Result<Option<String>, NameEr
     let shared_dir = directories(path)
         .first()
         .is_some_and(|dir| std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o022 != 0));
-    let no_follow = if shared_dir { nix::libc::O_NOFOLLOW } else { 0 };
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(
-            nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY | nix::libc::O_CLOEXEC | no_follow,
-        )
-        .open(path)
-    {
+    let file = match crate::files::open_nonblocking(path, !shared_dir) {
         Ok(file) => file,
         Err(err) if !required && err.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(err) if shared_dir && err.raw_os_error() == Some(nix::libc::ELOOP) => {
+        Err(err) if shared_dir && crate::files::is_link_refused(&err) => {
             return Err(refused(
                 path,
                 format!(
@@ -80,22 +73,12 @@ pub(crate) fn read(path: &Path, required: bool) -> Result<Option<String>, NameEr
         return Ok(Some(String::new()));
     }
     if !kind.is_file() {
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_char_device() {
-            "a character device"
-        } else if kind.is_block_device() {
-            "a block device"
-        } else if kind.is_dir() {
-            "a directory"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "not a file"
-        };
         return Err(refused(
             path,
-            format!("it is {what}, not a regular file ({SETTING})"),
+            format!(
+                "it is {}, not a regular file ({SETTING})",
+                crate::files::kind_name(kind)
+            ),
         ));
     }
     let us = nix::unistd::Uid::effective().as_raw();
@@ -122,19 +105,17 @@ pub(crate) fn read(path: &Path, required: bool) -> Result<Option<String>, NameEr
     for dir in directories(path) {
         check_directory(path, &dir, us)?;
     }
-    let mut bytes = Vec::new();
-    file.take(MAX_LEN + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|err| refused(path, format!("cannot be read ({SETTING}): {err}")))?;
-    if bytes.len() as u64 > MAX_LEN {
-        return Err(refused(
-            path,
-            format!(
-                "it is larger than {} KiB, more than a configuration file can be ({SETTING})",
-                MAX_LEN / 1024
-            ),
-        ));
-    }
+    let bytes = crate::files::read_capped(file, MAX_LEN)
+        .map_err(|err| refused(path, format!("cannot be read ({SETTING}): {err}")))?
+        .ok_or_else(|| {
+            refused(
+                path,
+                format!(
+                    "it is larger than {} KiB, more than a configuration file can be ({SETTING})",
+                    MAX_LEN / 1024
+                ),
+            )
+        })?;
     String::from_utf8(bytes)
         .map(Some)
         .map_err(|err| refused(path, format!("it is not UTF-8 text ({SETTING}): {err}")))

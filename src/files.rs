@@ -12,7 +12,7 @@
 //! [`ReadError`] that names the path and what it is; the caller skips the item, never the
 //! whole job.
 //!
-//! Floor: mechanisms (docs/architecture.md): imports the ground and the mechanisms, nothing above.
+//! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -27,9 +27,9 @@ pub(crate) enum Owners {
     Any,
     /// Ours or root's only.
     UsOrRoot,
-    /// Ours (the runner's user's too, when root and `runner_user` says so, [`crate::trust`])
-    /// or root's only.
-    Trusted,
+    /// Ours, the runner's user's (`runner`: when root and `runner_user` says so, as
+    /// `crate::trust` decides), or root's only.
+    Trusted { runner: Option<u32> },
 }
 
 /// What a file must be to be read.
@@ -60,10 +60,11 @@ impl Rules {
         }
     }
 
-    /// The same, believed only of the files [`crate::trust`] takes as ours, or root's.
-    pub(crate) const fn trusted(self) -> Self {
+    /// The same, believed only of our files, the runner's user's (`runner`, which
+    /// `crate::trust::runner` names) or root's.
+    pub(crate) const fn trusted(self, runner: Option<u32>) -> Self {
         Self {
-            owners: Owners::Trusted,
+            owners: Owners::Trusted { runner },
             ..self
         }
     }
@@ -128,31 +129,51 @@ pub(crate) fn kind_name(kind: std::fs::FileType) -> &'static str {
     }
 }
 
-/// Open `path` for reading without blocking (and, unless the rules allow links, without
-/// following one), and check the opened descriptor against `rules`.
-pub(crate) fn open(path: &Path, rules: &Rules) -> Result<File, ReadError> {
+/// Open `path` for reading without blocking (a FIFO never hangs us) and, unless `follow_links`,
+/// without following a link in its last component: the one way ccci-run opens a file it did not
+/// just write. What the descriptor is, is the caller's to judge ([`open`] does, by [`Rules`]).
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn open_nonblocking(path: &Path, follow_links: bool) -> io::Result<File> {
     let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY | nix::libc::O_CLOEXEC;
-    if !rules.follow_links {
+    if !follow_links {
         flags |= nix::libc::O_NOFOLLOW;
     }
-    let file = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(flags)
         .open(path)
-        .map_err(|source| {
-            // O_NOFOLLOW on a link fails with ELOOP: say what it is.
-            if source.raw_os_error() == Some(nix::libc::ELOOP) && !rules.follow_links {
-                ReadError::Refused {
-                    path: path.to_owned(),
-                    why: "it is a symbolic link, where a file of its own is expected".to_owned(),
-                }
-            } else {
-                ReadError::Open {
-                    path: path.to_owned(),
-                    source,
-                }
+}
+
+/// Whether an error of [`open_nonblocking`] says the last component is a symbolic link.
+pub(crate) fn is_link_refused(err: &io::Error) -> bool {
+    err.raw_os_error() == Some(nix::libc::ELOOP)
+}
+
+/// The bytes of an opened file, at most `max_len` of them: `None` when it holds more (it may
+/// have grown since it was judged; a device may never end).
+pub(crate) fn read_capped(file: File, max_len: u64) -> io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    file.take(max_len + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= max_len).then_some(bytes))
+}
+
+/// Open `path` for reading without blocking (and, unless the rules allow links, without
+/// following one), and check the opened descriptor against `rules`.
+pub(crate) fn open(path: &Path, rules: &Rules) -> Result<File, ReadError> {
+    let file = open_nonblocking(path, rules.follow_links).map_err(|source| {
+        // O_NOFOLLOW on a link fails with ELOOP: say what it is.
+        if is_link_refused(&source) && !rules.follow_links {
+            ReadError::Refused {
+                path: path.to_owned(),
+                why: "it is a symbolic link, where a file of its own is expected".to_owned(),
             }
-        })?;
+        } else {
+            ReadError::Open {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    })?;
     check(&file, path, rules)?;
     Ok(file)
 }
@@ -174,12 +195,18 @@ fn check(file: &File, path: &Path, rules: &Rules) -> Result<(), ReadError> {
             kind_name(kind)
         )));
     }
-    if rules.owners == Owners::Trusted && meta.uid() != 0 && !crate::trust::ours(meta.uid()) {
-        return Err(refused(format!(
-            "it is owned by uid {}, neither {} nor root",
-            meta.uid(),
-            crate::trust::who()
-        )));
+    if let Owners::Trusted { runner } = rules.owners {
+        let us = nix::unistd::Uid::effective().as_raw();
+        let uid = meta.uid();
+        if uid != 0 && uid != us && runner != Some(uid) {
+            let who = match runner {
+                Some(r) => format!("us (uid {us}) or the runner's user (uid {r}, runner_user)"),
+                None => format!("us (uid {us})"),
+            };
+            return Err(refused(format!(
+                "it is owned by uid {uid}, neither {who} nor root"
+            )));
+        }
     }
     if rules.owners == Owners::UsOrRoot {
         let us = nix::unistd::Uid::effective().as_raw();
@@ -203,24 +230,19 @@ fn check(file: &File, path: &Path, rules: &Rules) -> Result<(), ReadError> {
 /// The bytes of the file at `path`, read as [`open`] allows.
 pub(crate) fn read(path: &Path, rules: &Rules) -> Result<Vec<u8>, ReadError> {
     let file = open(path, rules)?;
-    let mut bytes = Vec::new();
-    file.take(rules.max_len + 1)
-        .read_to_end(&mut bytes)
+    read_capped(file, rules.max_len)
         .map_err(|source| ReadError::Read {
             path: path.to_owned(),
             source,
-        })?;
-    if bytes.len() as u64 > rules.max_len {
+        })?
         // It grew between the look and the read.
-        return Err(ReadError::Refused {
+        .ok_or_else(|| ReadError::Refused {
             path: path.to_owned(),
             why: format!(
                 "it holds more than the {} bytes such a file can",
                 rules.max_len
             ),
-        });
-    }
-    Ok(bytes)
+        })
 }
 
 /// The text of the file at `path` (UTF-8), read as [`open`] allows.

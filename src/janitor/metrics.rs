@@ -28,13 +28,17 @@ pub(crate) fn write_metrics(path: &Path, report: &SweepReport) -> io::Result<()>
         // may be anything but our last file.
         // Believed only of our own file (or root's), and only a time that can have been: a
         // finite instant, not after now.
-        crate::files::read_text(path, &crate::files::Rules::small(1 << 20).trusted())
-            .ok()
-            .and_then(|text| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(LAST)?.trim().parse::<f64>().ok())
-            })
-            .filter(|t| t.is_finite() && *t >= 0.0 && *t <= now)
+        crate::files::read_text(
+            path,
+            &crate::files::Rules::small(1 << 20)
+                .trusted(crate::trust::runner().map(|(uid, _)| uid)),
+        )
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(LAST)?.trim().parse::<f64>().ok())
+        })
+        .filter(|t| t.is_finite() && *t >= 0.0 && *t <= now)
     } else {
         Some(now)
     };

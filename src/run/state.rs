@@ -96,6 +96,10 @@ impl StateFiles {
     }
 }
 
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a run's own state file, made with O_EXCL"
+)]
 fn create_private(path: &Path) -> Result<(), StateError> {
     let open = || {
         OpenOptions::new()

@@ -191,6 +191,10 @@ impl RunCgroup {
     }
 
     /// Open a leaf for placing children into it.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a cgroup's interface files, which the kernel serves"
+    )]
     pub(crate) fn leaf(&self, name: &str) -> io::Result<Leaf> {
         let dir = self.dir.join(name);
         let procs = OpenOptions::new()
@@ -235,6 +239,10 @@ pub(crate) fn kill_path(dir: &Path) -> io::Result<()> {
 
 /// `cgroup.kill` where the kernel has it (5.14+); otherwise SIGKILL each member until none is
 /// left to signal.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a cgroup's interface files, which the kernel serves"
+)]
 fn kill(dir: &Path) -> io::Result<()> {
     let kill_file = dir.join("cgroup.kill");
     match OpenOptions::new().write(true).open(&kill_file) {

@@ -422,6 +422,10 @@ pub(crate) struct ProcDir {
 
 impl ProcDir {
     /// Open `/proc/<pid>`; `None` when it is gone.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a process's /proc directory, which the kernel serves"
+    )]
     pub(crate) fn open(pid: i32) -> Option<Self> {
         use std::os::unix::fs::OpenOptionsExt;
         let dir = std::fs::OpenOptions::new()
