@@ -127,7 +127,7 @@ fn tickets(value: &str) {
 /// `/proc/<pid>/stat` and `/proc/locks` lines.
 fn proc_lines(value: &str) {
     let _ = linux::parse_stat(value);
-    let _ = linux::parse_proc_lock(value);
+    let _ = crate::supervise::procfs::parse_proc_lock(value);
 }
 
 /// Recipe URLs: redaction never panics and never lets a query, fragment or password through.

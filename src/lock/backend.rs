@@ -218,7 +218,7 @@ pub(crate) fn arm_fence(
 /// Start a fence for `target` that guards no lock: a dead-man only.
 pub(crate) fn start_fence(target: &fence::Target<'_>) -> std::io::Result<fence::Fence> {
     fence::Fence::spawn(target, crate::report::is_json()).map_err(|err| {
-        let hint = crate::supervise::linux::thread_limit_hint(&err);
+        let hint = crate::supervise::threads::thread_limit_hint(&err);
         std::io::Error::new(err.kind(), format!("{err}{hint}"))
     })
 }

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use crate::lock::backend::Lease;
 use crate::lock::file::{HeldLock, LockError};
 use crate::lock::holder::Holder;
-use crate::supervise::linux;
 
 /// Held lock files; the first is the lock itself, any other its second account.
 #[derive(Debug)]
@@ -90,8 +89,8 @@ impl Lease for FileLease {
 pub(crate) fn file_token(meta: &std::fs::Metadata) -> String {
     format!(
         "{}:{}:{}",
-        linux::dev_major(meta.dev()),
-        linux::dev_minor(meta.dev()),
+        crate::supervise::procfs::dev_major(meta.dev()),
+        crate::supervise::procfs::dev_minor(meta.dev()),
         meta.ino()
     )
 }

@@ -18,7 +18,8 @@ use crate::lock::holder::Holder;
 use crate::lock::queue::Queue;
 use crate::names::{LOCK_FILE_PREFIX, LOCK_FILE_SUFFIX, named_lock_of_file, queue_dir_of};
 use crate::supervise::identity::Verdict;
-use crate::supervise::linux::{self, ProcLock};
+use crate::supervise::linux;
+use crate::supervise::procfs::ProcLock;
 
 /// The kind and the name (escaped: file names come from outside) of a lock file.
 fn classify(file_name: &[u8]) -> Option<(LockKind, String)> {
@@ -101,7 +102,10 @@ fn describe(
     if !crate::trust::ours(meta.uid()) {
         info.problem = Some(format!("owned by uid {}", meta.uid()));
     }
-    let (major, minor) = (linux::dev_major(meta.dev()), linux::dev_minor(meta.dev()));
+    let (major, minor) = (
+        crate::supervise::procfs::dev_major(meta.dev()),
+        crate::supervise::procfs::dev_minor(meta.dev()),
+    );
     for lock in proc_locks
         .iter()
         .filter(|l| l.inode == meta.ino() && l.major == major && l.minor == minor)

@@ -307,7 +307,10 @@ impl LockBackend for Local {
         if token != file_token(&meta) {
             return false;
         }
-        let (major, minor) = (linux::dev_major(meta.dev()), linux::dev_minor(meta.dev()));
+        let (major, minor) = (
+            crate::supervise::procfs::dev_major(meta.dev()),
+            crate::supervise::procfs::dev_minor(meta.dev()),
+        );
         linux::proc_locks().is_ok_and(|locks| {
             locks.iter().any(|l| {
                 !l.waiting

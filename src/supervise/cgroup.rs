@@ -67,7 +67,7 @@ pub(crate) fn mount_point() -> Option<PathBuf> {
     MOUNT
         .get_or_init(|| {
             let text = crate::files::kernel_text("/proc/self/mountinfo").ok()?;
-            linux::cgroup2_mount(&text)
+            crate::supervise::procfs::cgroup2_mount(&text)
         })
         .clone()
 }
@@ -78,7 +78,8 @@ fn own_cgroup() -> io::Result<PathBuf> {
     OWN.get_or_init(|| {
         let mount = mount_point().ok_or("no cgroup v2 hierarchy is mounted")?;
         let text = crate::files::kernel_text("/proc/self/cgroup").map_err(|e| e.to_string())?;
-        let relative = linux::cgroup2_path(&text).ok_or("this process is in no cgroup v2 group")?;
+        let relative = crate::supervise::procfs::cgroup2_path(&text)
+            .ok_or("this process is in no cgroup v2 group")?;
         Ok(mount.join(relative.trim_start_matches('/')))
     })
     .clone()
@@ -263,7 +264,7 @@ fn kill(dir: &Path) -> io::Result<()> {
                 };
                 let inside = held.read("cgroup").ok().is_some_and(|text| {
                     let text = String::from_utf8_lossy(&text);
-                    let at = linux::cgroup2_path(&text).unwrap_or_default();
+                    let at = crate::supervise::procfs::cgroup2_path(&text).unwrap_or_default();
                     relative
                         .as_deref()
                         .is_some_and(|r| Path::new(at.trim_start_matches('/')).starts_with(r))
@@ -298,7 +299,7 @@ fn members(dir: &Path) -> io::Result<Vec<nix::unistd::Pid>> {
 /// `populated` from `cgroup.events`: true while any process is in the cgroup or below.
 fn populated(dir: &Path) -> io::Result<bool> {
     let text = crate::files::kernel_text(dir.join("cgroup.events"))?;
-    Ok(linux::cgroup_populated(&text).unwrap_or(true))
+    Ok(crate::supervise::procfs::cgroup_populated(&text).unwrap_or(true))
 }
 
 /// Wait until `cgroup.events` says `populated 0`, woken by its change notifications

@@ -84,7 +84,7 @@ impl Here {
                 .map_err(|e| format!("failed to read /proc/self/ns/pid: {e}"));
             let depth = crate::files::kernel_text("/proc/self/status")
                 .ok()
-                .and_then(|s| linux::parse_nspid(&s))
+                .and_then(|s| crate::supervise::procfs::parse_nspid(&s))
                 .map(|p| p.len());
             // `/proc/1` of a proc mount is the init of the namespace it was mounted for.
             let init_ns = linux::pid_namespace("1").ok();
@@ -92,12 +92,12 @@ impl Here {
                 boot_id: linux::boot_id(),
                 pid_ns,
                 proc_is_own: depth == Some(1),
-                proc_is_init: init_ns == Some(linux::INIT_PID_NAMESPACE),
+                proc_is_init: init_ns == Some(crate::supervise::procfs::INIT_PID_NAMESPACE),
                 offset_ticks: own_offset_ticks(),
                 // Root sees every process, whatever `hidepid` says.
                 hidden: crate::files::kernel_text("/proc/self/mountinfo")
                     .ok()
-                    .and_then(|m| linux::proc_hidepid(&m))
+                    .and_then(|m| crate::supervise::procfs::proc_hidepid(&m))
                     .filter(|_| !nix::unistd::Uid::effective().is_root()),
             }
         })
@@ -117,7 +117,7 @@ fn own_offset_ticks() -> Result<i128, String> {
         ));
     }
     let nanos = match crate::files::kernel_text("/proc/self/timens_offsets") {
-        Ok(text) => linux::parse_boottime_offset(&text)
+        Ok(text) => crate::supervise::procfs::parse_boottime_offset(&text)
             .ok_or_else(|| "failed to parse /proc/self/timens_offsets".to_owned())?,
         // A kernel without time namespaces: no offset.
         Err(err) if err.kind() == io::ErrorKind::NotFound => 0,
@@ -141,7 +141,7 @@ impl ProcessIdentity {
             let offset = here.offset_ticks.clone().map_err(IdentityError)?;
             let raw = crate::files::kernel_text("/proc/self/stat")
                 .ok()
-                .and_then(|s| linux::parse_start_time(&s))
+                .and_then(|s| crate::supervise::procfs::parse_start_time(&s))
                 .ok_or_else(|| IdentityError("failed to read /proc/self/stat".to_owned()))?;
             Ok(ProcessIdentity {
                 pid: std::process::id() as i32,
@@ -198,16 +198,17 @@ impl Table {
             };
             let Ok(stat) = dir.read("stat") else { continue };
             let stat = String::from_utf8_lossy(&stat);
-            let (Some(raw_start), Some(parsed)) =
-                (linux::parse_start_time(&stat), linux::parse_stat(&stat))
-            else {
+            let (Some(raw_start), Some(parsed)) = (
+                crate::supervise::procfs::parse_start_time(&stat),
+                linux::parse_stat(&stat),
+            ) else {
                 continue;
             };
             let ns = dir.pid_namespace();
             let nspid = dir
                 .read("status")
                 .ok()
-                .and_then(|s| linux::parse_nspid(&String::from_utf8_lossy(&s)))
+                .and_then(|s| crate::supervise::procfs::parse_nspid(&String::from_utf8_lossy(&s)))
                 .and_then(|p| p.last().copied());
             match (ns, nspid) {
                 (Ok(ns), Some(nspid)) => {
@@ -268,7 +269,10 @@ impl Judge {
             .map_err(Verdict::Unresolvable)?;
         let stat = dir.read("stat").map_err(|_| Verdict::Dead)?;
         let stat = String::from_utf8_lossy(&stat);
-        match (linux::parse_start_time(&stat), linux::parse_stat(&stat)) {
+        match (
+            crate::supervise::procfs::parse_start_time(&stat),
+            linux::parse_stat(&stat),
+        ) {
             (Some(raw), Some(parsed))
                 if !parsed.zombie
                     && normalise(raw, offset).abs_diff(who.start_ticks) <= START_TOLERANCE =>
@@ -309,7 +313,10 @@ impl Judge {
         if who.pid_ns == own_ns && here.proc_is_own {
             // The common case, one file: `/proc/<pid>` is the recorded pid in our namespace.
             return match crate::files::kernel_text(format!("/proc/{}/stat", who.pid)) {
-                Ok(text) => match (linux::parse_start_time(&text), linux::parse_stat(&text)) {
+                Ok(text) => match (
+                    crate::supervise::procfs::parse_start_time(&text),
+                    linux::parse_stat(&text),
+                ) {
                     (Some(raw_start), Some(stat)) => compare(Seen {
                         raw_start,
                         zombie: stat.zombie,

@@ -65,7 +65,7 @@ fn scan_where(wanted: impl Fn(&Owner) -> bool) -> Vec<Marked> {
             let dir = ProcDir::open(pid.as_raw())?;
             // A zombie has no environ to read, so what is found here is alive.
             let environ = dir.read("environ").ok()?;
-            let value = linux::environ_lookup(&environ, SUPERVISOR_VAR)?;
+            let value = crate::supervise::procfs::environ_lookup(&environ, SUPERVISOR_VAR)?;
             let owner = Owner::parse(std::str::from_utf8(value).ok()?)?;
             wanted(&owner).then_some(Marked {
                 pid: pid.as_raw(),

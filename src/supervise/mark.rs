@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
 
-use crate::supervise::linux::{self, ProcDir};
+use crate::supervise::linux::ProcDir;
 
 /// The start of a mark's memfd name.
 const MARK_PREFIX: &str = "ccci-run-supervisor:";
@@ -113,7 +113,7 @@ pub(crate) fn prove(proc_dir: &ProcDir, pid: i32, expected: &Expected<'_>) -> Re
     let status = proc_dir
         .read("status")
         .map_err(|e| gone_or(format!("the status of pid {pid} cannot be read: {e}")))?;
-    let uids = linux::parse_uids(&String::from_utf8_lossy(&status))
+    let uids = crate::supervise::procfs::parse_uids(&String::from_utf8_lossy(&status))
         .ok_or_else(|| gone_or(format!("the status of pid {pid} names no user ids")))?;
     if uids.iter().any(|&u| u != expected.uid) {
         return Err(gone_or(format!(
@@ -167,13 +167,13 @@ pub(crate) fn prove(proc_dir: &ProcDir, pid: i32, expected: &Expected<'_>) -> Re
         guard_open = true;
         let info = proc_dir.read(&format!("fdinfo/{n}")).unwrap_or_default();
         let (major, minor) = (
-            linux::dev_major(expected.guard.0),
-            linux::dev_minor(expected.guard.0),
+            crate::supervise::procfs::dev_major(expected.guard.0),
+            crate::supervise::procfs::dev_minor(expected.guard.0),
         );
         if String::from_utf8_lossy(&info)
             .lines()
             .filter_map(|l| l.strip_prefix("lock:"))
-            .filter_map(linux::parse_proc_lock)
+            .filter_map(crate::supervise::procfs::parse_proc_lock)
             .any(|l| {
                 !l.waiting && l.inode == expected.guard.1 && (l.major, l.minor) == (major, minor)
             })

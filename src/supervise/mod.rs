@@ -26,8 +26,10 @@ pub(crate) mod linux;
 #[cfg(target_os = "linux")]
 pub(crate) mod mark;
 pub(crate) mod process;
+pub(crate) mod procfs;
 pub(crate) mod shutdown;
 pub(crate) mod signals;
+pub(crate) mod threads;
 pub(crate) mod watchdog;
 pub(crate) mod worker;
 

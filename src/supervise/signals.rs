@@ -239,7 +239,7 @@ impl SignalFunnel {
         // flag can be seen (a signal's actions run in the order they were registered).
         let senders =
             SignalsInfo::<WithRawSiginfo>::new([libc::SIGTERM]).map_err(fail(libc::SIGTERM))?;
-        let kick = linux::kick_signal();
+        let kick = crate::supervise::threads::kick_signal();
         let realtime = (kick + 1)..=libc::SIGRTMAX();
         let watched = CAUGHT
             .iter()
@@ -373,7 +373,7 @@ impl SignalFunnel {
         for signal in IGNORED
             .iter()
             .map(|s| *s as libc::c_int)
-            .chain((linux::kick_signal() + 1)..=libc::SIGRTMAX())
+            .chain((crate::supervise::threads::kick_signal() + 1)..=libc::SIGRTMAX())
         {
             if FLAGS
                 .get(signal as usize)

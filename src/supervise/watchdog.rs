@@ -45,12 +45,12 @@ impl Watchdog {
         let code = Arc::new(AtomicU8::new(exit::DEADLINE));
         let exit_code = Arc::clone(&code);
         let span = tracing::Span::current();
-        let spawned = linux::room_for_thread().and_then(|()| {
+        let spawned = crate::supervise::threads::room_for_thread().and_then(|()| {
             std::thread::Builder::new()
             .name("watchdog".to_owned())
             .spawn(move || {
                 let _in_span = span.enter();
-                linux::block_all_signals_but_kick();
+                crate::supervise::threads::block_all_signals_but_kick();
                 loop {
                     let left = hard_end.saturating_duration_since(Instant::now());
                     if left.is_zero() {

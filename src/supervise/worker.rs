@@ -19,8 +19,6 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::supervise::linux;
-
 /// How long [`Worker::cancel`] keeps kicking before it leaves the thread to the process's exit.
 const CANCEL_PATIENCE: Duration = Duration::from_secs(5);
 const KICK_INTERVAL: Duration = Duration::from_millis(5);
@@ -85,9 +83,12 @@ impl<T: Send + 'static> Worker<T> {
     ) -> std::io::Result<Self> {
         // The error says which limit stood in the way: callers only add what they were doing.
         let hinted = |e: std::io::Error| {
-            std::io::Error::new(e.kind(), format!("{e}{}", linux::thread_limit_hint(&e)))
+            std::io::Error::new(
+                e.kind(),
+                format!("{e}{}", crate::supervise::threads::thread_limit_hint(&e)),
+            )
         };
-        linux::room_for_thread().map_err(hinted)?;
+        crate::supervise::threads::room_for_thread().map_err(hinted)?;
         let (ready, notify) = UnixStream::pair()?;
         let (tx, rx) = mpsc::channel();
         let flag = CancelFlag::default();
@@ -97,7 +98,7 @@ impl<T: Send + 'static> Worker<T> {
             .name(name.to_owned())
             .spawn(move || {
                 let _in_span = span.enter();
-                linux::block_all_signals_but_kick();
+                crate::supervise::threads::block_all_signals_but_kick();
                 let outcome = work(&thread_flag);
                 // The outcome first: when `ready` turns readable, it is there to take.
                 let _ = tx.send(outcome);
@@ -141,7 +142,7 @@ impl<T: Send + 'static> Worker<T> {
         let id = thread.as_pthread_t();
         let rounds = CANCEL_PATIENCE.as_millis() / KICK_INTERVAL.as_millis();
         for _ in 0..rounds {
-            linux::kick_thread(id);
+            crate::supervise::threads::kick_thread(id);
             match self.outcome.recv_timeout(KICK_INTERVAL) {
                 Ok(outcome) => {
                     let _ = thread.join();

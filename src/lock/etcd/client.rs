@@ -10,7 +10,6 @@ use etcd_client::{Client, GetOptions, GetResponse, Txn, TxnResponse};
 
 use super::lease::Session;
 use crate::lock::file::LockError;
-use crate::supervise::linux;
 
 /// How long connecting, and any one request of the main thread, may take.
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -48,18 +47,18 @@ impl Driver {
             .map_err(|e| {
                 (
                     "build the etcd client runtime",
-                    format!("{e}{}", linux::thread_limit_hint(&e)),
+                    format!("{e}{}", crate::supervise::threads::thread_limit_hint(&e)),
                 )
             })?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = linux::room_for_thread()
+        let thread = crate::supervise::threads::room_for_thread()
             .and_then(|()| {
                 std::thread::Builder::new()
                     .name("etcd".to_owned())
                     .spawn(move || {
                         // Signals are the main thread's: the funnel must see every one of them.
-                        linux::block_all_signals_but_kick();
+                        crate::supervise::threads::block_all_signals_but_kick();
                         let _ = runtime.block_on(stopped);
                         runtime.shutdown_timeout(RELEASE_TIMEOUT);
                     })
@@ -67,7 +66,7 @@ impl Driver {
             .map_err(|e| {
                 (
                     "start the etcd client thread",
-                    format!("{e}{}", linux::thread_limit_hint(&e)),
+                    format!("{e}{}", crate::supervise::threads::thread_limit_hint(&e)),
                 )
             })?;
         Ok(Self {

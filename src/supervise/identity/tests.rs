@@ -35,8 +35,10 @@ fn a_zombie_is_dead() {
     while dir.running() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let start =
-        linux::parse_start_time(&String::from_utf8_lossy(&dir.read("stat").unwrap())).unwrap();
+    let start = crate::supervise::procfs::parse_start_time(&String::from_utf8_lossy(
+        &dir.read("stat").unwrap(),
+    ))
+    .unwrap();
     let me = ProcessIdentity::own().unwrap();
     let offset = Here::get().offset_ticks.clone().unwrap();
     let zombie = ProcessIdentity {
@@ -106,7 +108,7 @@ fn owners_parse(#[case] text: &str, #[case] want: Option<(i32, u64, u64, &str)>)
 #[case("monotonic 0 0\n", None)]
 #[case("boottime x 0", None)]
 fn boottime_offsets_parse(#[case] text: &str, #[case] want: Option<i128>) {
-    assert_eq!(linux::parse_boottime_offset(text), want);
+    assert_eq!(crate::supervise::procfs::parse_boottime_offset(text), want);
 }
 
 #[rstest]
@@ -133,7 +135,7 @@ fn start_times_lose_the_time_namespace_offset(
 #[case("23 1 0:22 / /mnt/proc rw - proc proc rw,hidepid=2\n", None)]
 fn hidepid_is_read_from_the_proc_mount(#[case] mountinfo: &str, #[case] want: Option<&str>) {
     assert_eq!(
-        linux::proc_hidepid(mountinfo),
+        crate::supervise::procfs::proc_hidepid(mountinfo),
         want.map(|w| format!("/proc is mounted with hidepid={w}"))
     );
 }
@@ -144,5 +146,5 @@ fn hidepid_is_read_from_the_proc_mount(#[case] mountinfo: &str, #[case] want: Op
 #[case("NSpid:\n", None)]
 #[case("Pid:\t4\n", None)]
 fn nspid_lines_parse(#[case] text: &str, #[case] want: Option<Vec<i32>>) {
-    assert_eq!(linux::parse_nspid(text), want);
+    assert_eq!(crate::supervise::procfs::parse_nspid(text), want);
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 /// here, not the process's signal dispositions. Only the kick is handled, as cancelling a
 /// worker needs it.
 fn funnel() -> (SignalFunnel, UnixStream) {
-    let kick = linux::kick_signal();
+    let kick = crate::supervise::threads::kick_signal();
     signal_hook::flag::register(kick, &KICKED).unwrap();
     linux::clear_sa_restart(kick).unwrap();
     let (wake, notify) = UnixStream::pair().unwrap();
