@@ -6,10 +6,12 @@
 //! Invariant: what comes out is absolute and validated; nothing downstream parses a setting
 //! again, and `ccci-run config` shows each value with where it came from.
 //!
-//! Here: the validated configurations each command is handed (`Global`, `RunConfig`,
-//! `LockConfig`, ...); the values settings take are [`values`], the file's settings [`file`],
-//! the resolution of each setting from its four sources [`resolve`], what a missing
-//! configured directory means [`dirs`], and the one reader of the environment [`env`].
+//! This file is the room's door: it declares the files and re-exports what the other rooms use.
+//! The validated configurations each command is handed (`Global`, `RunConfig`, `LockConfig`,
+//! ...) are in `settings`, the engine and etcd settings in `services`, the values settings take
+//! in `values`, the file's settings in `file`, the resolution of each setting from its four
+//! sources in `resolve`, what a missing configured directory means in [`dirs`], and the one
+//! reader of the environment in [`env`].
 //!
 //! Floor: ground (docs/architecture.md): imports nothing above the ground.
 

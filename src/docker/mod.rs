@@ -5,10 +5,11 @@
 //! one `DOCKER_HOST` names, over a Unix socket, TCP or TLS). It must never decide what to
 //! reap: callers hand it the stacks whose locks they hold.
 //!
-//! Split by concern: [`discover`] finds every run-app stack's resources, one list call per kind
-//! however many stacks there are; [`remove`] deletes them, idempotently and in the order that
-//! never waits on swarm; [`confirm`] asks again until the engine lists nothing of a stack, and
-//! [`nodes`] sweeps the other nodes of a swarm. Only API 1.41 (Docker 20.10) endpoints are
+//! Split by concern: `seam` is the connection itself and the words the rest share; `discover`
+//! finds every run-app stack's resources, one list call per kind however many stacks there are;
+//! `remove` deletes them, idempotently and in the order that never waits on swarm; `confirm`
+//! asks again until the engine lists nothing of a stack, and [`nodes`] sweeps the other nodes
+//! of a swarm with the job of [`node_job`] ([`node_probe`]: the nodes out of service). Only API 1.41 (Docker 20.10) endpoints are
 //! used; the version is negotiated.
 //!
 //! [`swarm`] reads one stack's services, tasks and nodes for `converge`, three list calls at most.
