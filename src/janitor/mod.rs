@@ -3,8 +3,9 @@
 //!
 //! This folder holds the sweep ([`sweep`], here), the pure decision table
 //! ([`decide`](mod@decide)), the reaping of dead runs' processes and apps ([`reap`]), the tidying
-//! of orphaned lock and state files ([`tidy`]), the report ([`report`]: table, JSON, metrics) and
-//! the retention of old run directories ([`retention`]). It must never reap an app whose lock it
+//! of orphaned lock and state files ([`tidy`]), the report ([`report`]: table, JSON), its
+//! metrics ([`metrics`]), the candidates a sweep looks at ([`candidate`]) and the retention of
+//! old run directories ([`retention`]). It must never reap an app whose lock it
 //! does not hold, and a dry run changes nothing at all.
 //!
 //! A held lock means a live owner (the kernel releases a flock when its holder dies, however it
