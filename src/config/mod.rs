@@ -9,7 +9,7 @@
 //! This file is the room's door: it declares the files and re-exports what the other rooms use.
 //! The validated configurations each command is handed (`Global`, `RunConfig`, `LockConfig`,
 //! ...) are in `settings`, the engine and etcd settings in `services`, the values settings take
-//! in `values`, the file's settings in `file`, the resolution of each setting from its four
+//! in `values`, the file's keys in `keys`, the resolution of each setting from its four
 //! sources in `resolve`, what a missing configured directory means in [`dirs`], and the one
 //! reader of the environment in [`env`].
 //!
@@ -17,13 +17,13 @@
 
 pub(crate) mod dirs;
 pub(crate) mod env;
-mod file;
+mod keys;
 mod resolve;
 mod services;
 mod settings;
 mod values;
 
-pub(crate) use file::*;
+pub(crate) use keys::*;
 pub(crate) use resolve::*;
 pub(crate) use services::*;
 pub(crate) use settings::*;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::file::{FileConfig, load};
+use crate::config::keys::{FileConfig, load};
 use crate::config::services::{DockerHost, EtcdSettings, NodeSweepSettings};
 use crate::config::values::{
     CgroupMode, Choice, DEFAULT_LEASE_TTL, DEFAULT_NODE_DOCKER_SOCKET, DEFAULT_NODE_SWEEP_IMAGE,

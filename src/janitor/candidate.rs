@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::Global;
 use crate::docker::StackResources;
-use crate::janitor::report::{Source, SweepReport};
+use crate::janitor::sweep_report::{Source, SweepReport};
 use crate::names::AppDomain;
 
 /// A run app found on disk (or, later, in Docker).

@@ -11,7 +11,7 @@ use crate::config::{Global, SweepOptions};
 use crate::error::{Error, emit};
 use crate::{config, docker, exit, lock, names};
 
-use super::{report, retention};
+use super::{retention, sweep_report};
 
 /// What the command line asked of the janitor, validated.
 #[derive(Debug)]
@@ -96,7 +96,7 @@ pub(crate) fn run(args: &Asked, global: &Global) -> Result<u8, Error> {
             crate::report::json(&crate::report::Envelope::versioned(&report))
         )
     } else {
-        names::visible_text(&report::render_table(&report, args.wide))
+        names::visible_text(&sweep_report::render_table(&report, args.wide))
     };
     emit(text.as_bytes())?;
     Ok(code)

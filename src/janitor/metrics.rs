@@ -10,8 +10,8 @@ use std::time::SystemTime;
 
 use crate::app::RemovedResources;
 use crate::janitor::decide::Decision;
-use crate::janitor::report::{HostMetrics, NamedLockMetrics};
-use crate::janitor::report::{SweepReport, Tidied};
+use crate::janitor::sweep_report::{HostMetrics, NamedLockMetrics};
+use crate::janitor::sweep_report::{SweepReport, Tidied};
 use crate::rundir::record;
 
 /// Prometheus text format for node_exporter's textfile collector, written atomically and with

@@ -3,7 +3,7 @@
 //!
 //! This folder holds the sweep ([`sweep`], here), the pure decision table
 //! ([`decide`](mod@decide)), the reaping of dead runs' processes and apps ([`reap`]), the tidying
-//! of orphaned lock and state files ([`tidy`]), the report ([`report`]: table, JSON), its
+//! of orphaned lock and state files ([`tidy`]), the report ([`sweep_report`]: table, JSON), its
 //! metrics ([`metrics`]), the candidates a sweep looks at ([`candidate`]) and the retention of
 //! old run directories ([`retention`]). It must never reap an app whose lock it
 //! does not hold, and a dry run changes nothing at all.
@@ -24,8 +24,8 @@ pub(crate) mod command;
 pub(crate) mod decide;
 pub(crate) mod metrics;
 pub(crate) mod reap;
-pub(crate) mod report;
 pub(crate) mod retention;
+pub(crate) mod sweep_report;
 pub(crate) mod tidy;
 
 use std::collections::BTreeMap;
@@ -39,7 +39,7 @@ use crate::docker::{DockerLink, DockerSeam, Reaped, StackResources};
 use crate::janitor::candidate::{Candidate, discover_env};
 use crate::janitor::decide::{Decision, Probe, decide};
 use crate::janitor::reap::{finish_reap, not_in_cgroups, reap_dead_runs_cgroups, reap_leftovers};
-use crate::janitor::report::{CandidateReport, Source, SweepReport};
+use crate::janitor::sweep_report::{CandidateReport, Source, SweepReport};
 use crate::janitor::tidy::tidy_state_files;
 use crate::lock::backend::LockKind;
 use crate::lock::backend::{Attempt, Lease, LockBackend, LockKey, is_lost};
@@ -277,7 +277,7 @@ impl Sweep<'_> {
                 for (domain, mut resources) in stacks {
                     // Named like the app's, but no name it gives: kept, and said so.
                     for kept in resources.kept.drain(..) {
-                        self.report.kept.push(report::KeptObject {
+                        self.report.kept.push(sweep_report::KeptObject {
                             domain: domain.to_string(),
                             kind: kept.kind,
                             name: kept.name,
@@ -457,7 +457,7 @@ impl Sweep<'_> {
                 .docker
                 .iter()
                 .flat_map(StackResources::listed)
-                .map(|(kind, r)| report::FoundObject {
+                .map(|(kind, r)| sweep_report::FoundObject {
                     kind,
                     name: r.name.clone(),
                     by: r.by,

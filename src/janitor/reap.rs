@@ -10,7 +10,7 @@ use crate::app;
 use crate::config::Global;
 use crate::janitor::candidate::Candidate;
 use crate::janitor::decide::{self, Decision, LeftoverDecision};
-use crate::janitor::report::{CandidateReport, DeadCgroup, LeftoverProcess};
+use crate::janitor::sweep_report::{CandidateReport, DeadCgroup, LeftoverProcess};
 use crate::lock::Holder;
 use crate::lock::backend::Lease;
 use crate::names::{AppDomain, RunId};
@@ -47,7 +47,7 @@ pub(super) fn finish_reap(
     // another node (a node sweep's removals are not in `removed`).
     let recorded = candidate
         .sources
-        .contains(&crate::janitor::report::Source::Unreaped);
+        .contains(&crate::janitor::sweep_report::Source::Unreaped);
     if line.removed.nothing_but_lock_file() && line.removed.docker.nodes.is_empty() && !recorded {
         // Everything was already gone: another janitor reaped it between our look and our lock.
         line.decision = Decision::Raced;

@@ -18,7 +18,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::janitor::report::{Kept, SweepReport};
+use crate::janitor::sweep_report::{Kept, SweepReport};
 use crate::lock::LockError;
 use crate::names::{self, NameError, RunId};
 use crate::rundir::record::RunRecord;

@@ -7,7 +7,7 @@ use std::io;
 
 use crate::config::dirs::{self, Dir};
 use crate::config::{Global, Hunt, SweepOptions};
-use crate::janitor::report::SweepReport;
+use crate::janitor::sweep_report::SweepReport;
 use crate::names::RunId;
 use crate::rundir::{self, Liveness};
 use crate::supervise::identity::Scope;
