@@ -17,7 +17,10 @@
 //! reported; its handover after a lapse is reported from the cut and from the key's deletion.
 //!
 //! Needs root, `ip`, `nft`, `etcd`, `etcdctl`, `bash` and a build with the etcd backend:
-//! `cargo bench --features etcd --bench etcd_handover [-- ROUNDS]` (default 5)
+//! `cargo bench --features etcd --bench etcd_handover [-- ROUNDS] [--clean]` (default 5 rounds;
+//! `--clean`: the clean releases only, no lapses). The summary holds each clean handover's
+//! median against `etcdctl lock`'s (goal: at most 1.2 times) and against the ratio recorded
+//! in `benches/baselines.json`.
 // A bench prints its report and reads its own files; clippy.toml keeps print! and eprintln!, and
 // raw file reads, out of src/ only.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
@@ -32,6 +35,8 @@ use std::time::{Duration, Instant};
 // The suite's fleet (it allows what the bench leaves unused).
 #[path = "../tests/integration/netfleet.rs"]
 mod netfleet;
+#[path = "support/ratio.rs"]
+mod ratio;
 
 use netfleet::{Fleet, Host};
 
@@ -378,6 +383,7 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(5);
+    let clean_only = std::env::args().any(|a| a == "--clean");
     assert!(
         nix::unistd::geteuid().is_root(),
         "the fleet's network namespaces need root"
@@ -403,7 +409,11 @@ fn main() {
     let mut results: Vec<(Contender, Vec<Handoff>, Vec<Handoff>)> = Vec::new();
     for who in contenders {
         let clean: Vec<Handoff> = (0..rounds).map(|r| bench.handoff(who, r, false)).collect();
-        let lapsed: Vec<Handoff> = (0..rounds).map(|r| bench.handoff(who, r, true)).collect();
+        let lapsed: Vec<Handoff> = if clean_only {
+            Vec::new()
+        } else {
+            (0..rounds).map(|r| bench.handoff(who, r, true)).collect()
+        };
         results.push((who, clean, lapsed));
     }
     println!(
@@ -475,4 +485,21 @@ fn main() {
             );
         }
     }
+    let anchor = median(Contender::Etcdctl, &|h| Some(h.handover), false);
+    let figures: Vec<ratio::Figure> = [Contender::CcciLock, Contender::CcciRun]
+        .into_iter()
+        .filter_map(|who| {
+            Some(
+                ratio::Figure::new(
+                    format!("{} clean handover, median", who.name()),
+                    median(who, &|h| Some(h.handover), false)?,
+                    "etcdctl lock clean handover, median",
+                    anchor?,
+                    "ms",
+                )
+                .goal(1.2),
+            )
+        })
+        .collect();
+    ratio::summary("etcd_handover", &figures);
 }

@@ -170,6 +170,14 @@ pub(crate) struct Descendant {
 pub(crate) fn descendants() -> io::Result<Vec<Descendant>> {
     let root = Pid::from_raw(proc_self_pid());
     let mut children: HashMap<Pid, Vec<Descendant>> = HashMap::new();
+    // Where the kernel lists each task's children, only our own tree is read (a handful of
+    // processes), not every process of the host; the proof below is the same either way.
+    if let Some(listed) = tree_by_children_files(root) {
+        for d in listed {
+            children.entry(d.stat.ppid).or_default().push(d);
+        }
+        return Ok(prove_descendants(root, children));
+    }
     for entry in std::fs::read_dir("/proc")? {
         let Ok(entry) = entry else { continue };
         let Some(pid) = entry
@@ -190,6 +198,40 @@ pub(crate) fn descendants() -> io::Result<Vec<Descendant>> {
             .or_default()
             .push(Descendant { stat, dir });
     }
+    Ok(prove_descendants(root, children))
+}
+
+/// Every process below `root` as its tasks' `children` files list them, each held by its
+/// `/proc` directory with its stat; `None` where the kernel keeps no such file
+/// (CONFIG_PROC_CHILDREN), or where one cannot be read.
+fn tree_by_children_files(root: Pid) -> Option<Vec<Descendant>> {
+    let mut found = Vec::new();
+    let mut queue = vec![root.as_raw()];
+    let mut seen = HashSet::from([root.as_raw()]);
+    while let Some(parent) = queue.pop() {
+        let Some(dir) = ProcDir::open(parent) else {
+            if parent == root.as_raw() {
+                return None;
+            }
+            // Gone since it was listed: no children to look for.
+            continue;
+        };
+        for pid in dir.listed_children(parent)? {
+            let Some(child) = ProcDir::open(pid) else {
+                continue;
+            };
+            let Some(stat) = child.stat() else { continue };
+            if seen.insert(pid) {
+                queue.push(pid);
+                found.push(Descendant { stat, dir: child });
+            }
+        }
+    }
+    Some(found)
+}
+
+/// Of the processes in `children` (by parent), those proven descendants of `root`.
+fn prove_descendants(root: Pid, mut children: HashMap<Pid, Vec<Descendant>>) -> Vec<Descendant> {
     let mut found: Vec<Descendant> = Vec::new();
     let mut seen = HashSet::from([root]);
     let mut queue = vec![root];
@@ -217,7 +259,7 @@ pub(crate) fn descendants() -> io::Result<Vec<Descendant>> {
             kept.push(d);
         }
     }
-    Ok(kept)
+    kept
 }
 
 /// Every living (non-zombie) descendant of this process, held and proven as [`descendants`]
@@ -309,6 +351,35 @@ impl ProcDir {
             .open(format!("/proc/{pid}"))
             .ok()?;
         Some(Self { dir: dir.into() })
+    }
+
+    /// The pids the `children` files of process `pid`'s tasks list (this directory's
+    /// process). `None` when the kernel keeps no such file (CONFIG_PROC_CHILDREN) or one
+    /// cannot be read while its task lives: a listing that may be short is never used.
+    fn listed_children(&self, pid: i32) -> Option<Vec<i32>> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            // Gone (reaped) since it was opened: it has no children to list.
+            return self.stat().is_none().then(Vec::new);
+        };
+        let mut pids = Vec::new();
+        for task in tasks {
+            let Ok(task) = task else { return None };
+            let Some(tid) = task.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            match self.read(&format!("task/{tid}/children")) {
+                Ok(text) => pids.extend(
+                    String::from_utf8_lossy(&text)
+                        .split_ascii_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok()),
+                ),
+                // A task that ended meanwhile has no children left to list; one that lives
+                // without the file means the kernel keeps none.
+                Err(_) if self.read(&format!("task/{tid}/stat")).is_err() => {}
+                Err(_) => return None,
+            }
+        }
+        Some(pids)
     }
 
     /// Read one file of the process's directory (`stat`, `environ`); an error once the process

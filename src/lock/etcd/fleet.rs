@@ -47,7 +47,7 @@ impl Bound {
     }
 
     /// Whether it covers `other`.
-    fn covers(&self, other: &Self) -> bool {
+    pub(super) fn covers(&self, other: &Self) -> bool {
         self.ttl_ms >= other.ttl_ms && self.stop_budget_ms >= other.stop_budget_ms
     }
 

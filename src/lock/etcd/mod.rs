@@ -215,7 +215,6 @@ impl LockBackend for Etcd {
                     )?;
                 }
                 None => {
-                    let lineage = snap.lineage.valid().expect("no obstacle: a valid lineage");
                     let session = self.shared.session()?;
                     let line = Holder::this_process("").to_line();
                     let claimed = self.shared.block_on(
@@ -224,7 +223,8 @@ impl LockBackend for Etcd {
                         queue::claim(
                             &self.shared.pool,
                             &dir,
-                            lineage,
+                            &snap,
+                            false,
                             None,
                             session.id,
                             &line,

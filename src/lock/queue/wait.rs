@@ -193,15 +193,71 @@ impl Waiter<'_> {
                     rand::rng().random_range(POLL_MS.clone()),
                 ));
             }
-            let fds: Vec<BorrowedFd<'_>> = inotify
-                .as_ref()
-                .map(|i| i.as_fd())
-                .into_iter()
-                .chain(owner.map(AsFd::as_fd))
-                .collect();
-            let (arrived, _) = self.wait.funnel.wait_on(&fds, Some(timeout));
-            if let Some(event) = shutdown_events(&arrived).next() {
-                return Ok(Taken::Stopped(event));
+            // Sleep until something that concerns us: the ticket ahead or ours gone or renamed,
+            // the owner ahead dead, the timeout. A ticket that comes or goes anywhere else in
+            // the line can only put someone ahead of us (a newcomer: it only delays us), so it
+            // wakes nobody but the one behind it to look at the whole queue again.
+            let until = Instant::now() + timeout;
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                let fds: Vec<BorrowedFd<'_>> = inotify
+                    .as_ref()
+                    .map(|i| i.as_fd())
+                    .into_iter()
+                    .chain(owner.map(AsFd::as_fd))
+                    .collect();
+                let (arrived, _) = self.wait.funnel.wait_on(&fds, Some(left));
+                drop(fds);
+                if let Some(event) = shutdown_events(&arrived).next() {
+                    return Ok(Taken::Stopped(event));
+                }
+                let owner_died =
+                    owner.is_some_and(|fd| crate::supervise::linux::readable_now(fd.as_fd()));
+                if !arrived.is_empty() || owner_died || Instant::now() >= until {
+                    break;
+                }
+                match inotify.as_mut() {
+                    Some(i) => {
+                        if self.concerns_us(i, &mut buffer) {
+                            break;
+                        }
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Read what inotify has to say: whether any of it names the ticket ahead of ours or ours
+    /// (or may have: events lost, the directory gone). Without a ticket ahead, everything
+    /// does.
+    fn concerns_us(&self, inotify: &mut Inotify, buffer: &mut [u8]) -> bool {
+        let Some(ahead) = self.ahead else {
+            return true;
+        };
+        let (ahead, ours) = (ahead.file_name(), self.ticket.file_name());
+        let mut concerns = false;
+        loop {
+            let events = match inotify.read_events(buffer) {
+                Ok(events) => events,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return concerns,
+                Err(_) => return true,
+            };
+            let mut any = false;
+            for event in events {
+                any = true;
+                concerns |= !event.mask.intersects(
+                    inotify::EventMask::CREATE
+                        | inotify::EventMask::DELETE
+                        | inotify::EventMask::MOVED_FROM
+                        | inotify::EventMask::MOVED_TO,
+                ) || event
+                    .name
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name == ahead || name == ours);
+            }
+            if !any {
+                return concerns;
             }
         }
     }

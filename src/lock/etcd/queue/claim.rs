@@ -21,23 +21,40 @@ impl Claimed {
 
 /// Try to become the owner, as `waiter` (which must still be ours and is removed) or, without
 /// one, from outside the line: in one transaction that requires the owner key absent, no
-/// holder that has not ended, no settling lineage and `lineage` still the lineage. Writes the
-/// owner key and our tenure key. `None`: something changed; read again.
+/// holder that has not ended, no settling lineage and the lineage still the one `seen` (a read
+/// that found it valid). Writes the owner key and our tenure key. `None`: something changed;
+/// read again.
 ///
-/// First the fleet record is raised to cover our `ttl` and `stop_budget` ([`fleet::raise`]):
-/// what we may hold is known before we hold.
+/// The fleet record must cover our `ttl` and `stop_budget` before we hold: what we may hold is
+/// known before we hold. When `seen` found it covering them, the transaction requires it
+/// unchanged since; else it is raised first ([`fleet::raise`]).
+///
+/// With `queue_unchanged`, the transaction also requires that no waiter key was written since
+/// `seen` (a claim made on a watch event without reading again: nobody joined ahead of us).
 #[allow(clippy::too_many_arguments)]
 pub(in crate::lock::etcd) async fn claim(
     pool: &Pool,
     dir: &str,
-    lineage: Lineage,
+    seen: &Snapshot,
+    queue_unchanged: bool,
     waiter: Option<&str>,
     lease: i64,
     holder_line: &str,
     ttl: Duration,
     stop_budget: Duration,
 ) -> Result<Option<Claimed>, etcd_client::Error> {
-    fleet::raise(pool, fleet::Bound::of(ttl, stop_budget)).await?;
+    let Some(lineage) = seen.lineage.valid() else {
+        return Ok(None);
+    };
+    let ours = fleet::Bound::of(ttl, stop_budget);
+    let fleet_seen = seen
+        .fleet
+        .as_ref()
+        .filter(|kv| fleet::Bound::parse(kv).is_some_and(|b| b.covers(&ours)))
+        .map(KeyValue::mod_revision);
+    if fleet_seen.is_none() {
+        fleet::raise(pool, ours).await?;
+    }
     let owner = keys::owner_key(dir);
     // Its `started_at` is when the lock is taken: now, not when the wait began.
     let holder_line = crate::lock::holder::Holder::taken_now(holder_line);
@@ -60,6 +77,20 @@ pub(in crate::lock::etcd) async fn claim(
         Compare::lease(keys::SETTLING, CompareOp::Equal, 0),
         Compare::mod_revision(keys::LINEAGE, CompareOp::Equal, lineage.mod_revision),
     ];
+    if let Some(fleet) = fleet_seen {
+        when.push(Compare::mod_revision(keys::FLEET, CompareOp::Equal, fleet));
+    }
+    if queue_unchanged {
+        // Every waiter key (ours among them) last written at or before the read.
+        when.push(
+            Compare::mod_revision(
+                keys::queue_prefix(dir),
+                CompareOp::Less,
+                seen.revision.saturating_add(1),
+            )
+            .with_prefix(),
+        );
+    }
     let mut then = vec![
         TxnOp::put(owner.as_str(), holder_line, bound()),
         // Bound to no lease: it outlives ours if ours expires, and says how long we may take

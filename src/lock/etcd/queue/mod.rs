@@ -122,6 +122,9 @@ pub(super) struct Snapshot {
     pub(super) lineage: lineage::State,
     /// The settling key, while a new lineage settles.
     pub(super) settling: Option<KeyValue>,
+    /// The fleet record, when it was read with the directory ([`snapshot`]): a claim that
+    /// finds it covering ours requires it unchanged instead of raising it.
+    pub(super) fleet: Option<KeyValue>,
 }
 
 /// The first thing between a claim and the lock.
@@ -181,6 +184,7 @@ impl Snapshot {
             junk: Vec::new(),
             lineage: lineage::State::of(lineage, cluster),
             settling: settling.filter(|kv| kv.lease() != 0).cloned(),
+            fleet: None,
         };
         for kv in kvs {
             let key = kv.key();
@@ -279,6 +283,21 @@ impl Snapshot {
         self.junk_in_the_way().map(Obstacle::Junk)
     }
 
+    /// Whether the owner key is all that stands between `waiter` and the lock: once it goes
+    /// (and nothing else changed), `waiter` may claim at once, without reading again.
+    /// (Its holder's own tenure key goes with it, in the release.)
+    pub(super) fn only_owner_in_the_way(&self, waiter: &str) -> bool {
+        let Some(Obstacle::Owner(owner)) = self.obstacle(Some(waiter)) else {
+            return false;
+        };
+        self.tenures
+            .iter()
+            .all(|kv| tenure_lease(kv) == Some(owner.lease()))
+            && self.lineage.valid().is_some()
+            && self.settling.is_none()
+            && self.junk_in_the_way().is_none()
+    }
+
     /// Whether the lock is held back for the lineage (one to begin, or settling), not by a
     /// holder.
     pub(super) fn settles(&self) -> bool {
@@ -294,7 +313,8 @@ impl Shared {
     }
 }
 
-/// Read one lock's key directory, the lineage and the settling key, at one revision.
+/// Read one lock's key directory, the lineage, the settling key and the fleet record, at one
+/// revision.
 pub(super) async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_client::Error> {
     let txn = Txn::new().and_then([
         TxnOp::get(
@@ -311,6 +331,7 @@ pub(super) async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_cl
             keys::tenure_prefix(dir),
             Some(GetOptions::new().with_prefix()),
         ),
+        TxnOp::get(keys::FLEET, None),
     ]);
     let response = pool
         .call(|mut c| {
@@ -329,18 +350,20 @@ pub(super) async fn snapshot(pool: &Pool, dir: &str) -> Result<Snapshot, etcd_cl
             _ => None,
         })
         .collect();
-    let [dir_keys, lineage, settling, tenures] = gets.as_slice() else {
+    let [dir_keys, lineage, settling, tenures, fleet] = gets.as_slice() else {
         return Err(etcd_client::Error::InvalidArgs(
-            "a read of a lock directory answered without its four parts".to_owned(),
+            "a read of a lock directory answered without its five parts".to_owned(),
         ));
     };
-    Ok(Snapshot::of(
+    let mut snap = Snapshot::of(
         dir,
         header,
         dir_keys.kvs().iter().chain(tenures.kvs()),
         lineage.kvs().first(),
         settling.kvs().first(),
-    ))
+    );
+    snap.fleet = fleet.kvs().first().cloned();
+    Ok(snap)
 }
 
 /// Remove `kv`, a key found without a lease, if it is still the one seen; whether it went.

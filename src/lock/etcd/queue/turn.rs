@@ -113,11 +113,11 @@ pub(in crate::lock::etcd) async fn wait_turn(
                 continue;
             }
             None => {
-                let lineage = snap.lineage.valid().expect("no obstacle: a valid lineage");
                 let claimed = claim(
                     &pool,
                     &turn.dir,
-                    lineage,
+                    &snap,
+                    false,
                     Some(&waiter),
                     turn.lease,
                     &turn.holder_line,
@@ -208,7 +208,34 @@ pub(in crate::lock::etcd) async fn wait_turn(
                 }
                 answer = watch.message() => match answer {
                     Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
-                    Ok(Some(_)) => break,
+                    Ok(Some(resp)) => {
+                        // The head saw the owner key go, and nothing else stood in its way:
+                        // claim at once. The claim requires all it would have read unchanged
+                        // (and nobody queued since); if anything did change, read again.
+                        let owner = keys::owner_key(&turn.dir);
+                        let owner_went = resp.events().iter().any(|e| {
+                            e.event_type() == etcd_client::EventType::Delete
+                                && e.kv().is_some_and(|kv| kv.key() == owner.as_bytes())
+                        });
+                        if owner_went && snap.only_owner_in_the_way(&waiter) {
+                            let claimed = claim(
+                                &pool,
+                                &turn.dir,
+                                &snap,
+                                true,
+                                Some(&waiter),
+                                turn.lease,
+                                &turn.holder_line,
+                                turn.ttl,
+                                turn.stop_budget,
+                            )
+                            .await;
+                            if let Ok(Some(claimed)) = claimed {
+                                return Ok(claimed);
+                            }
+                        }
+                        break;
+                    }
                     Ok(None) | Err(_) => {
                         pool.fail_over(at);
                         tokio::time::sleep(RETRY_PAUSE).await;
@@ -313,12 +340,12 @@ impl Etcd {
                 })
                 .await?;
                 let snap = snapshot(pool, &dir).await?;
-                if let (None, Some(lineage)) = (snap.obstacle(Some(&waiter)), snap.lineage.valid())
-                {
+                if let (None, Some(_)) = (snap.obstacle(Some(&waiter)), snap.lineage.valid()) {
                     let claimed = claim(
                         pool,
                         &dir,
-                        lineage,
+                        &snap,
+                        false,
                         Some(&waiter),
                         id,
                         &holder_line,
