@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, GetResponse, Txn, TxnResponse};
+use tokio::sync::watch;
 
-use super::lease::Session;
 use crate::lock::file::LockError;
 
 /// How long connecting, and any one request of the main thread, may take.
@@ -136,6 +136,17 @@ pub(super) fn resolve(endpoints: &[String]) -> Result<Vec<String>, String> {
         tracing::warn!("etcd endpoint host left out: {failure}");
     }
     Ok(resolved)
+}
+
+/// A granted lease and its keepalive.
+pub(super) struct Session {
+    pub(super) id: i64,
+    /// Why the lease counts as lost, once it does.
+    pub(super) lost: watch::Receiver<Option<String>>,
+    /// The earliest instant etcd may expire the lease, by this host's monotonic clock: the send
+    /// time of the last answered keepalive (or of the grant) plus the TTL.
+    pub(super) expiry: watch::Receiver<tokio::time::Instant>,
+    pub(super) keeper: tokio::task::JoinHandle<()>,
 }
 
 /// What the backend and every lock it handed out share; the last of them to go revokes the

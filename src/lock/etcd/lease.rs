@@ -13,25 +13,15 @@ use std::time::{Duration, Instant};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tokio::sync::watch;
 
-use super::Etcd;
-use super::client::{ATTEMPT_TIMEOUT, Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Shared};
+use super::client::{
+    ATTEMPT_TIMEOUT, Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Session, Shared,
+};
 use super::guard::{self, Watched};
 use super::queue::Claimed;
 use crate::lock::backend::Lease;
 use crate::lock::file::LockError;
 use crate::lock::holder::Holder;
 use crate::names::etcd as keys;
-
-/// A granted lease and its keepalive.
-pub(super) struct Session {
-    pub(super) id: i64,
-    /// Why the lease counts as lost, once it does.
-    pub(super) lost: watch::Receiver<Option<String>>,
-    /// The earliest instant etcd may expire the lease, by this host's monotonic clock: the send
-    /// time of the last answered keepalive (or of the grant) plus the TTL.
-    pub(super) expiry: watch::Receiver<tokio::time::Instant>,
-    pub(super) keeper: tokio::task::JoinHandle<()>,
-}
 
 impl Shared {
     /// This process's lease, granted (and kept alive) on first use.
@@ -351,37 +341,35 @@ impl Drop for EtcdLease {
     }
 }
 
-impl Etcd {
-    /// The lock on `dir` we just claimed, with its guard watching it.
-    pub(super) fn lease(
-        &self,
-        session: Arc<Session>,
-        dir: &str,
-        claimed: Claimed,
-    ) -> Result<Box<dyn Lease>, LockError> {
-        let (lost, notify) =
-            UnixStream::pair().map_err(|e| self.shared.error("make the lock-loss pipe", e))?;
-        let owner = keys::owner_key(dir);
-        let guard = self.shared.handle.spawn(guard::guard(
-            Watched {
-                pool: self.shared.pool.clone(),
-                owner: owner.clone(),
-                lease: session.id,
-                claimed,
-                ttl: self.shared.ttl,
-            },
-            session.lost.clone(),
-            notify,
-        ));
-        Ok(Box::new(EtcdLease {
-            shared: self.shared.clone(),
-            tenure: keys::tenure_key(dir, session.id),
-            session,
-            owner,
+/// The lock on `dir` we just claimed, with its guard watching it.
+pub(super) fn lease(
+    shared: &Arc<Shared>,
+    session: Arc<Session>,
+    dir: &str,
+    claimed: Claimed,
+) -> Result<Box<dyn Lease>, LockError> {
+    let (lost, notify) =
+        UnixStream::pair().map_err(|e| shared.error("make the lock-loss pipe", e))?;
+    let owner = keys::owner_key(dir);
+    let guard = shared.handle.spawn(guard::guard(
+        Watched {
+            pool: shared.pool.clone(),
+            owner: owner.clone(),
+            lease: session.id,
             claimed,
-            lost,
-            guard,
-            feeders: std::sync::Mutex::new(Vec::new()),
-        }))
-    }
+            ttl: shared.ttl,
+        },
+        session.lost.clone(),
+        notify,
+    ));
+    Ok(Box::new(EtcdLease {
+        shared: shared.clone(),
+        tenure: keys::tenure_key(dir, session.id),
+        session,
+        owner,
+        claimed,
+        lost,
+        guard,
+        feeders: std::sync::Mutex::new(Vec::new()),
+    }))
 }

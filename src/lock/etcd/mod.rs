@@ -39,6 +39,7 @@ pub(crate) mod health;
 mod lease;
 mod lineage;
 mod queue;
+mod tidy;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -46,7 +47,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, SortOrder, SortTarget};
 
@@ -56,7 +57,6 @@ use crate::lock::backend::{Attempt, LockBackend, LockKey, PROGRESS_EVERY, Taken,
 use crate::lock::backend::{LockInfo, LockKind};
 use crate::lock::file::LockError;
 use crate::lock::holder::Holder;
-use crate::lock::queue::ticket::{QueuedTicket, Ticket};
 use crate::names::AppDomain;
 use crate::names::etcd as keys;
 use crate::report;
@@ -130,12 +130,6 @@ fn lock_dir(key: LockKey<'_>) -> String {
     }
 }
 
-/// How long ago a holder line says it started.
-fn age_of(holder: &Holder) -> Option<Duration> {
-    let since = humantime::parse_rfc3339_weak(&holder.started_at).ok()?;
-    SystemTime::now().duration_since(since).ok()
-}
-
 impl LockBackend for Etcd {
     fn describe(&self, key: LockKey<'_>) -> String {
         format!("etcd key {}", keys::owner_key(&lock_dir(key)))
@@ -165,7 +159,7 @@ impl LockBackend for Etcd {
     fn try_take(&self, key: LockKey<'_>, create: bool) -> Result<Attempt, LockError> {
         let dir = lock_dir(key);
         let held = |holder: Option<Holder>| Attempt::Held {
-            age: holder.as_ref().and_then(age_of),
+            age: holder.as_ref().and_then(tidy::age_of),
             holder,
             note: None,
         };
@@ -234,7 +228,7 @@ impl LockBackend for Etcd {
                     )?;
                     return match claimed {
                         Some(claimed) => Ok(Attempt::Taken {
-                            lease: self.lease(session, &dir, claimed)?,
+                            lease: lease::lease(&self.shared, session, &dir, claimed)?,
                             current: true,
                         }),
                         None => Ok(held(None)),
@@ -259,14 +253,19 @@ impl LockBackend for Etcd {
             holder: wait.holder.clone(),
             class: wait.class,
         };
-        let (waiter, claimed, snap) = self.enqueue(&session, &dir, &value)?;
+        let (waiter, claimed, snap) = queue::enqueue(&self.shared, &session, &dir, &value)?;
         let ticket = snap
             .queue
             .iter()
             .find(|(kv, _)| kv.key() == waiter.as_bytes())
             .map_or(0, |(kv, _)| kv.create_revision());
         if let Some(claimed) = claimed {
-            return Ok(Taken::Held(self.lease(session, &dir, claimed)?));
+            return Ok(Taken::Held(lease::lease(
+                &self.shared,
+                session,
+                &dir,
+                claimed,
+            )?));
         }
         let say_where = |snap: &Snapshot| {
             if let LockKey::Named(name) = key {
@@ -335,7 +334,12 @@ impl LockBackend for Etcd {
         let keepalive: Option<(Duration, &mut dyn FnMut())> = Some((PROGRESS_EVERY, &mut progress));
         let lost = wait.funnel.await_work(pending, wait.until, keepalive);
         match lost {
-            Awaited::Done(Ok(claimed)) => Ok(Taken::Held(self.lease(session, &dir, claimed)?)),
+            Awaited::Done(Ok(claimed)) => Ok(Taken::Held(lease::lease(
+                &self.shared,
+                session,
+                &dir,
+                claimed,
+            )?)),
             Awaited::Done(Err(why)) => Err(self.shared.error("wait for the lock", why)),
             Awaited::Stopped(event) => Ok(Taken::Stopped(event)),
             Awaited::TimedOut => Ok(Taken::TimedOut {
@@ -344,7 +348,7 @@ impl LockBackend for Etcd {
                     LockKey::App(_) => self.describe(key),
                     LockKey::Named(name) => name.to_string(),
                 },
-                detail: self.timed_out_detail(key, &dir, ticket, wait.class),
+                detail: queue::timed_out_detail(&self.shared, key, &dir, ticket, wait.class),
             }),
         }
     }
@@ -405,7 +409,7 @@ impl LockBackend for Etcd {
             );
             // The lineage does not matter to a listing.
             let snap = Snapshot::of(&dir, header, kvs, None, None);
-            found.push(describe_lock(&snap, &dir, kind, &name, long_held));
+            found.push(tidy::describe_lock(&snap, &dir, kind, &name, long_held));
         }
         Ok(found)
     }
@@ -417,7 +421,7 @@ impl LockBackend for Etcd {
     ) -> (Vec<PathBuf>, Vec<String>) {
         // Keys go with their leases: what is left is only what was written without one.
         let (mut tidied, mut errors) = (Vec::new(), Vec::new());
-        let junk = match self.junk() {
+        let junk = match tidy::junk(&self.shared) {
             Ok(junk) => junk,
             Err(err) => {
                 errors.push(format!("failed to look for junk keys: {err}"));
@@ -425,7 +429,7 @@ impl LockBackend for Etcd {
             }
         };
         if !dry_run {
-            self.lapse_tenures(&mut errors);
+            tidy::lapse_tenures(&self.shared, &mut errors);
         }
         for kv in junk {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
@@ -451,158 +455,5 @@ impl LockBackend for Etcd {
             }
         }
         (tidied, errors)
-    }
-}
-
-impl Etcd {
-    /// Every tenure record whose holder's lease expired without a release begins its stop
-    /// budget now, on a lease of its own: so the keys of a holder that was cut off go by
-    /// themselves even when nobody waits for its lock.
-    fn lapse_tenures(&self, errors: &mut Vec<String>) {
-        let response = match self.shared.get(
-            "look for lapsed holders",
-            keys::PREFIX,
-            Some(GetOptions::new().with_prefix()),
-        ) {
-            Ok(response) => response,
-            Err(err) => {
-                errors.push(format!("failed to look for lapsed holders: {err}"));
-                return;
-            }
-        };
-        let who = self.shared.who();
-        for kv in response.kvs() {
-            let Some(key) = std::str::from_utf8(kv.key()).ok() else {
-                continue;
-            };
-            let Some((kind, name, _)) = keys::key_parts(key) else {
-                continue;
-            };
-            if kv.lease() != 0 || !keys::is_tenure(key) || queue::TenureValue::parse(kv).is_none() {
-                continue;
-            }
-            let label = format!("etcd key {}", keys::owner_key(&keys::lock_dir(kind, name)));
-            match self.shared.block_on(
-                "look at a lock's last holder",
-                REQUEST_TIMEOUT,
-                queue::lapse(&self.shared.pool, kv, &who, self.shared.ttl),
-            ) {
-                Ok(queue::Tenure::Lapsed(value)) => {
-                    report::line(&queue::lapsed_line(&label, &value, self.shared.ttl));
-                }
-                Ok(_) => {}
-                Err(err) => errors.push(format!("failed to look at {label}'s last holder: {err}")),
-            }
-        }
-    }
-
-    /// Every key under the prefix that ccci-run binds to a lease, found without one.
-    fn junk(&self) -> Result<Vec<KeyValue>, LockError> {
-        let response = self.shared.get(
-            "look for junk keys",
-            keys::PREFIX,
-            Some(GetOptions::new().with_prefix()),
-        )?;
-        let header = response
-            .header()
-            .map_or((0, 0), |h| (h.revision(), h.cluster_id()));
-        let mut junk = Vec::new();
-        let mut dirs: BTreeMap<String, Vec<&KeyValue>> = BTreeMap::new();
-        for kv in response.kvs() {
-            if kv.key() == keys::SETTLING.as_bytes() && kv.lease() == 0 {
-                junk.push(kv.clone());
-                continue;
-            }
-            let Some((kind, name, _)) =
-                std::str::from_utf8(kv.key()).ok().and_then(keys::key_parts)
-            else {
-                continue;
-            };
-            if kind == keys::APP || kind == keys::NAMED {
-                dirs.entry(keys::lock_dir(kind, name)).or_default().push(kv);
-            }
-        }
-        for (dir, kvs) in dirs {
-            junk.extend(Snapshot::of(&dir, header, kvs, None, None).junk);
-        }
-        Ok(junk)
-    }
-}
-
-/// One lock's line in `ccci-run locks`.
-fn describe_lock(
-    snap: &Snapshot,
-    dir: &str,
-    kind: LockKind,
-    name: &str,
-    long_held: Duration,
-) -> LockInfo {
-    let holder = snap.holder();
-    let age = holder.as_ref().and_then(age_of);
-    let mut problems = Vec::new();
-    if let (None, Some(kv)) = (&snap.owner, snap.tenures.first()) {
-        problems.push(match queue::TenureValue::parse(kv) {
-            Some(value) if kv.lease() != 0 => format!(
-                "its holder lost its lease without releasing the lock: nobody else is let in \
-                 until its lease TTL and stop budget, {:.1} s, have passed since that was found",
-                value.wait_out(Duration::ZERO).as_secs_f64()
-            ),
-            _ => "its holder lost the owner key and has not ended yet (nobody else is let in \
-                  until it has, or until its lease is found gone and its lease TTL and stop \
-                  budget have passed since)"
-                .to_owned(),
-        });
-    }
-    if !snap.junk.is_empty() {
-        let junk: Vec<String> = snap
-            .junk
-            .iter()
-            .map(|kv| crate::names::escape_outside(kv.key()))
-            .collect();
-        problems.push(format!(
-            "junk: {} without a lease (written by hand?): nobody's, ignored; the janitor \
-             removes it",
-            junk.join(", ")
-        ));
-    }
-    LockInfo {
-        path: PathBuf::from(keys::owner_key(dir)),
-        kind,
-        name: crate::names::escape_outside(name.as_bytes()),
-        held: snap.owner.is_some() || !snap.tenures.is_empty(),
-        holder_pids: holder
-            .iter()
-            .map(|h| i32::try_from(h.pid).unwrap_or(i32::MAX))
-            .collect(),
-        waiters: snap.queue.len(),
-        holder_raw: match (&snap.owner, &holder) {
-            (Some(kv), None) => Some(String::from_utf8_lossy(kv.value()).into_owned()),
-            _ => None,
-        },
-        holder,
-        age_s: age.map(|a| a.as_secs()),
-        long_held: age.is_some_and(|a| a > long_held),
-        problem: (!problems.is_empty()).then(|| problems.join("; ")),
-        // Another host's holder: its liveness is etcd's lease, not a judgement of this one.
-        holder_is: None,
-        holder_unresolvable: None,
-        queue: (kind == LockKind::Named).then(|| {
-            snap.queue
-                .iter()
-                .map(|(kv, v)| QueuedTicket {
-                    ticket: Ticket {
-                        class: v.as_ref().map_or(Class::Normal, |v| v.class),
-                        seq: kv.create_revision().unsigned_abs(),
-                        pid: v
-                            .as_ref()
-                            .map_or(0, |v| i32::try_from(v.holder.pid).unwrap_or(0)),
-                    },
-                    age_s: v
-                        .as_ref()
-                        .and_then(|v| age_of(&v.holder))
-                        .map_or(0, |a| a.as_secs()),
-                })
-                .collect()
-        }),
     }
 }

@@ -2,7 +2,20 @@
 //! (junk keys, a lapsed holder's tenure once its stop budget has passed), and the lapse of a
 //! holder that lost its lease without releasing.
 
-use super::*;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
+
+use crate::lock::etcd::client::Pool;
+use crate::lock::etcd::fleet;
+use crate::lock::etcd::lineage::{self, Lineage};
+use crate::lock::etcd::queue::look::Proof;
+use crate::lock::etcd::queue::snapshot::{
+    Obstacle, Snapshot, TenureValue, delete_seen, remove_junk, tenure_lease,
+};
+use crate::lock::holder::Holder;
+use crate::names::etcd as keys;
+use crate::report;
 
 /// A claim that went through: the owner key's revision, the cluster, the lineage it is in.
 #[derive(Debug, Clone, Copy)]

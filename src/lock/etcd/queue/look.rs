@@ -24,6 +24,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 use tokio::time::Instant;
 
+use crate::lock::etcd::client::Pool;
 use crate::names::etcd as keys;
 
 /// On top of what a look proves: two hosts' clock rates, a fence that is late on a busy host.
@@ -88,7 +89,7 @@ impl LeaseWatch {
 
     /// Look once, through `pool`'s current member. `false`: the lease is gone (read the lock
     /// again).
-    pub(in crate::lock::etcd) async fn look(&mut self, pool: &super::Pool) -> bool {
+    pub(in crate::lock::etcd) async fn look(&mut self, pool: &Pool) -> bool {
         let (_, client) = pool.current();
         match look_once(client, self.lease).await {
             Found::Gone => return false,

@@ -1,7 +1,30 @@
 //! The wait for our turn, on the runtime: watching what stands in the way, promotion, the
 //! claim when it is our turn; and how the signal funnel awaits it ([`PendingTake`]).
 
-use super::*;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
+
+use crate::config::Class;
+use crate::lock::backend::LockKey;
+use crate::lock::etcd::client::Session;
+use crate::lock::etcd::client::{Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Shared};
+use crate::lock::etcd::queue::claim::{
+    Claimed, Tenure, claim, clear, end_tenure, lapse, lapsed_line, proven_line,
+};
+use crate::lock::etcd::queue::look::LeaseWatch;
+use crate::lock::etcd::queue::snapshot::{
+    Obstacle, RECHECK_EVERY, Snapshot, TenureValue, WaiterValue, describe_waiter, snapshot,
+    tenure_lease,
+};
+use crate::lock::file::LockError;
+use crate::lock::holder::Holder;
+use crate::names::etcd as keys;
+use crate::report;
+use crate::supervise::worker::Awaitable;
 
 /// How a waiter waits for its turn.
 pub(in crate::lock::etcd) struct Turn {
@@ -312,85 +335,83 @@ impl Awaitable for PendingTake {
     }
 }
 
-impl Etcd {
-    /// Join the line for `dir` as `holder`, and claim the lock at once if nothing stands in the
-    /// way.
-    pub(in crate::lock::etcd) fn enqueue(
-        &self,
-        session: &Session,
-        dir: &str,
-        value: &WaiterValue,
-    ) -> Result<(String, Option<Claimed>, Snapshot), LockError> {
-        let waiter = keys::queue_key(dir, session.id);
-        let line = serde_json::to_string(value).expect("a waiter always serialises");
-        let holder_line = value.holder.to_line();
-        let id = session.id;
-        let stop_budget = self.shared.stop_budget();
-        let ttl = self.shared.ttl;
-        let pool = &self.shared.pool;
-        let (claimed, snap) = self.shared.block_on("join the queue", REQUEST_TIMEOUT, {
-            let (dir, waiter) = (dir.to_owned(), waiter.clone());
-            async move {
-                pool.call(|mut c| {
-                    let (waiter, line) = (waiter.clone(), line.clone());
-                    async move {
-                        let options = PutOptions::new().with_lease(id);
-                        c.put(waiter, line, Some(options)).await
-                    }
-                })
-                .await?;
-                let snap = snapshot(pool, &dir).await?;
-                if let (None, Some(_)) = (snap.obstacle(Some(&waiter)), snap.lineage.valid()) {
-                    let claimed = claim(
-                        pool,
-                        &dir,
-                        &snap,
-                        false,
-                        Some(&waiter),
-                        id,
-                        &holder_line,
-                        ttl,
-                        stop_budget,
-                    );
-                    if let Some(claimed) = claimed.await? {
-                        return Ok((Some(claimed), snap));
-                    }
+/// Join the line for `dir` as `holder`, and claim the lock at once if nothing stands in the
+/// way.
+pub(in crate::lock::etcd) fn enqueue(
+    shared: &Shared,
+    session: &Session,
+    dir: &str,
+    value: &WaiterValue,
+) -> Result<(String, Option<Claimed>, Snapshot), LockError> {
+    let waiter = keys::queue_key(dir, session.id);
+    let line = serde_json::to_string(value).expect("a waiter always serialises");
+    let holder_line = value.holder.to_line();
+    let id = session.id;
+    let stop_budget = shared.stop_budget();
+    let ttl = shared.ttl;
+    let pool = &shared.pool;
+    let (claimed, snap) = shared.block_on("join the queue", REQUEST_TIMEOUT, {
+        let (dir, waiter) = (dir.to_owned(), waiter.clone());
+        async move {
+            pool.call(|mut c| {
+                let (waiter, line) = (waiter.clone(), line.clone());
+                async move {
+                    let options = PutOptions::new().with_lease(id);
+                    c.put(waiter, line, Some(options)).await
                 }
-                Ok((None, snap))
-            }
-        })?;
-        Ok((waiter, claimed, snap))
-    }
-
-    /// Why a wait for `dir` timed out: where we were in line (`ticket`, the revision that
-    /// created our waiter key), who is ahead, who holds it.
-    pub(in crate::lock::etcd) fn timed_out_detail(
-        &self,
-        key: LockKey<'_>,
-        dir: &str,
-        ticket: i64,
-        class: Class,
-    ) -> String {
-        let Ok(snap) = self.shared.snapshot(dir) else {
-            return "etcd did not answer".to_owned();
-        };
-        let held_by = if snap.settles() {
-            "nobody: a new etcd lock lineage is settling".to_owned()
-        } else {
-            Holder::describe(snap.holder().as_ref())
-        };
-        match key {
-            LockKey::App(_) => format!("held by {held_by}"),
-            LockKey::Named(_) => {
-                let head = snap.queue.first().map_or_else(
-                    || "(no other ticket queued)".to_owned(),
-                    |(kv, v)| format!("head of queue is {}", describe_waiter(kv, v.as_ref())),
+            })
+            .await?;
+            let snap = snapshot(pool, &dir).await?;
+            if let (None, Some(_)) = (snap.obstacle(Some(&waiter)), snap.lineage.valid()) {
+                let claimed = claim(
+                    pool,
+                    &dir,
+                    &snap,
+                    false,
+                    Some(&waiter),
+                    id,
+                    &holder_line,
+                    ttl,
+                    stop_budget,
                 );
-                format!(
-                    "as queue ticket {ticket} ({}); {head}; held by {held_by}",
-                    class.as_str()
-                )
+                if let Some(claimed) = claimed.await? {
+                    return Ok((Some(claimed), snap));
+                }
             }
+            Ok((None, snap))
+        }
+    })?;
+    Ok((waiter, claimed, snap))
+}
+
+/// Why a wait for `dir` timed out: where we were in line (`ticket`, the revision that
+/// created our waiter key), who is ahead, who holds it.
+pub(in crate::lock::etcd) fn timed_out_detail(
+    shared: &Shared,
+    key: LockKey<'_>,
+    dir: &str,
+    ticket: i64,
+    class: Class,
+) -> String {
+    let Ok(snap) = shared.snapshot(dir) else {
+        return "etcd did not answer".to_owned();
+    };
+    let held_by = if snap.settles() {
+        "nobody: a new etcd lock lineage is settling".to_owned()
+    } else {
+        Holder::describe(snap.holder().as_ref())
+    };
+    match key {
+        LockKey::App(_) => format!("held by {held_by}"),
+        LockKey::Named(_) => {
+            let head = snap.queue.first().map_or_else(
+                || "(no other ticket queued)".to_owned(),
+                |(kv, v)| format!("head of queue is {}", describe_waiter(kv, v.as_ref())),
+            );
+            format!(
+                "as queue ticket {ticket} ({}); {head}; held by {held_by}",
+                class.as_str()
+            )
         }
     }
 }
