@@ -250,8 +250,8 @@ impl<'a> Run<'a> {
     /// The names the run's app gives Docker's objects: its own recipe's (read before anything
     /// was deployed) and those every recorded run of its domain gave, read on first need.
     /// `None` when nothing says: then what carries no stack label is kept.
-    pub(super) fn given_names(&self) -> GivenNames<'a> {
-        GivenNames {
+    pub(super) fn given_names(&self) -> RunGivenNames<'a> {
+        RunGivenNames {
             runs_dir: &self.global.runs_dir,
             domain: &self.cfg.identity.domain,
             own: self.record.given_names.clone(),
@@ -261,14 +261,14 @@ impl<'a> Run<'a> {
 }
 
 /// [`Run::given_names`]: the run app's given names, its runs' records read on first need.
-pub(super) struct GivenNames<'a> {
+pub(super) struct RunGivenNames<'a> {
     runs_dir: &'a std::path::Path,
     domain: &'a crate::names::AppDomain,
     own: Option<crate::names::GivenNames>,
     read: std::cell::OnceCell<Option<crate::names::GivenNames>>,
 }
 
-impl GivenNames<'_> {
+impl RunGivenNames<'_> {
     /// The names `domain`'s app gives, when it is the run's (no other app's are known here).
     pub(super) fn of(&self, domain: &crate::names::AppDomain) -> Option<crate::names::GivenNames> {
         if domain != self.domain {

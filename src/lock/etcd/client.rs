@@ -305,6 +305,27 @@ impl Drop for Shared {
 }
 
 impl Shared {
+    /// Stop keeping the lease alive and revoke it: every key it still holds goes at once.
+    pub(super) fn end_session(&self) {
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(session) = session {
+            session.keeper.abort();
+            let id = session.id;
+            if let Err(err) = self.block_on(
+                "revoke the lease",
+                RELEASE_TIMEOUT,
+                self.pool
+                    .call(|mut c| async move { c.lease_revoke(id).await }),
+            ) {
+                tracing::debug!("{err}; it expires on its own");
+            }
+        }
+    }
+
     pub(super) fn error(&self, what: &str, detail: impl ToString) -> LockError {
         LockError::Etcd {
             endpoints: self.endpoints.clone(),

@@ -23,65 +23,43 @@ use crate::lock::file::LockError;
 use crate::lock::holder::Holder;
 use crate::names::etcd as keys;
 
-impl Shared {
-    /// This process's lease, granted (and kept alive) on first use.
-    pub(super) fn session(&self) -> Result<Arc<Session>, LockError> {
-        let mut slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(session) = slot.as_ref() {
-            return Ok(session.clone());
-        }
-        let ttl_secs = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX);
-        let asked = tokio::time::Instant::now();
-        let granted = self.block_on(
-            "grant a lease",
-            REQUEST_TIMEOUT,
-            self.pool
-                .call(|mut c| async move { c.lease_grant(ttl_secs, None).await }),
-        )?;
-        let (notify, lost) = watch::channel(None);
-        let (renewed, expiry) = watch::channel(asked + self.ttl);
-        let keeper = self.handle.spawn(keep_alive(
-            Keeper {
-                pool: self.pool.clone(),
-                id: granted.id(),
-                ttl: self.ttl,
-                stop_budget: self.stop_budget.clone(),
-            },
-            asked,
-            notify,
-            renewed,
-        ));
-        tracing::debug!(lease = format!("{:x}", granted.id()), ttl = ?self.ttl, "lease granted");
-        let session = Arc::new(Session {
+/// This process's lease, granted (and kept alive) on first use.
+pub(super) fn session(shared: &Shared) -> Result<Arc<Session>, LockError> {
+    let mut slot = shared.session.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(session) = slot.as_ref() {
+        return Ok(session.clone());
+    }
+    let ttl_secs = i64::try_from(shared.ttl.as_secs()).unwrap_or(i64::MAX);
+    let asked = tokio::time::Instant::now();
+    let granted = shared.block_on(
+        "grant a lease",
+        REQUEST_TIMEOUT,
+        shared
+            .pool
+            .call(|mut c| async move { c.lease_grant(ttl_secs, None).await }),
+    )?;
+    let (notify, lost) = watch::channel(None);
+    let (renewed, expiry) = watch::channel(asked + shared.ttl);
+    let keeper = shared.handle.spawn(keep_alive(
+        Keeper {
+            pool: shared.pool.clone(),
             id: granted.id(),
-            lost,
-            expiry,
-            keeper,
-        });
-        *slot = Some(session.clone());
-        Ok(session)
-    }
-
-    /// Stop keeping the lease alive and revoke it: every key it still holds goes at once.
-    pub(super) fn end_session(&self) {
-        let session = self
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(session) = session {
-            session.keeper.abort();
-            let id = session.id;
-            if let Err(err) = self.block_on(
-                "revoke the lease",
-                RELEASE_TIMEOUT,
-                self.pool
-                    .call(|mut c| async move { c.lease_revoke(id).await }),
-            ) {
-                tracing::debug!("{err}; it expires on its own");
-            }
-        }
-    }
+            ttl: shared.ttl,
+            stop_budget: shared.stop_budget.clone(),
+        },
+        asked,
+        notify,
+        renewed,
+    ));
+    tracing::debug!(lease = format!("{:x}", granted.id()), ttl = ?shared.ttl, "lease granted");
+    let session = Arc::new(Session {
+        id: granted.id(),
+        lost,
+        expiry,
+        keeper,
+    });
+    *slot = Some(session.clone());
+    Ok(session)
 }
 
 /// The lease a keepalive task keeps alive.

@@ -166,7 +166,7 @@ impl LockBackend for Etcd {
         // A junk owner key, or a lineage that must begin, is dealt with and the lock read
         // again; more than that in one try is someone else's doing (they may hold it).
         for _ in 0..3 {
-            let snap = self.shared.snapshot(&dir)?;
+            let snap = queue::read_snapshot(&self.shared, &dir)?;
             let obstacle = snap.obstacle(None);
             match &obstacle {
                 Some(Obstacle::Tenure(kv)) if create && kv.lease() == 0 => {
@@ -209,7 +209,7 @@ impl LockBackend for Etcd {
                     )?;
                 }
                 None => {
-                    let session = self.shared.session()?;
+                    let session = lease::session(&self.shared)?;
                     let line = Holder::this_process("").to_line();
                     let claimed = self.shared.block_on(
                         "take the lock",
@@ -247,7 +247,7 @@ impl LockBackend for Etcd {
     ) -> Result<Taken, LockError> {
         let dir = lock_dir(key);
         self.shared.need_stop_budget(wait.stop_budget);
-        let session = self.shared.session()?;
+        let session = lease::session(&self.shared)?;
         let started = Instant::now();
         let value = WaiterValue {
             holder: wait.holder.clone(),
@@ -325,7 +325,7 @@ impl LockBackend for Etcd {
         };
         let shared = &self.shared;
         let mut progress = || {
-            let snap = shared.snapshot(&dir).ok();
+            let snap = queue::read_snapshot(shared, &dir).ok();
             if let Some(snap) = &snap {
                 say_where(snap);
             }
@@ -361,7 +361,7 @@ impl LockBackend for Etcd {
         else {
             return false;
         };
-        let Ok(snap) = self.shared.snapshot(&lock_dir(key)) else {
+        let Ok(snap) = queue::read_snapshot(&self.shared, &lock_dir(key)) else {
             return false;
         };
         let (Some(owner), Some(holder)) = (snap.owner.as_ref(), snap.holder()) else {

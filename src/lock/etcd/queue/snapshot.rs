@@ -285,10 +285,16 @@ impl Snapshot {
     }
 }
 
-impl Shared {
-    pub(in crate::lock::etcd) fn snapshot(&self, dir: &str) -> Result<Snapshot, LockError> {
-        self.block_on("read the lock", REQUEST_TIMEOUT, snapshot(&self.pool, dir))
-    }
+/// One lock's snapshot, read on the client's runtime.
+pub(in crate::lock::etcd) fn read_snapshot(
+    shared: &Shared,
+    dir: &str,
+) -> Result<Snapshot, LockError> {
+    shared.block_on(
+        "read the lock",
+        REQUEST_TIMEOUT,
+        snapshot(&shared.pool, dir),
+    )
 }
 
 /// Read one lock's key directory, the lineage, the settling key and the fleet record, at one

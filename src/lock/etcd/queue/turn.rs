@@ -17,8 +17,8 @@ use crate::lock::etcd::queue::claim::{
 };
 use crate::lock::etcd::queue::look::LeaseWatch;
 use crate::lock::etcd::queue::snapshot::{
-    Obstacle, RECHECK_EVERY, Snapshot, TenureValue, WaiterValue, describe_waiter, snapshot,
-    tenure_lease,
+    Obstacle, RECHECK_EVERY, Snapshot, TenureValue, WaiterValue, describe_waiter, read_snapshot,
+    snapshot, tenure_lease,
 };
 use crate::lock::file::LockError;
 use crate::lock::holder::Holder;
@@ -393,7 +393,7 @@ pub(in crate::lock::etcd) fn timed_out_detail(
     ticket: i64,
     class: Class,
 ) -> String {
-    let Ok(snap) = shared.snapshot(dir) else {
+    let Ok(snap) = read_snapshot(shared, dir) else {
         return "etcd did not answer".to_owned();
     };
     let held_by = if snap.settles() {
