@@ -30,12 +30,11 @@ use crate::report;
 use crate::supervise::fence::{self, Fence};
 use crate::supervise::guards::{self, GuardOptions};
 use crate::supervise::identity::{IdentityError, Owner};
-use crate::supervise::leftovers;
-use crate::supervise::linux;
 use crate::supervise::process::CommandSpec;
 use crate::supervise::shutdown::Event;
 use crate::supervise::signals::SignalFunnel;
 use crate::supervise::{Supervisor, cgroup};
+use crate::supervise::{leftovers, linux};
 
 /// The variable that carries the holder's fencing token to the command.
 pub(crate) const FENCING_VAR: &str = "CCCI_FENCING_TOKEN";

@@ -3,14 +3,13 @@
 //!
 //! Floor: ground (docs/architecture.md): imports nothing above the ground.
 
-use crate::config::services::{DockerHost, EtcdSettings, NodeSweepSettings};
-
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::env;
 use crate::config::resolve::{Resolved, parse_boolish};
+use crate::config::services::{DockerHost, EtcdSettings, NodeSweepSettings};
 use crate::config::values::{CgroupMode, Class, DockerMode, Hunt, Timings};
 
 use crate::names::{

@@ -3,12 +3,11 @@
 //!
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
-use crate::janitor::metrics;
-
 use std::path::PathBuf;
 
 use crate::config::{Global, SweepOptions};
 use crate::error::{Error, emit};
+use crate::janitor::metrics;
 use crate::{config, docker, exit, lock, names};
 
 use super::{retention, sweep_report};

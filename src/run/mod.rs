@@ -38,8 +38,6 @@ use crate::config::{DockerMode, Fetch, Global, RunConfig};
 use crate::docker::DockerLink;
 use crate::lock::Holder;
 use crate::lock::backend::{Lease, LockBackend, PROGRESS_EVERY, Taken, loss_watch};
-use crate::names;
-use crate::report;
 use crate::run::state::StateFiles;
 use crate::rundir::phase::Phase;
 use crate::rundir::record::RunRecord;
@@ -53,6 +51,7 @@ use crate::supervise::shutdown::Event;
 use crate::supervise::signals::{Awaited, SignalFunnel, shutdown_events};
 use crate::supervise::watchdog::Watchdog;
 use crate::supervise::worker::Worker;
+use crate::{names, report};
 
 /// What a run asks of the janitor: its start-of-run sweep, and the reaping of dead runs'
 /// processes before a dead run's app is removed. A command imports no other command, so the

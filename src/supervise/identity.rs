@@ -23,10 +23,9 @@
 
 use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
-use std::fmt;
-use std::io;
 use std::path::Path;
 use std::sync::OnceLock;
+use std::{fmt, io};
 
 use serde::{Deserialize, Serialize};
 

@@ -7,9 +7,8 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
-use crate::exit;
-use crate::report;
 use crate::supervise::{cgroup, linux};
+use crate::{exit, report};
 
 /// The last line of defence of the whole-run bound: a thread that, should the main thread
 /// still be running at the hard end (stuck in a call that never returns), kills everything the

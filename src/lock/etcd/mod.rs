@@ -51,8 +51,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, SortOrder, SortTarget};
 
-use crate::config::Class;
-use crate::config::EtcdSettings;
+use crate::config::{Class, EtcdSettings};
 use crate::lock::backend::{Attempt, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait};
 use crate::lock::backend::{LockInfo, LockKind};
 use crate::lock::file::LockError;
