@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use crate::exit;
-use crate::lock::backend::{
-    LockBackend, LockKey, Taken, Wait, arm_started_fence, loss_watch, start_fence,
-};
+use crate::lock::backend::{LockBackend, LockKey, Taken, Wait, arm_fence, loss_watch, start_fence};
 use crate::lock::{Holder, LockError};
 use crate::names::LockName;
 use crate::report;
@@ -162,17 +160,6 @@ pub(crate) fn run(
             None
         }
         None => {
-            // Started now, armed once the lock is ours: a fence's start costs a process
-            // start, which the wait hides and a handover would not.
-            let target = fence::Target {
-                cgroup: cgroups.as_ref().map(|c| c.cgroup.path()),
-                owner,
-                label: &format!("lock {}", opts.name),
-            };
-            let started = start_fence(&target).map_err(|e| {
-                remove_cgroup(&opts.name, cgroups.as_ref());
-                NamedLockError::Fence(e)
-            })?;
             let wait = Wait {
                 // Inside a run, the run; elsewhere just the process. The line names our cgroup
                 // and marker: should we die holding the lock, the next holder clears them.
@@ -194,12 +181,15 @@ pub(crate) fn run(
                     if let Some(fd) = loss_watch(&*lease).map_err(NamedLockError::LossWatch)? {
                         funnel.watch_loss(fd);
                     }
-                    fence = Some(arm_started_fence(started, &*lease, &mut funnel).map_err(
-                        |e| {
-                            remove_cgroup(&opts.name, cgroups.as_ref());
-                            NamedLockError::Fence(e)
-                        },
-                    )?);
+                    let target = fence::Target {
+                        cgroup: cgroups.as_ref().map(|c| c.cgroup.path()),
+                        owner,
+                        label: &format!("lock {}", opts.name),
+                    };
+                    fence = Some(arm_fence(&*lease, &mut funnel, &target).map_err(|e| {
+                        remove_cgroup(&opts.name, cgroups.as_ref());
+                        NamedLockError::Fence(e)
+                    })?);
                     let what = format!("lock {}", opts.name);
                     let until = Instant::now() + leftovers::KILL_BUDGET;
                     for before in lease.predecessors() {
