@@ -193,11 +193,20 @@ pub(crate) fn is_lost(lease: &dyn Lease) -> bool {
         .is_some_and(crate::supervise::signals::readable_now)
 }
 
-/// For a held lock: arm `fence`, the run's dead-man (it kills what the run started should this
-/// process die), started for the lock's target before the lock was taken so that its start is
-/// not on the way from the lock to the command. For a lock that can lapse behind its holder's
-/// back, also feed it every renewal of `lease` (the first before this returns), and have
-/// `funnel` take the fence's end as the lock's loss.
+/// For a held lock: start the run's fence for `target`, its dead-man (it kills what the run
+/// started should this process die). For a lock that can lapse behind its holder's back, also
+/// feed it every renewal of `lease` (the first before this returns), and have `funnel` take the
+/// fence's end as the lock's loss.
+pub(crate) fn arm_fence(
+    lease: &dyn Lease,
+    funnel: &mut SignalFunnel,
+    target: &fence::Target<'_>,
+) -> std::io::Result<fence::Fence> {
+    arm_started_fence(start_fence(target)?, lease, funnel)
+}
+
+/// As [`arm_fence`], for a `fence` started for the lock's target before the lock was taken, so
+/// that its start is not on the way from the lock to the command.
 pub(crate) fn arm_started_fence(
     mut fence: fence::Fence,
     lease: &dyn Lease,

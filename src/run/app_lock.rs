@@ -5,32 +5,23 @@
 use super::*;
 
 impl Run<'_> {
-    /// Before the app lock is taken: start the run's fence, its dead-man, so that its start
-    /// (a process start) is hidden by the wait instead of delaying the command once the lock
-    /// is ours. It guards nothing until [`Self::arm_fence`].
-    pub(super) fn start_fence(&self) -> Result<Fence, RunError> {
-        crate::lock::backend::start_fence(&fence::Target {
-            cgroup: self.cgroup.as_ref().map(|c| c.cgroup.path()),
-            owner: self.owner,
-            label: &format!(
-                "run {} (the app lock of {})",
-                self.cfg.run_id, self.cfg.identity.domain
-            ),
-        })
+    /// Before anything runs under the app lock: start the run's fence, its dead-man, and for
+    /// a lock that can lapse behind our back (an etcd lease) feed it every renewal.
+    pub(super) fn arm_fence(&mut self, lease: &dyn Lease) -> Result<Option<Fence>, RunError> {
+        arm_fence(
+            lease,
+            &mut self.funnel,
+            &fence::Target {
+                cgroup: self.cgroup.as_ref().map(|c| c.cgroup.path()),
+                owner: self.owner,
+                label: &format!(
+                    "run {} (the app lock of {})",
+                    self.cfg.run_id, self.cfg.identity.domain
+                ),
+            },
+        )
+        .map(Some)
         .map_err(RunError::Fence)
-    }
-
-    /// Before anything runs under the app lock: arm the run's fence (`started` by
-    /// [`Self::start_fence`]), and for a lock that can lapse behind our back (an etcd lease)
-    /// feed it every renewal.
-    pub(super) fn arm_fence(
-        &mut self,
-        started: Fence,
-        lease: &dyn Lease,
-    ) -> Result<Option<Fence>, RunError> {
-        crate::lock::backend::arm_started_fence(started, lease, &mut self.funnel)
-            .map(Some)
-            .map_err(RunError::Fence)
     }
 
     /// Whether the app lock is no longer ours for sure: lost, or its fence has fired.

@@ -39,7 +39,7 @@ use crate::docker::DockerError;
 use crate::docker::DockerLink;
 use crate::exit;
 use crate::lock::backend::{
-    Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, is_lost, loss_watch,
+    Lease, LockBackend, LockKey, PROGRESS_EVERY, Taken, Wait, arm_fence, is_lost, loss_watch,
 };
 use crate::lock::{Holder, LockError};
 use crate::names;
@@ -396,14 +396,13 @@ impl Run<'_> {
         }
         self.sweep(sweeper);
         self.record.enter(Phase::Janitor);
-        let started = self.start_fence()?;
         match self.take_app_lock()? {
             Taken::Held(lease) => {
                 if let Some(fd) = loss_watch(&*lease).map_err(RunError::LossWatch)? {
                     self.funnel.watch_loss(fd);
                 }
                 self.record.fencing_token = lease.fencing_token();
-                self.fence = self.arm_fence(started, &*lease)?;
+                self.fence = self.arm_fence(&*lease)?;
                 self.app_lock = Some(lease);
             }
             Taken::Stopped(event) => {
