@@ -247,27 +247,9 @@ fn crate_paths(rel: &str, code: &str) -> Vec<(String, String)> {
         };
         if let Some(group) = rest.strip_prefix('{') {
             // A group: its top-level items, up to the matching brace.
-            let mut depth = 1;
-            let mut item = String::new();
-            let mut items = Vec::new();
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-                if depth == 0 {
-                    break;
-                }
-                if c == ',' && depth == 1 {
-                    items.push(std::mem::take(&mut item));
-                } else {
-                    item.push(c);
-                }
-            }
-            let length: usize = items.iter().map(|i| i.len() + 1).sum::<usize>() + item.len();
+            let items = group_items(group);
+            let length: usize = items.iter().map(|i| i.len() + 1).sum::<usize>() - 1;
             read_to = m.end() + 1 + length;
-            items.push(item);
             for item in items {
                 push(&item);
             }
@@ -280,6 +262,31 @@ fn crate_paths(rel: &str, code: &str) -> Vec<(String, String)> {
         }
     }
     found
+}
+
+/// The top-level items of a use group, `group` being the text after its opening brace: `a,
+/// b::{c, d}, e} …` gives `a`, ` b::{c, d}` and ` e`.
+fn group_items(group: &str) -> Vec<String> {
+    let mut depth = 1;
+    let mut item = String::new();
+    let mut items = Vec::new();
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 {
+            break;
+        }
+        if c == ',' && depth == 1 {
+            items.push(std::mem::take(&mut item));
+        } else {
+            item.push(c);
+        }
+    }
+    items.push(item);
+    items
 }
 
 /// Every `crate as NAME` in `code`: a second name for the crate root hides each path through
@@ -750,25 +757,7 @@ fn expand_use_tree(tree: &str) -> Vec<Vec<String>> {
     let mut rest = tree.trim_start();
     loop {
         if let Some(group) = rest.strip_prefix('{') {
-            let mut depth = 1;
-            let mut item = String::new();
-            let mut items = Vec::new();
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-                if depth == 0 {
-                    break;
-                }
-                if c == ',' && depth == 1 {
-                    items.push(std::mem::take(&mut item));
-                } else {
-                    item.push(c);
-                }
-            }
-            items.push(item);
+            let items = group_items(group);
             for item in items {
                 for inner in expand_use_tree(&item) {
                     let mut whole = path.clone();
