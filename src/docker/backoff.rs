@@ -26,7 +26,7 @@ impl Policy {
     /// within seconds, so the rounds stay short; the reap budget, not this, bounds the loop.
     pub(crate) const CONFIRM: Policy = Policy {
         base: Duration::from_millis(25),
-        cap: Duration::from_millis(400),
+        cap: Duration::from_millis(100),
         max_retries: u32::MAX,
         budget: Duration::from_secs(365 * 86_400),
     };

@@ -4,7 +4,7 @@
 //! between rounds, whatever is still listed deleted again; past the budget, what is left is
 //! reported, never assumed gone.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use bollard::Docker;
@@ -125,6 +125,13 @@ impl DockerSeam {
         })
     }
 
+    /// Whether the swarm keeps a removed service's task until its node reported it stopped
+    /// (desired state `remove`, since API 1.35), so that no task left is proof.
+    fn tasks_outlive_their_service(&self) -> bool {
+        let v = self.docker.client_version();
+        (v.major_version, v.minor_version) >= (1, 35)
+    }
+
     /// How many poll rounds reaps of this seam have made.
     pub(crate) fn poll_rounds(&self) -> usize {
         self.poll_rounds.get()
@@ -154,8 +161,32 @@ impl DockerSeam {
         let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
         let mut backoff = Backoff::new(Policy::CONFIRM, rng, MonotonicClock);
         let mut next_progress = started + PROGRESS_EVERY;
+        let named: Vec<(String, Vec<String>)> = stacks
+            .iter()
+            .map(|(domain, stack)| {
+                let ids = stack.services.iter().map(|s| s.id.clone()).collect();
+                (domain.stack_name(), ids)
+            })
+            .collect();
         loop {
             self.poll_rounds.set(self.poll_rounds.get() + 1);
+            // The swarm's tasks are asked before the resources: a stack with no task left
+            // by then has none that can still start and bring something back (swarm deletes a
+            // removed service's task only once its node reported it stopped, or before it was
+            // ever assigned), so nothing listed after that is gone for good. A task list that
+            // cannot be had proves nothing: the settle window decides then. Engines before API
+            // 1.35 (Docker 17.12) deleted a removed service's tasks at once: no proof there.
+            let tasks = if self.tasks_outlive_their_service() && confirming.needs_task_proof() {
+                self.list_swarm_tasks().await.ok().map(|tasks| {
+                    tasks
+                        .iter()
+                        .filter_map(|t| nodes::task_stack(t, &named))
+                        .map(str::to_owned)
+                        .collect::<BTreeSet<String>>()
+                })
+            } else {
+                None
+            };
             let listing = match self.list(pattern, given).await {
                 Ok(listing) => listing,
                 Err(err) => {
@@ -164,7 +195,7 @@ impl DockerSeam {
                 }
             };
             let now = tokio::time::Instant::now();
-            let round = confirming.judge(&listing, now, deadline);
+            let round = confirming.judge(&listing, tasks.as_ref(), now, deadline);
             tracing::debug!(pending = round.still.len(), settling = round.settling.len(), elapsed = ?started.elapsed(), "reap: poll round");
             if (round.still.is_empty() && round.settling.is_empty()) || now >= deadline {
                 break;
@@ -241,12 +272,22 @@ impl<'s> Confirming<'s> {
         }
     }
 
-    /// Sort the pending stacks by what the engine lists now. When the stack had services,
-    /// "nothing listed" must hold twice, SETTLE apart: a task swarm had already handed to this
-    /// node may still start after its service is gone and bring the stack's network back.
+    /// Whether a pending stack had services: only then can a task of it still start.
+    pub(super) fn needs_task_proof(&self) -> bool {
+        self.pending
+            .iter()
+            .any(|&i| !self.stacks[i].1.services.is_empty())
+    }
+
+    /// Sort the pending stacks by what the engine lists now. When the stack had services, a
+    /// task swarm had already handed to this node may still start after its service is gone
+    /// and bring the stack's network back, so "nothing listed" is proof only when the swarm's
+    /// task list, asked before the listing (`tasks`: the stacks with a task in it), held no
+    /// task of the stack; without that, nothing listed must hold twice, SETTLE apart.
     pub(super) fn judge(
         &mut self,
         listing: &BTreeMap<AppDomain, StackResources>,
+        tasks: Option<&BTreeSet<String>>,
         now: tokio::time::Instant,
         deadline: tokio::time::Instant,
     ) -> Round {
@@ -268,7 +309,8 @@ impl<'s> Confirming<'s> {
             out.remaining.clear();
             out.blocked.clear();
             let since = *self.quiet_since.entry(i).or_insert(now);
-            let settle = if stack.services.is_empty() {
+            let no_task_left = tasks.is_some_and(|t| !t.contains(&domain.stack_name()));
+            let settle = if stack.services.is_empty() || no_task_left {
                 Duration::ZERO
             } else {
                 SETTLE
@@ -313,18 +355,20 @@ impl<'s> Confirming<'s> {
         now: tokio::time::Instant,
         backoff: &mut Backoff<R, C>,
     ) -> Option<Duration> {
+        let next = backoff.next_delay();
         if !round.still.is_empty() {
-            return backoff.next_delay();
+            return next;
         }
-        Some(
-            round
-                .settling
-                .iter()
-                .filter_map(|i| self.quiet_since.get(i))
-                .map(|since| (*since + SETTLE).saturating_duration_since(now))
-                .min()
-                .unwrap_or(SETTLE),
-        )
+        // Only settling stacks: the next round may prove them gone by the task list, and is
+        // never later than the first settle window's end.
+        let window = round
+            .settling
+            .iter()
+            .filter_map(|i| self.quiet_since.get(i))
+            .map(|since| (*since + SETTLE).saturating_duration_since(now))
+            .min()
+            .unwrap_or(SETTLE);
+        Some(next.map_or(window, |next| next.min(window)))
     }
 }
 
@@ -360,5 +404,65 @@ impl Reaped {
         problems.extend(self.blocked.iter().cloned());
         problems.extend(self.nodes.iter().cloned());
         problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::docker::seam::{Match, Resource};
+    use crate::names::DomainSuffix;
+
+    fn stack_with_a_service() -> Vec<(AppDomain, StackResources)> {
+        let suffix = DomainSuffix::parse("ci.example.org").unwrap();
+        let domain = RunAppPattern::new(&suffix)
+            .domain_of_stack("cust-0a1b2c_ci_example_org")
+            .unwrap();
+        let stack = StackResources {
+            services: vec![Resource {
+                id: "svc1".into(),
+                name: "cust-0a1b2c_ci_example_org_app".into(),
+                by: Match::Label,
+            }],
+            ..StackResources::default()
+        };
+        vec![(domain, stack)]
+    }
+
+    /// Nothing listed of a stack that had services: gone at once only when the task list
+    /// asked before the listing held no task of it; otherwise the settle window decides.
+    #[test]
+    fn an_unlisted_stack_is_gone_at_once_only_with_no_task_left() {
+        let stacks = stack_with_a_service();
+        let name = stacks[0].0.stack_name();
+        let now = tokio::time::Instant::now();
+        let later = now + Duration::from_secs(60);
+        let listing = BTreeMap::new();
+
+        let mut no_tasks_asked = Confirming::new(&stacks);
+        let round = no_tasks_asked.judge(&listing, None, now, later);
+        assert_eq!(round.settling, vec![0], "no task list: the window decides");
+        assert!(!no_tasks_asked.out[0].confirmed);
+        no_tasks_asked.pending = round.pending();
+
+        let mut a_task_left = Confirming::new(&stacks);
+        let left: BTreeSet<String> = [name.clone()].into();
+        let round = a_task_left.judge(&listing, Some(&left), now, later);
+        assert_eq!(
+            round.settling,
+            vec![0],
+            "a task is left: it may still start"
+        );
+
+        let mut none_left = Confirming::new(&stacks);
+        let other: BTreeSet<String> = ["some-other_stack".to_owned()].into();
+        let round = none_left.judge(&listing, Some(&other), now, later);
+        assert!(round.settling.is_empty() && round.still.is_empty());
+        assert!(none_left.out[0].confirmed && none_left.out[0].gone());
+
+        // The window still ends a wait where no task list could be had.
+        let round = no_tasks_asked.judge(&listing, None, now + SETTLE, later);
+        assert!(round.settling.is_empty());
+        assert!(no_tasks_asked.out[0].confirmed);
     }
 }

@@ -34,7 +34,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bollard::models::TaskState as ApiTaskState;
+use bollard::models::{Task, TaskState as ApiTaskState};
 use bollard::query_parameters::{ListServicesOptions, ListTasksOptions};
 
 use crate::config::NodeSweepSettings;
@@ -43,6 +43,22 @@ use crate::docker::node_job::{
 };
 use crate::docker::seam::{DockerError, DockerSeam, STACK_LABEL};
 use crate::docker::swarm::{Node, node};
+
+/// Which of `stacks` (name, service ids) task `t` is of: its container carries the stack's
+/// namespace label, or its service is one of the stack's.
+pub(super) fn task_stack<'s>(t: &Task, stacks: &'s [(String, Vec<String>)]) -> Option<&'s str> {
+    let label = t
+        .spec
+        .as_ref()
+        .and_then(|s| s.container_spec.as_ref())
+        .and_then(|c| c.labels.as_ref())
+        .and_then(|l| l.get(STACK_LABEL));
+    let service = t.service_id.as_deref().unwrap_or_default();
+    stacks
+        .iter()
+        .find(|(stack, ids)| label == Some(stack) || ids.iter().any(|id| id == service))
+        .map(|(stack, _)| stack.as_str())
+}
 
 /// How often a node sweep asks the manager how its job stands.
 pub(super) const POLL: Duration = Duration::from_millis(200);
@@ -118,26 +134,11 @@ impl DockerSeam {
         &self,
         stacks: &[(String, Vec<String>)],
     ) -> Result<(TaskNodes, BTreeMap<String, BTreeSet<String>>), DockerError> {
-        let tasks = self
-            .docker
-            .list_tasks(None::<ListTasksOptions>)
-            .await
-            .map_err(|e| DockerError(format!("failed to list the swarm's tasks: {e}")))?;
+        let tasks = self.list_swarm_tasks().await?;
         let mut on: TaskNodes = BTreeMap::new();
         let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for t in tasks {
-            let label = t
-                .spec
-                .as_ref()
-                .and_then(|s| s.container_spec.as_ref())
-                .and_then(|c| c.labels.as_ref())
-                .and_then(|l| l.get(STACK_LABEL))
-                .cloned();
-            let service = t.service_id.clone().unwrap_or_default();
-            let Some((stack, _)) = stacks
-                .iter()
-                .find(|(stack, ids)| label.as_deref() == Some(stack) || ids.contains(&service))
-            else {
+        for t in &tasks {
+            let Some(stack) = task_stack(t, stacks) else {
                 continue;
             };
             let Some(node) = t.node_id.clone().filter(|n| !n.is_empty()) else {
@@ -155,12 +156,20 @@ impl DockerSeam {
                         | ApiTaskState::ORPHANED
                 )
             );
-            on.entry(stack.clone()).or_default().insert(node.clone());
+            on.entry(stack.to_owned()).or_default().insert(node.clone());
             if !terminal {
-                live.entry(stack.clone()).or_default().insert(node);
+                live.entry(stack.to_owned()).or_default().insert(node);
             }
         }
         Ok((on, live))
+    }
+
+    /// Every task the swarm keeps, in any state.
+    pub(super) async fn list_swarm_tasks(&self) -> Result<Vec<Task>, DockerError> {
+        self.docker
+            .list_tasks(None::<ListTasksOptions>)
+            .await
+            .map_err(|e| DockerError(format!("failed to list the swarm's tasks: {e}")))
     }
 
     /// Clean `targets.stacks` (name, service ids) off every node with a global job, until `deadline`:

@@ -62,6 +62,48 @@ fn janitor_reap_then_the_same_stack_deploys_at_once() {
     }
 }
 
+/// A stack reaped straight after its deploy, while swarm is still handing its tasks to the
+/// node: such a task can start after its service is gone and bring the stack's network back.
+/// The reap counts the stack gone only once nothing of it can come back, so nothing is listed
+/// the moment the janitor is done, nothing returns while a task would have started, and the
+/// same stack deploys again at once.
+#[test]
+fn a_stack_reaped_while_its_tasks_start_stays_gone_and_redeploys_at_once() {
+    let Some((sandbox, domain, stack, _cleanup)) = docker_case("rtsk") else {
+        return;
+    };
+    let compose = compose_file(sandbox.path());
+    // Six tasks per service: the node starts them one after another, so the reap meets
+    // tasks in every state from assigned to running.
+    let many = sandbox.path().join("many.yml");
+    std::fs::write(
+        &many,
+        std::fs::read_to_string(&compose).unwrap().replace(
+            "deploy: {endpoint_mode: dnsrr}",
+            "deploy: {endpoint_mode: dnsrr, replicas: 6}",
+        ),
+    )
+    .unwrap();
+    for round in 0..ROUNDS {
+        docker(&[
+            "stack",
+            "deploy",
+            "--resolve-image",
+            "never",
+            "-c",
+            many.to_str().unwrap(),
+            &stack,
+        ]);
+        janitor_reaps_it_gone_now(&sandbox, &domain, &stack, round);
+        // A handed-out task starts within about a second; watch for twice that.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < until {
+            assert_gone_now(&stack);
+        }
+    }
+    redeploys_at_once(&compose, &stack);
+}
+
 /// A run deploys its stack and its teardown removes it; the next run of the domain deploys the
 /// same stack at once (its command fails if the deploy does), round after round.
 #[test]
