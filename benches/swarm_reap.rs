@@ -16,6 +16,9 @@
 // raw file reads, out of src/ only.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
 
+#[path = "support/ratio.rs"]
+mod ratio;
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -300,13 +303,34 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let (janitor, by_hand) = (median(&mut everywhere), median(&mut baseline));
     println!(
         "swarm_reap: until gone on every node, median of {} rounds: janitor {:.2} s, stack rm + poll + volume rm {:.2} s; ratio {:.2} (min {:.2}, max {:.2})",
         ratios.len(),
-        median(&mut everywhere),
-        median(&mut baseline),
+        janitor,
+        by_hand,
         median(&mut ratios.clone()),
         ratios.iter().copied().fold(f64::INFINITY, f64::min),
         ratios.iter().copied().fold(0.0, f64::max),
+    );
+    ratio::summary(
+        "swarm_reap",
+        &[
+            ratio::Figure::new(
+                "janitor until gone on both nodes, median",
+                janitor,
+                "stack rm + polling each node + volume rm, median",
+                by_hand,
+                "s",
+            ),
+            ratio::Figure::new(
+                "janitor until gone on both nodes, median (target)",
+                janitor,
+                "the 3.5 s target",
+                3.5,
+                "s",
+            )
+            .goal(1.0),
+        ],
     );
 }

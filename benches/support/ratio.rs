@@ -3,7 +3,10 @@
 //! by more than [`TOLERANCE`]. Every figure is a cost (a time, CPU, faults): lower is better,
 //! so a ratio that grows is a regression.
 //!
-//! `CCCI_BENCH_RECORD=1` writes this run's ratios into the baseline file as the new record.
+//! `CCCI_BENCH_RECORD=1` writes this run's ratios into the baseline file as the new record;
+//! `CCCI_BENCH_README=1` writes them as this bench's rows of the README's performance table
+//! (between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`), so the table is what a run
+//! printed, never typed.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -128,5 +131,71 @@ pub fn summary(bench: &str, figures: &[Figure]) -> usize {
             baseline_path().display()
         );
     }
+    if std::env::var_os("CCCI_BENCH_README").is_some_and(|v| v == "1") {
+        match write_readme_rows(bench, figures) {
+            Ok(()) => println!("  written as {bench}'s rows of the README's performance table"),
+            Err(why) => println!("  README NOT WRITTEN: {why}"),
+        }
+    }
     regressions
+}
+
+/// The README's rows for `figures`: figure, anchor, ratio, goal, and the load it ran at.
+pub fn readme_rows(bench: &str, figures: &[Figure], load: &str) -> String {
+    let mut rows = String::new();
+    for f in figures {
+        let ratio = f.ratio().map_or("-".to_owned(), |r| format!("{r:.2}×"));
+        let goal = match (f.ratio(), f.goal) {
+            (Some(r), Some(g)) if r <= g => format!("≤ {g:.2}×: met"),
+            (_, Some(g)) => format!("≤ {g:.2}×: not met"),
+            _ => "-".to_owned(),
+        };
+        rows.push_str(&format!(
+            "| `{bench}` | {} {:.3} {unit} | {} {:.3} {unit} | {ratio} | {goal} | {load} |\n",
+            f.name,
+            f.value,
+            f.anchor,
+            f.anchor_value,
+            unit = f.unit
+        ));
+    }
+    rows
+}
+
+/// Replace `bench`'s rows of the README's performance table (between `<!-- bench-table -->`
+/// and `<!-- /bench-table -->`) with this run's, where its old rows were, else at the end.
+fn write_readme_rows(bench: &str, figures: &[Figure]) -> Result<(), String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (open, close) = ("<!-- bench-table -->\n", "<!-- /bench-table -->");
+    let (Some(start), Some(end)) = (text.find(open), text.find(close)) else {
+        return Err(format!("the README has no {open:?} … {close:?} table"));
+    };
+    if end < start {
+        return Err(format!("{close:?} comes before {open:?} in the README"));
+    }
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned());
+    let rows = readme_rows(bench, figures, &load);
+    let mine = format!("| `{bench}` |");
+    let mut table = String::new();
+    let mut placed = false;
+    for line in text[start + open.len()..end].lines() {
+        if line.starts_with(&mine) {
+            if !placed {
+                table.push_str(&rows);
+                placed = true;
+            }
+            continue;
+        }
+        table.push_str(line);
+        table.push('\n');
+    }
+    if !placed {
+        table.push_str(&rows);
+    }
+    let new = format!("{}{open}{table}{}", &text[..start], &text[end..]);
+    std::fs::write(&path, new).map_err(|e| format!("{}: {e}", path.display()))
 }
