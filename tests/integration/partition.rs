@@ -187,6 +187,9 @@ struct Tenure {
     writes: usize,
 }
 
+/// How long after a whole host's thaw its command may still write before its fence ends it.
+const THAW_BOUND: f64 = 0.5;
+
 /// What one round left.
 struct Outcome {
     spec: Spec,
@@ -224,9 +227,24 @@ impl Outcome {
             ));
         }
         if let Some(overlap) = self.overlap().filter(|o| *o > 0.0) {
-            problems.push(format!(
-                "two holders at once: {holder} wrote {overlap:.3} s after {waiter} began"
-            ));
+            match (self.spec.upset, self.tenures.first()) {
+                // A whole host frozen stops its fence too, and a thaw wakes everything at once:
+                // the command may write before the fence kills it (docs/concurrency.md, "What
+                // remains"). What is owed then: those writes carry the old fencing token
+                // (checked below), the fence ends them at once, and the run is a lost lock.
+                (Upset::Freeze { .. }, Some(first)) => {
+                    let after_thaw = first.last - self.upset_end;
+                    if after_thaw > THAW_BOUND {
+                        problems.push(format!(
+                            "{holder} still wrote {after_thaw:.3} s after the thaw ({overlap:.3} s \
+                             after {waiter} began): its fence did not end it at once"
+                        ));
+                    }
+                }
+                _ => problems.push(format!(
+                    "two holders at once: {holder} wrote {overlap:.3} s after {waiter} began"
+                )),
+            }
         }
         if let [first, second] = self.tenures.as_slice() {
             if second.token <= first.token {
@@ -611,7 +629,8 @@ impl Bench {
             }
             Upset::Freeze { length } => {
                 // The supervisor's group, the command's group and the fence (a session of its
-                // own): everything of the run. Resumed fence first, as a thaw may.
+                // own): everything of the run. A thaw resumes them in no order: the command
+                // first, the worst case.
                 let fence = fence_of(pid);
                 let group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(command)))
                     .expect("the command's process group")
@@ -620,7 +639,7 @@ impl Bench {
                     signal(target, Signal::SIGSTOP);
                 }
                 std::thread::sleep(length);
-                for target in [fence, -group, -pid] {
+                for target in [-group, fence, -pid] {
                     signal(target, Signal::SIGCONT);
                 }
             }
@@ -1012,9 +1031,12 @@ fn a_lock_whose_supervisor_is_stopped_leaves_no_daemon_writing_when_the_next_hos
 
 /// The issue this guards: a holder whose whole host was frozen for two TTLs was ended by its
 /// fence on the thaw and exited 137, as if its command had been killed by someone else; it is
-/// a lost lock (76).
+/// a lost lock (76). The thaw resumes the command before its fence, as a real one may: a write
+/// it makes then is not counted as two holders, but it must end within [`THAW_BOUND`] and
+/// carry the old fencing token (1 of 14 and 2 of 11 rounds wrote once after the thaw when the
+/// fence was resumed first: the order of a thaw is not ours).
 #[test]
-fn a_holder_whose_whole_host_is_frozen_ends_as_a_lost_lock_before_the_next_host_starts() {
+fn a_holder_whose_whole_host_is_frozen_ends_as_a_lost_lock_on_the_thaw() {
     let spec = Spec {
         upset: Upset::Freeze { length: ttls(2) },
         ..stopped(Mode::Run, Kind::Prompt, true, 2)
