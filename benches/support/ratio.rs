@@ -144,7 +144,10 @@ pub fn summary(bench: &str, figures: &[Figure]) -> usize {
 pub fn readme_rows(bench: &str, figures: &[Figure], load: &str) -> String {
     let mut rows = String::new();
     for f in figures {
-        let ratio = f.ratio().map_or("-".to_owned(), |r| format!("{r:.2}×"));
+        let ratio = f.ratio().map_or("-".to_owned(), |r| match r {
+            r if r < 0.1 => format!("{r:.3}×"),
+            r => format!("{r:.2}×"),
+        });
         let goal = match (f.ratio(), f.goal) {
             (Some(r), Some(g)) if r <= g => format!("≤ {g:.2}×: met"),
             (_, Some(g)) => format!("≤ {g:.2}×: not met"),
