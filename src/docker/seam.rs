@@ -223,23 +223,38 @@ impl DockerSeam {
             .block_on(async { tokio::time::timeout_at(until, self.docker.version()).await })
             .map_err(|_| late())?
             .map_err(|e| DockerError(format!("failed to ask Docker its version: {e}")))?;
-        let info = self
-            .runtime
-            .block_on(async { tokio::time::timeout_at(until, self.docker.info()).await })
-            .map_err(|_| late())?
-            .map_err(|e| DockerError(format!("failed to ask Docker about its swarm: {e}")))?;
-        let swarm = info.swarm.unwrap_or_default();
+        let (swarm_state, swarm_manager, swarm_error) = self.swarm_facts(until, within)?;
         Ok(EngineFacts {
             version: version.version.unwrap_or_default(),
             api_version: version.api_version.unwrap_or_default(),
             negotiated: self.docker.client_version().to_string(),
-            swarm_state: swarm
+            swarm_state,
+            swarm_manager,
+            swarm_error,
+        })
+    }
+
+    /// The swarm state of the engine's node, whether it is a manager, and the swarm's error,
+    /// asked by `until` (`within` of the first question).
+    fn swarm_facts(
+        &self,
+        until: tokio::time::Instant,
+        within: Duration,
+    ) -> Result<(String, bool, Option<String>), DockerError> {
+        let info = self
+            .runtime
+            .block_on(async { tokio::time::timeout_at(until, self.docker.info()).await })
+            .map_err(|_| DockerError(format!("Docker did not answer within {}", shown(within))))?
+            .map_err(|e| DockerError(format!("failed to ask Docker about its swarm: {e}")))?;
+        let swarm = info.swarm.unwrap_or_default();
+        Ok((
+            swarm
                 .local_node_state
                 .map(|s| s.to_string())
                 .unwrap_or_default(),
-            swarm_manager: swarm.control_available.unwrap_or(false),
-            swarm_error: swarm.error.filter(|e| !e.is_empty()),
-        })
+            swarm.control_available.unwrap_or(false),
+            swarm.error.filter(|e| !e.is_empty()),
+        ))
     }
 
     /// Refuse an engine that is a swarm worker: a worker answers every stack call with 503
@@ -251,8 +266,9 @@ impl DockerSeam {
 
     /// [`Self::refuse_a_worker`], the engine's answer awaited at most `within`.
     pub(crate) fn refuse_a_worker_within(&self, within: Duration) -> Result<(), DockerError> {
-        let facts = self.engine_facts(within)?;
-        if facts.swarm_state == "active" && !facts.swarm_manager {
+        let until = tokio::time::Instant::now() + within;
+        let (state, manager, _) = self.swarm_facts(until, within)?;
+        if state == "active" && !manager {
             return Err(DockerError(
                 "the Docker engine (DOCKER_HOST) is a swarm worker, not a manager: a stack's \
                  services, secrets, configs and tasks are listed and removed only through a \
