@@ -54,13 +54,7 @@ impl DockerSeam {
                 Err(err) => return failed(err),
             };
             let stacks_domains: Vec<AppDomain> = stacks.iter().map(|(d, _)| d.clone()).collect();
-            let named: Vec<(String, Vec<String>)> = stacks
-                .iter()
-                .map(|(domain, stack)| {
-                    let ids = stack.services.iter().map(|s| s.id.clone()).collect();
-                    (domain.stack_name(), ids)
-                })
-                .collect();
+            let named = named_stacks(&stacks);
             // Where the stacks' tasks are, before their services go (and the tasks with them).
             let had = match &nodes {
                 Some(_) => match self.stack_task_nodes(&named).await {
@@ -161,13 +155,7 @@ impl DockerSeam {
         let rng = Xoshiro256PlusPlus::from_rng(&mut rand::rng());
         let mut backoff = Backoff::new(Policy::CONFIRM, rng, MonotonicClock);
         let mut next_progress = started + PROGRESS_EVERY;
-        let named: Vec<(String, Vec<String>)> = stacks
-            .iter()
-            .map(|(domain, stack)| {
-                let ids = stack.services.iter().map(|s| s.id.clone()).collect();
-                (domain.stack_name(), ids)
-            })
-            .collect();
+        let named = named_stacks(&stacks);
         loop {
             self.poll_rounds.set(self.poll_rounds.get() + 1);
             // The swarm's tasks are asked before the resources: a stack with no task left
@@ -226,6 +214,17 @@ impl DockerSeam {
         }
         confirming.out
     }
+}
+
+/// Each stack's name and its services' ids: what its tasks are known by.
+fn named_stacks(stacks: &[(AppDomain, StackResources)]) -> Vec<(String, Vec<String>)> {
+    stacks
+        .iter()
+        .map(|(domain, stack)| {
+            let ids = stack.services.iter().map(|s| s.id.clone()).collect();
+            (domain.stack_name(), ids)
+        })
+        .collect()
 }
 
 /// Where confirming a reap stands: which stacks are still pending, since when each has been

@@ -15,9 +15,9 @@ use crate::util::{Proc, Sandbox, Stream, candidate, docker, run, signal, wait_ex
 
 const ROUNDS: usize = 3;
 
-/// `docker stack deploy` of `stack` must succeed now, and its services reach running.
+/// `docker stack deploy` of `compose` as `stack`, which must succeed now.
 #[track_caller]
-fn redeploys_at_once(compose: &Path, stack: &str) {
+fn stack_deploy(compose: &Path, stack: &str) {
     docker(&[
         "stack",
         "deploy",
@@ -27,6 +27,12 @@ fn redeploys_at_once(compose: &Path, stack: &str) {
         compose.to_str().unwrap(),
         stack,
     ]);
+}
+
+/// `docker stack deploy` of `stack` must succeed now, and its services reach running.
+#[track_caller]
+fn redeploys_at_once(compose: &Path, stack: &str) {
+    stack_deploy(compose, stack);
     eventually(
         &format!("{stack}: redeployed, two running containers"),
         || running_containers(stack) == 2,
@@ -85,15 +91,7 @@ fn a_stack_reaped_while_its_tasks_start_stays_gone_and_redeploys_at_once() {
     )
     .unwrap();
     for round in 0..ROUNDS {
-        docker(&[
-            "stack",
-            "deploy",
-            "--resolve-image",
-            "never",
-            "-c",
-            many.to_str().unwrap(),
-            &stack,
-        ]);
+        stack_deploy(&many, &stack);
         janitor_reaps_it_gone_now(&sandbox, &domain, &stack, round);
         // A handed-out task starts within about a second; watch for twice that.
         let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
