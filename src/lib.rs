@@ -40,15 +40,11 @@ use std::process::ExitCode;
 use clap::FromArgMatches;
 
 use crate::cli::Cli;
-use crate::config::LogFormat;
 
 /// The program: parse the command line, build the configuration, run one command.
 pub fn main() -> ExitCode {
     // A run's fence is this binary too; it parses no command line.
     if let Some(args) = supervise::fence::invoked() {
-        if args.last().is_some_and(|f| f == "json") {
-            report::init_logging(0, 0, LogFormat::Json);
-        }
         return ExitCode::from(supervise::fence::main(&args));
     }
     // Read before anything else: the orphan check compares it with the parent pid after the
@@ -62,9 +58,17 @@ pub fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(err) => return cli::errors::command_line_error(&cli::errors::with_dash_dash_tip(err)),
     };
+    // A run and a lock command fork their fence now, while this process has one thread.
+    if matches!(cli.command, cli::Command::Run(_) | cli::Command::Lock(_)) {
+        if let Some(code) = supervise::fence::prefork() {
+            return ExitCode::from(code);
+        }
+    }
     // A `--json` command prints its envelope whatever happens: on a failure, with the error.
     let json_when_failed = cli.command.json_when_failed();
-    match dispatch::dispatch(cli, &matches, start_ppid) {
+    let done = dispatch::dispatch(cli, &matches, start_ppid);
+    supervise::fence::dismiss();
+    match done {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             report::failure(

@@ -39,26 +39,24 @@
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
-use nix::sys::time::TimeSpec;
-use nix::time::{ClockId, clock_gettime};
-use nix::unistd::Pid;
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::{ForkResult, Pid};
 
 pub(crate) use crate::config::KILL_MARGIN;
-use crate::report;
+use crate::supervise::fence_life::{self, TARGET_SEP, clock_ns};
 use crate::supervise::identity::Owner;
-use crate::supervise::linux::{self, ProcDir};
-use crate::supervise::{cgroup, leftovers};
+use crate::supervise::leftovers;
 
 /// How long before the lock may lapse the fence kills what is left: half the kill margin, ten
 /// times the longest the fence took to leave nothing of a run when measured on a busy host
@@ -67,9 +65,6 @@ pub(crate) const FENCE_LEAD: Duration = Duration::from_millis(KILL_MARGIN.as_mil
 
 /// The first argument that makes `ccci-run` the fence (not a subcommand: nobody types it).
 pub(crate) const ARGV_TAG: &str = "__ccci-run-fence";
-
-/// How long the fence waits for what it killed to be gone before it reports and ends.
-const GONE_BUDGET: Duration = Duration::from_secs(5);
 
 /// The pid of this process's fence, while there is one: the supervisor's sweeps of its own
 /// descendants leave it alone.
@@ -92,15 +87,10 @@ fn monotonic_ns(at: Instant) -> i128 {
     }
 }
 
-fn clock_ns() -> i128 {
-    let now = clock_gettime(ClockId::CLOCK_MONOTONIC).unwrap_or_else(|_| TimeSpec::new(0, 0));
-    i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec())
-}
-
 /// A running fence, from the supervisor's side.
 #[derive(Debug)]
 pub(crate) struct Fence {
-    child: Child,
+    pid: Pid,
     feed: Feed,
     /// Readable once the fence has ended.
     pidfd: OwnedFd,
@@ -149,23 +139,27 @@ pub(crate) struct Target<'a> {
 }
 
 impl Fence {
-    /// Start the fence for `target`. It kills nothing until its first deadline comes (or its
-    /// supervisor dies before disarming it).
+    /// Start the fence for `target`: the one forked at the program's start ([`prefork`]), told
+    /// its target now, or else a new one. It kills nothing until its first deadline comes (or
+    /// its supervisor dies before disarming it).
     pub(crate) fn spawn(target: &Target<'_>, json: bool) -> io::Result<Self> {
+        let format = if json { "json" } else { "text" };
+        let cgroup = target
+            .cgroup
+            .map_or_else(|| OsString::from("-"), Into::into);
+        if let Some(fence) = Self::told(target, &cgroup, format) {
+            return Ok(fence);
+        }
         let (read, write) = std::io::pipe()?;
         let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
         let mut command = Command::new("/proc/self/exe");
         command
             .arg0(exe.as_os_str())
             .arg(ARGV_TAG)
-            .arg(
-                target
-                    .cgroup
-                    .map_or_else(|| OsString::from("-"), Into::into),
-            )
+            .arg(&cgroup)
             .arg(target.owner.to_string())
             .arg(target.label)
-            .arg(if json { "json" } else { "text" })
+            .arg(format)
             .stdin(Stdio::from(OwnedFd::from(read)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -184,13 +178,43 @@ impl Fence {
         let file = File::from(OwnedFd::from(write));
         set_nonblocking(&file)?;
         FENCE_PID.store(pid.as_raw(), Ordering::SeqCst);
-        Ok(Self {
-            child,
-            feed: Feed(Arc::new(Mutex::new(file)), Arc::new(Mutex::new(None))),
+        Ok(Self::new(pid, pidfd, file))
+    }
+
+    fn new(pid: Pid, pidfd: OwnedFd, feed: File) -> Self {
+        Self {
+            pid,
+            feed: Feed(Arc::new(Mutex::new(feed)), Arc::new(Mutex::new(None))),
             pidfd,
             disarmed: false,
             guards_lease: false,
-        })
+        }
+    }
+
+    /// The fence forked at the start, told `target`: `None` when there is none, or it cannot
+    /// be told (it is gone, or a field would not survive the line), and a new one must start.
+    fn told(target: &Target<'_>, cgroup: &OsString, format: &str) -> Option<Self> {
+        let waiting = PREFORKED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        let owner = target.owner.to_string();
+        let fields = [cgroup.to_str()?, owner.as_str(), target.label, format];
+        if fields
+            .iter()
+            .any(|f| f.contains(TARGET_SEP) || f.contains('\n'))
+        {
+            return None;
+        }
+        let line = format!(
+            "target{TARGET_SEP}{}\n",
+            fields.join(&TARGET_SEP.to_string())
+        );
+        // One write below PIPE_BUF into an empty pipe: whole, or not at all. A fence already
+        // gone (killed) fails it with EPIPE.
+        let mut feed = waiting.feed;
+        feed.write_all(line.as_bytes()).ok()?;
+        Some(Self::new(waiting.pid, waiting.pidfd, feed))
     }
 
     /// From now on its end counts as the loss of the lock it guards ([`Fence::ended`]).
@@ -245,7 +269,7 @@ impl Fence {
         // Its end takes a moment; it must not be left a zombie, nor waited for long.
         let fd = PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN);
         let _ = poll(&mut [fd], PollTimeout::from(1000u16));
-        let _ = self.child.try_wait();
+        let _ = waitpid(self.pid, Some(WaitPidFlag::WNOHANG));
         FENCE_PID.store(0, Ordering::SeqCst);
     }
 }
@@ -257,193 +281,131 @@ impl Drop for Fence {
 }
 
 fn set_nonblocking(file: &File) -> io::Result<()> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let flags = OFlag::from_bits_truncate(fcntl(file, FcntlArg::F_GETFL).map_err(io::Error::from)?);
     fcntl(file, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
     Ok(())
 }
 
+/// A fence forked at the program's start, waiting for its target.
+struct Preforked {
+    pid: Pid,
+    pidfd: OwnedFd,
+    feed: File,
+}
+
+static PREFORKED: Mutex<Option<Preforked>> = Mutex::new(None);
+
+/// Fork this run's fence now, while the program has one thread: a fork needs no second start of
+/// the program then (about 3 ms of CPU, on the way from a lock taken to its command), and the
+/// child may run any code. It waits for its target ([`Fence::spawn`]); a supervisor that ends
+/// before it has one ends it with the feed.
+///
+/// Returns the child's exit code in the child, `None` in this process. Nothing is forked, and
+/// the fence is started as its own program when the time comes, when this process already has
+/// more threads, or when it is a process of another run (`CCCI_SUPERVISOR` in its environment:
+/// a started fence leaves that mark behind, a forked one cannot), or when the fork fails.
+pub(crate) fn prefork() -> Option<u8> {
+    if crate::config::env::var_os(leftovers::SUPERVISOR_VAR).is_some() || !single_threaded() {
+        return None;
+    }
+    let (read, write) = std::io::pipe().ok()?;
+    // SAFETY: this process has one thread (checked just above), so the child is a whole copy of
+    // it and may run any code.
+    match unsafe { nix::unistd::fork() } {
+        Err(_) => None,
+        Ok(ForkResult::Child) => {
+            drop(write);
+            Some(fence_life::forked(as_started(read)))
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(read);
+            let file = File::from(OwnedFd::from(write));
+            match (
+                crate::supervise::linux::pidfd_open(child),
+                set_nonblocking(&file),
+            ) {
+                (Ok(pidfd), Ok(())) => {
+                    FENCE_PID.store(child.as_raw(), Ordering::SeqCst);
+                    *PREFORKED.lock().unwrap_or_else(PoisonError::into_inner) = Some(Preforked {
+                        pid: child,
+                        pidfd,
+                        feed: file,
+                    });
+                }
+                _ => {
+                    // Its feed ends here; it ends with it.
+                    drop(file);
+                    let _ = waitpid(child, None);
+                }
+            }
+            None
+        }
+    }
+}
+
+/// End the fence forked at the start if it was never told a target, and wait for it: a
+/// command that ends without running anything under a lock leaves no process behind.
+pub(crate) fn dismiss() {
+    let waiting = PREFORKED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    if let Some(waiting) = waiting {
+        drop(waiting.feed);
+        // Its end takes a moment; it must not be left a zombie, nor waited for long.
+        let fd = PollFd::new(waiting.pidfd.as_fd(), PollFlags::POLLIN);
+        let _ = poll(&mut [fd], PollTimeout::from(1000u16));
+        let _ = waitpid(waiting.pid, Some(WaitPidFlag::WNOHANG));
+        FENCE_PID.store(0, Ordering::SeqCst);
+    }
+}
+
+/// Whether this process has one thread.
+fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.count() == 1)
+}
+
+/// In the forked child: what a start as its own program would have left it with. A session of
+/// its own (never stopped with the supervisor's group), stdout on `/dev/null`, and none of the
+/// descriptors an exec would have closed. Returns its feed.
+fn as_started(read: std::io::PipeReader) -> File {
+    let _ = nix::unistd::setsid();
+    if let Ok(null) = nix::fcntl::open(
+        "/dev/null",
+        OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        let _ = nix::unistd::dup2_stdout(null);
+    }
+    let feed = File::from(OwnedFd::from(read));
+    let keep = feed.as_raw_fd();
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open.into_iter().filter(|fd| *fd > 2 && *fd != keep) {
+        // SAFETY: borrowed for one fcntl; `fd` is open (listed just now), and nothing else in
+        // this one-threaded child closes it meanwhile.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let cloexec = fcntl(borrowed, FcntlArg::F_GETFD)
+            .is_ok_and(|flags| FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
+        if cloexec {
+            // SAFETY: an exec would close it; nothing in the fence uses it.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+    feed
+}
+
+/// The life of a fence started as its own program.
+pub(crate) use fence_life::main;
+
 /// Whether this process was started as a fence: its arguments after the tag.
 pub(crate) fn invoked() -> Option<Vec<OsString>> {
     let mut args = std::env::args_os().skip(1);
     (args.next()? == ARGV_TAG).then(|| args.collect())
-}
-
-/// The fence's whole life: `args` are the cgroup (`-` for none), the owner, the lock's label
-/// and the log format; the feed comes on stdin.
-pub(crate) fn main(args: &[OsString]) -> u8 {
-    let [cgroup, owner, label, _format] = args else {
-        report::line("ccci-run: error: the fence was started with the wrong arguments");
-        return crate::exit::USAGE;
-    };
-    let cgroup = (cgroup != "-").then(|| PathBuf::from(cgroup));
-    let owner = owner.to_str().and_then(Owner::parse);
-    let label = label.to_string_lossy().into_owned();
-    calm_signals();
-    let mut stdin = io::stdin().lock();
-    let mut pending = Vec::new();
-    let mut kill_at: Option<i128> = None;
-    let mut groups: Vec<(Pid, ProcDir)> = Vec::new();
-    let why = loop {
-        let timeout = match kill_at {
-            Some(at) => {
-                let left = at - clock_ns();
-                if left <= 0 {
-                    break Why::Lapse;
-                }
-                // Round up: waking a moment early only loops.
-                let ms = (left + 999_999) / 1_000_000;
-                PollTimeout::try_from(ms.clamp(0, i128::from(i32::MAX))).unwrap_or(PollTimeout::MAX)
-            }
-            None => PollTimeout::NONE,
-        };
-        let fd = PollFd::new(stdin.as_fd(), PollFlags::POLLIN);
-        match poll(&mut [fd], timeout) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-            Ok(_) => {}
-            Err(_) => break Why::Feed,
-        }
-        let mut buf = [0u8; 4096];
-        let read = match stdin.read(&mut buf) {
-            Ok(0) => break Why::SupervisorDied,
-            Ok(n) => n,
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break Why::Feed,
-        };
-        pending.extend_from_slice(&buf[..read]);
-        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            let line = String::from_utf8_lossy(&line);
-            let mut words = line.split_whitespace();
-            match (words.next(), words.next()) {
-                (Some("disarm"), _) => return 0,
-                (Some("kill-at"), Some(at)) => {
-                    if let Ok(at) = at.parse::<i128>() {
-                        kill_at = Some(at);
-                    }
-                }
-                (Some("group"), Some(group)) => {
-                    if let Some(held) = hold_leader(group, words.next()) {
-                        groups.push(held);
-                    }
-                }
-                _ => {}
-            }
-        }
-    };
-    fire(why, &label, cgroup.as_deref(), owner.as_ref(), &groups);
-    0
-}
-
-/// Ignore what would end or stop the fence but SIGKILL: it must outlive a TERM meant for the
-/// run, and it starts with the supervisor's blocked mask.
-fn calm_signals() {
-    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-    for signal in [
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-        Signal::SIGPIPE,
-        Signal::SIGTSTP,
-        Signal::SIGTTIN,
-        Signal::SIGTTOU,
-    ] {
-        // SAFETY: setting a disposition to "ignore" installs no handler.
-        let _ = unsafe { nix::sys::signal::signal(signal, SigHandler::SigIgn) };
-    }
-}
-
-/// Why the fence fired.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Why {
-    /// Its feed ended: the supervisor died without disarming it.
-    SupervisorDied,
-    /// The lock's lease was not renewed in time.
-    Lapse,
-    /// Its feed could not be read.
-    Feed,
-}
-
-impl Why {
-    fn words(self) -> &'static str {
-        match self {
-            Why::SupervisorDied => {
-                "its supervisor died without finishing (SIGKILL, the OOM killer)"
-            }
-            Why::Lapse => {
-                "the lock's lease was not renewed in time (its supervisor is cut off from etcd, \
-                 or stopped)"
-            }
-            Why::Feed => "its feed could not be read",
-        }
-    }
-}
-
-/// The leader of a group the supervisor started, held by its `/proc` directory, when the
-/// process now at that pid is the one started at `start`; `None` otherwise.
-fn hold_leader(group: &str, start: Option<&str>) -> Option<(Pid, ProcDir)> {
-    let group = group.parse::<i32>().ok().filter(|g| *g > 1)?;
-    let start = start?.parse::<u64>().ok()?;
-    let dir = ProcDir::open(group)?;
-    (dir.start_ticks() == Some(start)).then(|| (Pid::from_raw(group), dir))
-}
-
-/// Kill everything the run started that the kernel proves is the run's, and say so.
-fn fire(
-    why: Why,
-    label: &str,
-    cgroup: Option<&std::path::Path>,
-    owner: Option<&Owner>,
-    groups: &[(Pid, ProcDir)],
-) {
-    let started = Instant::now();
-    let until = started + GONE_BUDGET;
-    if let Some(dir) = cgroup {
-        let _ = cgroup::kill_path(dir);
-    }
-    let mut left = Vec::new();
-    loop {
-        // A group is killed only while its leader still exists: then its id is still its own.
-        for (group, leader) in groups {
-            linux::signal_group_members(*group, Signal::SIGKILL, || leader.stat().is_some());
-        }
-        let Some(owner) = owner else { break };
-        let marked = leftovers::scan_owned_by(owner);
-        if marked.is_empty() {
-            left.clear();
-            break;
-        }
-        // A process that forked while it was killed: the next pass finds its child.
-        let refs: Vec<&leftovers::Marked> = marked.iter().collect();
-        left = leftovers::kill_and_wait(&refs, until);
-        if Instant::now() >= until {
-            break;
-        }
-    }
-    if let Some(dir) = cgroup {
-        while cgroup::population(dir) > 0 && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-    let gone = if left.is_empty() && cgroup.is_none_or(|d| cgroup::population(d) == 0) {
-        format!(
-            "all gone in {:.1} ms",
-            started.elapsed().as_secs_f64() * 1000.0
-        )
-    } else {
-        format!("still running after {} s: {left:?}", GONE_BUDGET.as_secs())
-    };
-    let words = why.words();
-    match why {
-        Why::Lapse => report::line(&format!(
-            "!! fence of {label}: {words} — killed the run's processes before the lock can pass \
-             to another holder ({gone})"
-        )),
-        Why::SupervisorDied | Why::Feed => report::line(&format!(
-            "!! dead-man of {label}: {words} — killed every process of it ({gone})"
-        )),
-    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 
 pub(crate) mod cgroup;
 pub(crate) mod fence;
+pub(crate) mod fence_life;
 pub(crate) mod guards;
 pub(crate) mod identity;
 pub(crate) mod ignored;

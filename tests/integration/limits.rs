@@ -203,8 +203,8 @@ fn waiting_for_a_held_lock_without_a_spare_thread_is_125_naming_the_limit() {
         (
             "ccci-cache.lock",
             &["lock", "cache", "--", "echo", "command-ran"][..],
-            // The main thread only.
-            1,
+            // The main thread and the fence, forked at the start.
+            2,
         ),
         (
             app_lock.as_str(),
@@ -219,8 +219,8 @@ fn waiting_for_a_held_lock_without_a_spare_thread_is_125_naming_the_limit() {
                 "echo",
                 "command-ran",
             ],
-            // The main thread and the watchdog.
-            2,
+            // The main thread, the fence and the watchdog.
+            3,
         ),
     ] {
         // Root holds the lock: root's processes do not count against the user's limit.
@@ -357,8 +357,8 @@ fn leased_keys_go(cluster: &crate::etcd_cluster::Cluster) {
 /// the runtime, the lookup needs a blocking-pool thread the limit does not allow, and that was a
 /// panic inside the client ("OS can't spawn worker thread") reported as "service was not ready"
 /// or "no answer within 5 s". With room for exactly the etcd client thread and no more, `locks`
-/// and `janitor` work, and `lock` and `run` reach their lock and fail only at the fork of the
-/// fence that guards the command, with 125 naming the limit.
+/// and `janitor` work, and `lock` and `run` (with their fence, forked at their start) reach their
+/// lock and fail only at the fork of the command, with 125 naming the limit.
 #[cfg(feature = "etcd")]
 #[test]
 fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thread() {
@@ -368,11 +368,12 @@ fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thr
     let endpoints = cluster.endpoints().replace("127.0.0.1", "localhost");
     assert!(endpoints.contains("localhost"), "{endpoints}");
     let dir = host_of(61_020);
-    // Processes and threads each needs: main and etcd; `run` also its watchdog.
+    // Processes and threads each needs: main and etcd; `lock` and `run` also their fence,
+    // forked at the start, and `run` its watchdog.
     let cases: [(&[&str], u32, i32); 4] = [
         (&["locks"], 2, 0),
         (&["janitor"], 2, 0),
-        (&["lock", "cache", "--", "echo", "command-ran"], 2, 125),
+        (&["lock", "cache", "--", "echo", "command-ran"], 3, 125),
         (
             &[
                 "run",
@@ -385,7 +386,7 @@ fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thr
                 "echo",
                 "command-ran",
             ],
-            3,
+            4,
             125,
         ),
     ];
@@ -405,9 +406,8 @@ fn an_etcd_endpoint_by_host_name_under_a_thread_limit_is_looked_up_without_a_thr
         }
         done.assert_code(code);
         if code == 125 {
-            // The lock was had: only the fork of the fence that guards the command (with etcd,
-            // before the command) met the limit.
-            done.assert_stderr_has("failed to start the fence");
+            // The lock was had: only the fork of the command met the limit.
+            done.assert_stderr_has("failed to start the command");
             done.assert_stderr_has("RLIMIT_NPROC");
             assert!(!done.out.iter().any(|l| l == "command-ran"));
         }

@@ -714,8 +714,7 @@ fn fence_of(pid: i32) -> i32 {
                 .rsplit_once(") ")
                 .and_then(|(_, rest)| rest.split_whitespace().nth(1))
                 .and_then(|p| p.parse::<i32>().ok());
-            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
-            if ppid == Some(pid) && cmdline.windows(16).any(|w| w == b"__ccci-run-fence") {
+            if ppid == Some(pid) && crate::util::is_fence(child) {
                 return child;
             }
         }

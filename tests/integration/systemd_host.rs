@@ -433,7 +433,7 @@ fn dead_run(host: &Host, runner: Runner, run_id: &str, pr: &str) -> i32 {
          echo daemon \\$!; exec sleep 1000\" > /tmp/{run_id}.out 2>&1 & \
          for i in $(seq 600); do grep -q daemon /tmp/{run_id}.out && break; sleep 0.05; done; \
          s=$(cat {RUNS_DIR}/{run_id}/run.json | sed -n 's/.*\"pid\": \\([0-9]*\\).*/\\1/p' | head -n 1); \
-         f=$(pgrep -f '[_]_ccci-run-fence'); kill -STOP $f; kill -KILL $s; kill -KILL $f; \
+         f=$(pgrep -x ccci-run-fence); kill -STOP $f; kill -KILL $s; kill -KILL $f; \
          sed -n 's/^daemon //p' /tmp/{run_id}.out"
     );
     let out = host.ok(&Host::as_runner(runner, &script));

@@ -883,8 +883,15 @@ pub fn kill_supervisor_and_its_dead_man(supervisor: i32) {
     }
 }
 
+/// Whether process `pid` is a fence: forked at its supervisor's start, or started as its own
+/// program with the tag as its first argument; either names itself `ccci-run-fence`.
+pub fn is_fence(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|c| c.trim_end() == "ccci-run-fence")
+}
+
 /// The fences (dead-men) below `supervisor` (the supervisor's pid, or a wrapper's that started
-/// it: `unshare`): its descendants whose first argument is the tag.
+/// it: `unshare`): its descendants that are fences ([`is_fence`]).
 pub fn fences_of(supervisor: i32) -> Vec<i32> {
     let ppid_of = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -913,11 +920,7 @@ pub fn fences_of(supervisor: i32) -> Vec<i32> {
         else {
             continue;
         };
-        let tagged = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .unwrap_or_default()
-            .split(|b| *b == 0)
-            .nth(1)
-            == Some(b"__ccci-run-fence".as_slice());
+        let tagged = is_fence(pid);
         if tagged && below(pid) {
             found.push(pid);
         }
