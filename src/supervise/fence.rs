@@ -27,8 +27,11 @@
 //! which cannot be reused while the leader exists: a group whose leader is gone may be an
 //! unrelated process's by now, and is left alone). It says so on stderr and ends.
 //!
-//! The fence runs the same binary (`/proc/self/exe`) with [`ARGV_TAG`] as its first argument;
-//! [`main`] is all it does. It reads a line protocol on its stdin: `kill-at <ns>` (an instant
+//! The fence is forked as the program starts, while it has one thread ([`prefork`]), and told
+//! its target (`target` line) when the lock is held; where it cannot be, it is the same binary
+//! (`/proc/self/exe`) started with [`ARGV_TAG`] as its first argument, and its target in its
+//! arguments. Either way `crate::supervise::fence_life` is all it does, and it names itself
+//! `ccci-run-fence`. It reads a line protocol on its stdin: `kill-at <ns>` (an instant
 //! on `CLOCK_MONOTONIC`, which every process of the host shares), `group <pgid> <start>` (the
 //! leader's start time, as `/proc` shows it), `disarm`. Deadlines are absolute, so a feed
 //! delayed in the pipe is never read as later than it was.
@@ -40,7 +43,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -315,7 +318,8 @@ pub(crate) fn prefork() -> Option<u8> {
         Err(_) => None,
         Ok(ForkResult::Child) => {
             drop(write);
-            Some(fence_life::forked(as_started(read)))
+            as_started(read);
+            Some(fence_life::forked())
         }
         Ok(ForkResult::Parent { child }) => {
             drop(read);
@@ -366,10 +370,12 @@ fn single_threaded() -> bool {
 }
 
 /// In the forked child: what a start as its own program would have left it with. A session of
-/// its own (never stopped with the supervisor's group), stdout on `/dev/null`, and none of the
-/// descriptors an exec would have closed. Returns its feed.
-fn as_started(read: std::io::PipeReader) -> File {
+/// its own (never stopped with the supervisor's group), its feed on stdin, stdout on
+/// `/dev/null`, and none of the descriptors an exec would have closed.
+fn as_started(feed: std::io::PipeReader) {
     let _ = nix::unistd::setsid();
+    let _ = nix::unistd::dup2_stdin(&feed);
+    drop(feed);
     if let Ok(null) = nix::fcntl::open(
         "/dev/null",
         OFlag::O_WRONLY | OFlag::O_CLOEXEC,
@@ -377,17 +383,15 @@ fn as_started(read: std::io::PipeReader) -> File {
     ) {
         let _ = nix::unistd::dup2_stdout(null);
     }
-    let feed = File::from(OwnedFd::from(read));
-    let keep = feed.as_raw_fd();
     let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
         .collect();
-    for fd in open.into_iter().filter(|fd| *fd > 2 && *fd != keep) {
-        // SAFETY: borrowed for one fcntl; `fd` is open (listed just now), and nothing else in
-        // this one-threaded child closes it meanwhile.
+    for fd in open.into_iter().filter(|fd| *fd > 2) {
+        // SAFETY: borrowed for one fcntl; `fd` was open when listed, and nothing else in this
+        // one-threaded child closes it meanwhile (a closed one fails the fcntl).
         let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         let cloexec = fcntl(borrowed, FcntlArg::F_GETFD)
             .is_ok_and(|flags| FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
@@ -396,7 +400,6 @@ fn as_started(read: std::io::PipeReader) -> File {
             drop(unsafe { OwnedFd::from_raw_fd(fd) });
         }
     }
-    feed
 }
 
 /// The life of a fence started as its own program.

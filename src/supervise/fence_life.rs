@@ -4,7 +4,6 @@
 //! [`crate::supervise::fence`].
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -76,12 +75,13 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
     serve(&mut io::stdin().lock(), Some(aim))
 }
 
-/// The life of a fence forked at the program's start: its target comes first on `feed`. A feed
-/// that ends before it (the supervisor gone before it had anything to fence) ends it quietly.
-pub(crate) fn forked(mut feed: File) -> u8 {
+/// The life of a fence forked at the program's start: its target comes first on its feed
+/// (stdin). A feed that ends before it (the supervisor gone before it had anything to fence)
+/// ends it quietly.
+pub(crate) fn forked() -> u8 {
     let _ = nix::sys::prctl::set_name(NAME);
     calm_signals();
-    serve(&mut feed, None)
+    serve(&mut io::stdin().lock(), None)
 }
 
 /// Read the feed until it ends, is disarmed, or its deadline passes; then fire, if there is

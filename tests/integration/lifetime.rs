@@ -126,6 +126,79 @@ fn a_sigkilled_supervisor_takes_its_whole_run_with_it_within_a_second(#[case] cg
     }
 }
 
+/// A run started inside another run's command carries that run's mark (`CCCI_SUPERVISOR`, as
+/// every process of a run does); its own fence must not. A fence with the mark would be killed by
+/// any sweep for that run's processes: here the mark names a supervisor of the same
+/// configuration that has ended, so the inner run's own start sweep is such a sweep. Such a
+/// run's fence is therefore started as its own program, without the mark (a fence forked at the
+/// start keeps its environment); a run inside no other has its fence forked, and no mark
+/// either. Either way the fence is the one alive when the supervisor is SIGKILLed, and takes the
+/// whole run with it.
+#[rstest::rstest]
+#[case::inside_no_run(false, "auto")]
+#[case::inside_an_ended_run(true, "auto")]
+#[case::inside_an_ended_run_no_cgroup(true, "off")]
+fn a_run_s_fence_never_carries_the_mark_of_a_run_it_was_started_in(
+    #[case] nested: bool,
+    #[case] cgroup: &str,
+) {
+    let sandbox = Sandbox::new();
+    let mark = if nested {
+        // The mark of a run of this configuration that has ended.
+        let done = run(sandbox.run_sh("outer", &[], "echo mark $CCCI_SUPERVISOR"));
+        done.assert_code(0);
+        let mark = done
+            .out
+            .iter()
+            .find_map(|l| l.strip_prefix("mark "))
+            .expect("the outer run's command prints its mark")
+            .to_owned();
+        assert!(!mark.is_empty(), "{}", done.transcript());
+        Some(mark)
+    } else {
+        None
+    };
+    let script =
+        "setsid sh -c 'echo daemon $$; exec sleep 100000' & echo ready $$; exec sleep 100000";
+    let mut cmd = sandbox.run_sh("inner", &[], script);
+    cmd.env("CCCI_CGROUP", cgroup);
+    match &mark {
+        Some(mark) => cmd.env("CCCI_SUPERVISOR", mark),
+        None => cmd.env_remove("CCCI_SUPERVISOR"),
+    };
+    let mut proc = Proc::spawn(cmd);
+    let pids = pids_by_prefix(&mut proc, &["daemon ", "ready "]);
+    let supervisor = proc.pid();
+    let fences = crate::util::fences_of(supervisor);
+    assert_eq!(fences.len(), 1, "one dead-man per run");
+    let environ = std::fs::read(format!("/proc/{}/environ", fences[0])).unwrap();
+    assert!(
+        !environ
+            .split(|b| *b == 0)
+            .any(|entry| entry.starts_with(b"CCCI_SUPERVISOR=")),
+        "the fence carries a run's mark"
+    );
+    let started = std::fs::read(format!("/proc/{}/cmdline", fences[0])).unwrap();
+    let tagged = started
+        .split(|b| *b == 0)
+        .nth(1)
+        .is_some_and(|arg| arg == b"__ccci-run-fence");
+    assert_eq!(
+        tagged, nested,
+        "a fence is started as its own program exactly when its run carries another's mark"
+    );
+    signal(supervisor, Signal::SIGKILL);
+    let done = proc.finish();
+    for pid in &pids {
+        assert!(
+            !process_alive(*pid),
+            "process {pid} outlived its run\n{}",
+            done.transcript()
+        );
+    }
+    done.assert_stderr_has("!! dead-man of run inner");
+}
+
 /// No kill by a bare number: a run's command ends (its supervisor reaps it, so its pid and
 /// process group id are free), an unrelated process takes that id for a group of its own, and
 /// the supervisor is SIGKILLed during its teardown hook. The run's dead-man, told of the
