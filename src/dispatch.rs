@@ -60,6 +60,13 @@ pub(crate) fn dispatch(cli: Cli, matches: &clap::ArgMatches, start_ppid: Pid) ->
     if writes {
         trust::become_runner()?;
     }
+    // A run and a lock command fork their fence now: as the user they run as, while this
+    // process has one thread. In the fence, this is where its life ends.
+    if matches!(cli.command, Command::Run(_) | Command::Lock(_)) {
+        if let Some(code) = crate::supervise::fence::prefork() {
+            return Ok(code);
+        }
+    }
     command(cli.command, &global, &resolved, &inputs, start_ppid)
         .map_err(|err| err.located(&global))
 }

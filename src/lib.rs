@@ -58,15 +58,10 @@ pub fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(err) => return cli::errors::command_line_error(&cli::errors::with_dash_dash_tip(err)),
     };
-    // A run and a lock command fork their fence now, while this process has one thread.
-    if matches!(cli.command, cli::Command::Run(_) | cli::Command::Lock(_)) {
-        if let Some(code) = supervise::fence::prefork() {
-            return ExitCode::from(code);
-        }
-    }
     // A `--json` command prints its envelope whatever happens: on a failure, with the error.
     let json_when_failed = cli.command.json_when_failed();
     let done = dispatch::dispatch(cli, &matches, start_ppid);
+    // A fence forked for a command that never came to hold its lock ends now.
     supervise::fence::dismiss();
     match done {
         Ok(code) => ExitCode::from(code),

@@ -43,7 +43,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -197,27 +197,33 @@ impl Fence {
     /// The fence forked at the start, told `target`: `None` when there is none, or it cannot
     /// be told (it is gone, or a field would not survive the line), and a new one must start.
     fn told(target: &Target<'_>, cgroup: &OsString, format: &str) -> Option<Self> {
-        let waiting = PREFORKED
+        let mut waiting = PREFORKED
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()?;
         let owner = target.owner.to_string();
-        let fields = [cgroup.to_str()?, owner.as_str(), target.label, format];
-        if fields
-            .iter()
-            .any(|f| f.contains(TARGET_SEP) || f.contains('\n'))
-        {
-            return None;
-        }
-        let line = format!(
-            "target{TARGET_SEP}{}\n",
-            fields.join(&TARGET_SEP.to_string())
-        );
+        let line = cgroup.to_str().and_then(|cgroup| {
+            let fields = [cgroup, owner.as_str(), target.label, format];
+            let fit = fields
+                .iter()
+                .all(|f| !f.contains(TARGET_SEP) && !f.contains('\n'));
+            fit.then(|| {
+                format!(
+                    "target{TARGET_SEP}{}\n",
+                    fields.join(&TARGET_SEP.to_string())
+                )
+            })
+        });
         // One write below PIPE_BUF into an empty pipe: whole, or not at all. A fence already
         // gone (killed) fails it with EPIPE.
-        let mut feed = waiting.feed;
-        feed.write_all(line.as_bytes()).ok()?;
-        Some(Self::new(waiting.pid, waiting.pidfd, feed))
+        match line.map(|line| waiting.feed.write_all(line.as_bytes())) {
+            Some(Ok(())) => Some(Self::new(waiting.pid, waiting.pidfd, waiting.feed)),
+            // It cannot be told: it ends, and a new one starts.
+            _ => {
+                waiting.end();
+                None
+            }
+        }
     }
 
     /// From now on its end counts as the loss of the lock it guards ([`Fence::ended`]).
@@ -300,8 +306,10 @@ static PREFORKED: Mutex<Option<Preforked>> = Mutex::new(None);
 
 /// Fork this run's fence now, while the program has one thread: a fork needs no second start of
 /// the program then (about 3 ms of CPU, on the way from a lock taken to its command), and the
-/// child may run any code. It waits for its target ([`Fence::spawn`]); a supervisor that ends
-/// before it has one ends it with the feed.
+/// child may run any code. Called once the process runs as the user it works as (a root that
+/// becomes the runner's user has become it): the fence has no rights the supervisor has not. It
+/// waits for its target ([`Fence::spawn`]); a supervisor that ends before it has one ends it
+/// with the feed.
 ///
 /// Returns the child's exit code in the child, `None` in this process. Nothing is forked, and
 /// the fence is started as its own program when the time comes, when this process already has
@@ -312,6 +320,10 @@ pub(crate) fn prefork() -> Option<u8> {
         return None;
     }
     let (read, write) = std::io::pipe().ok()?;
+    if read.as_raw_fd() <= 2 || write.as_raw_fd() <= 2 {
+        // Started with a standard descriptor closed, which the pipe took: ours stays as it is.
+        return None;
+    }
     // SAFETY: this process has one thread (checked just above), so the child is a whole copy of
     // it and may run any code.
     match unsafe { nix::unistd::fork() } {
@@ -347,6 +359,19 @@ pub(crate) fn prefork() -> Option<u8> {
     }
 }
 
+impl Preforked {
+    /// End it (its feed ends before any target) and reap it.
+    fn end(self) {
+        drop(self.feed);
+        // Its end takes a moment; it must not be left a zombie, nor waited for long.
+        let fd = PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN);
+        let _ = poll(&mut [fd], PollTimeout::from(1000u16));
+        let _ = waitpid(self.pid, Some(WaitPidFlag::WNOHANG));
+        let _ =
+            FENCE_PID.compare_exchange(self.pid.as_raw(), 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
 /// End the fence forked at the start if it was never told a target, and wait for it: a
 /// command that ends without running anything under a lock leaves no process behind.
 pub(crate) fn dismiss() {
@@ -355,12 +380,7 @@ pub(crate) fn dismiss() {
         .unwrap_or_else(PoisonError::into_inner)
         .take();
     if let Some(waiting) = waiting {
-        drop(waiting.feed);
-        // Its end takes a moment; it must not be left a zombie, nor waited for long.
-        let fd = PollFd::new(waiting.pidfd.as_fd(), PollFlags::POLLIN);
-        let _ = poll(&mut [fd], PollTimeout::from(1000u16));
-        let _ = waitpid(waiting.pid, Some(WaitPidFlag::WNOHANG));
-        FENCE_PID.store(0, Ordering::SeqCst);
+        waiting.end();
     }
 }
 
@@ -376,12 +396,14 @@ fn as_started(feed: std::io::PipeReader) {
     let _ = nix::unistd::setsid();
     let _ = nix::unistd::dup2_stdin(&feed);
     drop(feed);
-    if let Ok(null) = nix::fcntl::open(
-        "/dev/null",
-        OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        let _ = nix::unistd::dup2_stdout(null);
+    // A process started with its stdout closed gets that number for `/dev/null`.
+    if let Ok(null) = nix::fcntl::open("/dev/null", OFlag::O_WRONLY, nix::sys::stat::Mode::empty())
+    {
+        if null.as_raw_fd() == 1 {
+            std::mem::forget(null);
+        } else {
+            let _ = nix::unistd::dup2_stdout(null);
+        }
     }
     let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
         .into_iter()

@@ -3,7 +3,8 @@
 //! without a `disarm` or its last deadline passes. The supervisor's side is
 //! [`crate::supervise::fence`].
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -45,7 +46,7 @@ struct Aim {
 impl Aim {
     /// From the fence's arguments, or the fields of a `target` line: the cgroup (`-` for none),
     /// the owner, the label and the log format.
-    fn parse(cgroup: &str, owner: &str, label: &str, format: &str) -> Self {
+    fn parse(cgroup: &OsStr, owner: &str, label: &str, format: &str) -> Self {
         if format == "json" {
             report::init_logging(0, 0, LogFormat::Json);
         }
@@ -65,14 +66,14 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         return crate::exit::USAGE;
     };
     let aim = Aim::parse(
-        &cgroup.to_string_lossy(),
+        cgroup,
         &owner.to_string_lossy(),
         &label.to_string_lossy(),
         &format.to_string_lossy(),
     );
     let _ = nix::sys::prctl::set_name(NAME);
     calm_signals();
-    serve(&mut io::stdin().lock(), Some(aim))
+    serve(Some(aim))
 }
 
 /// The life of a fence forked at the program's start: its target comes first on its feed
@@ -81,12 +82,27 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
 pub(crate) fn forked() -> u8 {
     let _ = nix::sys::prctl::set_name(NAME);
     calm_signals();
-    serve(&mut io::stdin().lock(), None)
+    serve(None)
 }
 
-/// Read the feed until it ends, is disarmed, or its deadline passes; then fire, if there is
-/// anything to fire at.
-fn serve<R: Read + AsFd>(input: &mut R, mut aim: Option<Aim>) -> u8 {
+/// Read the feed (stdin, unbuffered: what is polled is what is read) until it ends, is
+/// disarmed, or its deadline passes; then fire, if there is anything to fire at.
+fn serve(mut aim: Option<Aim>) -> u8 {
+    let mut input = match io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => File::from(fd),
+        Err(_) => {
+            if let Some(aim) = aim {
+                fire(
+                    Why::Feed,
+                    &aim.label,
+                    aim.cgroup.as_deref(),
+                    aim.owner.as_ref(),
+                    &[],
+                );
+            }
+            return 0;
+        }
+    };
     let mut pending = Vec::new();
     let mut kill_at: Option<i128> = None;
     let mut groups: Vec<(Pid, ProcDir)> = Vec::new();
@@ -124,7 +140,7 @@ fn serve<R: Read + AsFd>(input: &mut R, mut aim: Option<Aim>) -> u8 {
                 if let [cgroup, owner, label, format] =
                     fields.split(TARGET_SEP).collect::<Vec<_>>()[..]
                 {
-                    aim.get_or_insert_with(|| Aim::parse(cgroup, owner, label, format));
+                    aim.get_or_insert_with(|| Aim::parse(OsStr::new(cgroup), owner, label, format));
                 }
                 continue;
             }

@@ -407,3 +407,80 @@ fn a_root_command_that_cannot_become_the_runner_refuses_and_touches_nothing() {
     confined(&["janitor", "--dry-run"]).assert_code(0);
     confined(&["runs", "--all"]).assert_code(0);
 }
+
+/// Root that becomes the runner's user leaves nothing of root's running either: a `run` and a
+/// `lock` started as root with `runner_user` set are the runner's in every process, their
+/// fence (forked as they start) included, and a SIGKILLed supervisor's fence, the runner's,
+/// still takes the run with it.
+#[test]
+fn a_root_run_or_lock_that_becomes_the_runner_keeps_no_process_of_root_s() {
+    if !nix::unistd::Uid::effective().is_root() {
+        crate::util::skip(
+            "needs root",
+            "run the suite as root to switch to another user",
+        );
+        return;
+    }
+    let sandbox = Sandbox::new();
+    std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in [
+        sandbox.locks(),
+        sandbox.runs(),
+        sandbox.state(),
+        sandbox.abra_home(),
+    ] {
+        std::fs::create_dir_all(&dir).unwrap();
+        give_to_runner(&dir);
+    }
+    let with_user = config(&sandbox, true);
+    let uids = |pid: i32| -> Vec<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .unwrap()
+            .split_whitespace()
+            .map(|u| u.parse().unwrap())
+            .collect()
+    };
+    let script =
+        "setsid sh -c 'echo daemon $$; exec sleep 100000' & echo ready $$; exec sleep 100000";
+    for args in [
+        &[
+            "run",
+            "--recipe",
+            "custom-html",
+            "--run-id",
+            "r1",
+            "--no-fetch",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ][..],
+        &["lock", "shared", "--", "sh", "-c", script],
+    ] {
+        let mut proc = Proc::spawn(with_config(&sandbox, &with_user, args));
+        let pids = crate::util::pids_by_prefix(&mut proc, &["daemon ", "ready "]);
+        let supervisor = proc.pid();
+        let fences = crate::util::fences_of(supervisor);
+        assert_eq!(fences.len(), 1, "{args:?}: one dead-man per run");
+        for pid in [supervisor, fences[0]].iter().chain(&pids) {
+            assert_eq!(
+                uids(*pid),
+                vec![RUNNER; 4],
+                "{args:?}: process {pid} is not the runner's alone"
+            );
+        }
+        signal(supervisor, Signal::SIGKILL);
+        let done = proc.finish();
+        for pid in &pids {
+            assert!(
+                wait_exited(*pid),
+                "{args:?}: process {pid} outlived its supervisor\n{}",
+                done.transcript()
+            );
+        }
+        done.assert_stderr_has("!! dead-man of");
+    }
+}
