@@ -992,7 +992,10 @@ fn user_faults(seed: u64, docker: bool) -> Vec<(UserFault, u32)> {
     faults
 }
 
-/// The pids of the processes whose real uid is `uid`.
+/// The pids of the living processes whose real uid is `uid`. A zombie is left out: it never acts
+/// again and holds nothing, and one whose parent died is reaped when init gets to it (a fence
+/// that ended with its SIGKILLed supervisor, here a waiter of a lock, is one until then; this
+/// machine's init reaps orphans a moment later).
 fn processes_of(uid: u32) -> Vec<i32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -1007,7 +1010,11 @@ fn processes_of(uid: u32) -> Vec<i32> {
             .find_map(|l| l.strip_prefix("Uid:"))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|u| u.parse::<u32>().ok());
-        if real == Some(uid) {
+        let zombie = status
+            .lines()
+            .find_map(|l| l.strip_prefix("State:"))
+            .is_some_and(|state| state.trim_start().starts_with('Z'));
+        if real == Some(uid) && !zombie {
             pids.push(pid);
         }
     }
