@@ -275,12 +275,18 @@ impl Fence {
         }
         self.disarmed = true;
         self.feed.send("disarm\n");
-        // Its end takes a moment; it must not be left a zombie, nor waited for long.
-        let fd = PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN);
-        let _ = poll(&mut [fd], PollTimeout::from(1000u16));
-        let _ = waitpid(self.pid, Some(WaitPidFlag::WNOHANG));
-        FENCE_PID.store(0, Ordering::SeqCst);
+        reap(self.pid, &self.pidfd);
     }
+}
+
+/// Wait briefly for fence `pid` (its pidfd `pidfd`), told to end, to be gone, and reap it: its
+/// end takes a moment, and it must not be left a zombie, nor waited for long. It is this
+/// process's fence no more.
+fn reap(pid: Pid, pidfd: &OwnedFd) {
+    let fd = PollFd::new(pidfd.as_fd(), PollFlags::POLLIN);
+    let _ = poll(&mut [fd], PollTimeout::from(1000u16));
+    let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+    let _ = FENCE_PID.compare_exchange(pid.as_raw(), 0, Ordering::SeqCst, Ordering::SeqCst);
 }
 
 impl Drop for Fence {
@@ -363,12 +369,7 @@ impl Preforked {
     /// End it (its feed ends before any target) and reap it.
     fn end(self) {
         drop(self.feed);
-        // Its end takes a moment; it must not be left a zombie, nor waited for long.
-        let fd = PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN);
-        let _ = poll(&mut [fd], PollTimeout::from(1000u16));
-        let _ = waitpid(self.pid, Some(WaitPidFlag::WNOHANG));
-        let _ =
-            FENCE_PID.compare_exchange(self.pid.as_raw(), 0, Ordering::SeqCst, Ordering::SeqCst);
+        reap(self.pid, &self.pidfd);
     }
 }
 

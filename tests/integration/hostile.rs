@@ -388,11 +388,7 @@ fn doctor_reads_no_unit_file_that_is_a_fifo_or_a_device(#[case] fifo: bool) {
 #[case::guard_closed(true)]
 fn stop_by_another_user_says_not_yours_never_no_live_run(#[case] record_readable: bool) {
     use std::os::unix::fs::PermissionsExt;
-    if !nix::unistd::Uid::effective().is_root() {
-        crate::util::skip(
-            "needs root",
-            "run the suite as root to switch to another user",
-        );
+    if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return;
     }
     let sandbox = Sandbox::new();

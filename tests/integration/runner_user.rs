@@ -24,6 +24,22 @@ fn give_to_runner(path: &Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// A sandbox the runner's user can enter, with its lock, runs, state and abra dirs the runner's.
+fn runners_sandbox() -> Sandbox {
+    let sandbox = Sandbox::new();
+    std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in [
+        sandbox.locks(),
+        sandbox.runs(),
+        sandbox.state(),
+        sandbox.abra_home(),
+    ] {
+        std::fs::create_dir_all(&dir).unwrap();
+        give_to_runner(&dir);
+    }
+    sandbox
+}
+
 /// A configuration file naming the runner's user (or not).
 fn config(sandbox: &Sandbox, runner_user: bool) -> std::path::PathBuf {
     let file = sandbox.path().join(format!("config-{runner_user}.toml"));
@@ -47,25 +63,12 @@ fn with_config(sandbox: &Sandbox, file: &Path, args: &[&str]) -> Command {
 
 #[test]
 fn a_root_janitor_sweeps_retains_and_reaps_a_runner_of_its_own_user() {
-    if !nix::unistd::Uid::effective().is_root() {
-        crate::util::skip(
-            "needs root",
-            "run the suite as root to switch to another user",
-        );
+    if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return;
     }
-    let sandbox = Sandbox::new();
-    std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sandbox = runners_sandbox();
     let servers = sandbox.abra_home().join("servers/ci");
-    std::fs::create_dir_all(&servers).unwrap();
-    for dir in [
-        sandbox.locks(),
-        sandbox.runs(),
-        sandbox.state(),
-        sandbox.abra_home(),
-        sandbox.abra_home().join("servers"),
-        servers.clone(),
-    ] {
+    for dir in [sandbox.abra_home().join("servers"), servers.clone()] {
         std::fs::create_dir_all(&dir).unwrap();
         give_to_runner(&dir);
     }
@@ -251,11 +254,7 @@ fn assert_nothing_of_root_s(sandbox: &Sandbox) {
 /// on: exit 1, and the metrics say the sweep failed.
 #[test]
 fn after_a_reboot_a_root_janitor_leaves_the_runner_a_lock_dir_of_its_own() {
-    if !nix::unistd::Uid::effective().is_root() {
-        crate::util::skip(
-            "needs root",
-            "run the suite as root to switch to another user",
-        );
+    if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return;
     }
     let sandbox = Sandbox::new();
@@ -361,11 +360,7 @@ fn after_a_reboot_a_root_janitor_leaves_the_runner_a_lock_dir_of_its_own() {
 /// before it touches anything, naming what to do; a read-only one works as root.
 #[test]
 fn a_root_command_that_cannot_become_the_runner_refuses_and_touches_nothing() {
-    if !nix::unistd::Uid::effective().is_root() {
-        crate::util::skip(
-            "needs root",
-            "run the suite as root to switch to another user",
-        );
+    if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return;
     }
     let sandbox = Sandbox::new();
@@ -414,24 +409,10 @@ fn a_root_command_that_cannot_become_the_runner_refuses_and_touches_nothing() {
 /// still takes the run with it.
 #[test]
 fn a_root_run_or_lock_that_becomes_the_runner_keeps_no_process_of_root_s() {
-    if !nix::unistd::Uid::effective().is_root() {
-        crate::util::skip(
-            "needs root",
-            "run the suite as root to switch to another user",
-        );
+    if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return;
     }
-    let sandbox = Sandbox::new();
-    std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    for dir in [
-        sandbox.locks(),
-        sandbox.runs(),
-        sandbox.state(),
-        sandbox.abra_home(),
-    ] {
-        std::fs::create_dir_all(&dir).unwrap();
-        give_to_runner(&dir);
-    }
+    let sandbox = runners_sandbox();
     let with_user = config(&sandbox, true);
     let uids = |pid: i32| -> Vec<u32> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -71,11 +71,7 @@ fn the_default_state_dir_is_the_runs_users_own_beside_its_runs() {
 /// written into: the lock's command runs, the file says what it said. Our own is replaced whole.
 #[test]
 fn another_user_s_last_wait_record_is_never_written_into() {
-    if !nix::unistd::Uid::effective().is_root() {
-        crate::util::skip(
-            "needs root",
-            "run the suite as root to make another user's file",
-        );
+    if !crate::util::is_root_or_skip("run the suite as root to make another user's file") {
         return;
     }
     let sandbox = Sandbox::new();
@@ -116,11 +112,8 @@ fn a_failed_sweep_carries_no_last_success_time_it_cannot_have_had(
     #[case] planted: &str,
     #[case] theirs: bool,
 ) {
-    if theirs && !nix::unistd::Uid::effective().is_root() {
-        crate::util::skip(
-            "needs root",
-            "run the suite as root to make another user's file",
-        );
+    if theirs && !crate::util::is_root_or_skip("run the suite as root to make another user's file")
+    {
         return;
     }
     let sandbox = Sandbox::new();

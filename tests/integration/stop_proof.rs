@@ -42,11 +42,7 @@ fn sandbox_for(who: Who) -> Option<Sandbox> {
     if who == Who::Root {
         return Some(sandbox);
     }
-    if !nix::unistd::Uid::effective().is_root() {
-        crate::util::skip(
-            "needs root",
-            "run the suite as root to switch to another user",
-        );
+    if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return None;
     }
     std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -419,6 +419,16 @@ pub fn skip(why: &str, hint: &str) {
     skips::record(why, hint);
 }
 
+/// Whether the suite runs as root; if not, the calling test is skipped ([`skip`]) with `hint`.
+#[track_caller]
+pub fn is_root_or_skip(hint: &str) -> bool {
+    let root = nix::unistd::Uid::effective().is_root();
+    if !root {
+        skip("needs root", hint);
+    }
+    root
+}
+
 /// [`skip`], in CI too: only for what CI's machine cannot have (a nixpkgs checkout).
 pub fn skip_even_in_ci(why: &str, hint: &str) {
     skips::record(why, hint);
