@@ -236,13 +236,15 @@ pub(crate) fn run(
         cgroups.as_ref(),
         fence.as_ref(),
     );
-    // The lock first, then the fence that guarded what ran under it.
+    // The lock first, then the fence that guarded what ran under it; the empty cgroup last:
+    // tidying it is no reason to keep the next holder waiting.
     drop(lease);
     drop(fence);
+    remove_cgroup(&opts.name, cgroups.as_ref());
     Ok(code)
 }
 
-/// Remove the (empty) cgroup made for a command that never started.
+/// Remove the (empty) cgroup made for the command, once it has ended or when it never started.
 fn remove_cgroup(name: &LockName, cgroups: Option<&cgroup::Cgroups>) {
     if let Some(Err(err)) = cgroups.map(|c| c.cgroup.remove()) {
         report::line(&format!("!! lock {name}: {err}"));
@@ -297,9 +299,6 @@ fn run_holding(
             .kill_leftovers(cgroups.map(|c| &c.command), stopped.teardown_until)
             .err(),
     );
-    if let Some(Err(err)) = cgroups.map(|c| c.cgroup.remove()) {
-        problems.push(err.to_string());
-    }
     for problem in problems {
         report::line(&format!("!! lock {}: {problem}", opts.name));
     }

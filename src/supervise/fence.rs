@@ -79,6 +79,15 @@ pub(crate) fn is_fence(pid: Pid) -> bool {
     fence != 0 && fence == pid.as_raw()
 }
 
+/// This process's fence as `/proc` numbers it, while it is our child: `None` without one, or
+/// where `/proc` numbers processes otherwise than our pid namespace does (it belongs to an
+/// enclosing one), so that the number could be another process's there.
+pub(crate) fn in_proc() -> Option<Pid> {
+    let fence = FENCE_PID.load(Ordering::SeqCst);
+    (fence != 0 && crate::supervise::linux::proc_self_pid() == std::process::id() as i32)
+        .then(|| Pid::from_raw(fence))
+}
+
 /// Nanoseconds of `CLOCK_MONOTONIC` at `at` (std's `Instant` is that clock on Linux).
 fn monotonic_ns(at: Instant) -> i128 {
     let now = Instant::now();

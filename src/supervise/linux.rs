@@ -168,11 +168,18 @@ pub(crate) struct Descendant {
 /// Processes that appear or vanish during the walk are expected: callers loop until this is
 /// empty.
 pub(crate) fn descendants() -> io::Result<Vec<Descendant>> {
+    descendants_but(None)
+}
+
+/// [`descendants`], without the child `skip` and whatever is below it: for a child of ours
+/// that starts nothing and is not the caller's concern (the fence), as `/proc` numbers it. Its
+/// number stays its own while it is our child, so no other process is left out by it.
+pub(crate) fn descendants_but(skip: Option<Pid>) -> io::Result<Vec<Descendant>> {
     let root = Pid::from_raw(proc_self_pid());
     let mut children: HashMap<Pid, Vec<Descendant>> = HashMap::new();
     // Where the kernel lists each task's children, only our own tree is read (a handful of
     // processes), not every process of the host; the proof below is the same either way.
-    if let Some(listed) = tree_by_children_files(root) {
+    if let Some(listed) = tree_by_children_files(root, skip) {
         for d in listed {
             children.entry(d.stat.ppid).or_default().push(d);
         }
@@ -193,6 +200,9 @@ pub(crate) fn descendants() -> io::Result<Vec<Descendant>> {
             continue;
         };
         let Some(stat) = dir.stat() else { continue };
+        if skip == Some(stat.pid) && stat.ppid == root {
+            continue;
+        }
         children
             .entry(stat.ppid)
             .or_default()
@@ -204,7 +214,7 @@ pub(crate) fn descendants() -> io::Result<Vec<Descendant>> {
 /// Every process below `root` as its tasks' `children` files list them, each held by its
 /// `/proc` directory with its stat; `None` where the kernel keeps no such file
 /// (CONFIG_PROC_CHILDREN), or where one cannot be read.
-fn tree_by_children_files(root: Pid) -> Option<Vec<Descendant>> {
+fn tree_by_children_files(root: Pid, skip: Option<Pid>) -> Option<Vec<Descendant>> {
     let mut found = Vec::new();
     let mut queue = vec![root.as_raw()];
     let mut seen = HashSet::from([root.as_raw()]);
@@ -217,6 +227,9 @@ fn tree_by_children_files(root: Pid) -> Option<Vec<Descendant>> {
             continue;
         };
         for pid in dir.listed_children(parent)? {
+            if parent == root.as_raw() && skip.is_some_and(|skip| skip.as_raw() == pid) {
+                continue;
+            }
             let Some(child) = ProcDir::open(pid) else {
                 continue;
             };

@@ -229,14 +229,19 @@ impl Supervisor<'_> {
                 on_teardown(reason);
                 if let Some(group) = group {
                     let signalled = match reason {
-                        ShutdownReason::Signal(signal) if self.forward_signals => group
-                            .signal(signal, reaped)
-                            .and_then(|()| group.signal(Signal::SIGCONT, reaped)),
+                        ShutdownReason::Signal(signal) if self.forward_signals => {
+                            group.signal_each(&[signal, Signal::SIGCONT], reaped)
+                        }
                         _ => group.terminate(reaped),
                     };
-                    if let Err(err) = signalled {
-                        stop.errors
-                            .push(format!("failed to signal process group: {err}"));
+                    match signalled {
+                        // No member was left to signal: the group is gone for good, and there
+                        // is nothing to look for again.
+                        Ok(false) => stop.group = None,
+                        Ok(true) => {}
+                        Err(err) => stop
+                            .errors
+                            .push(format!("failed to signal process group: {err}")),
                     }
                 }
                 let now = Instant::now();

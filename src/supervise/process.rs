@@ -100,21 +100,35 @@ impl ProcessGroup {
 
     /// Signal every member; a group with no members left is not an error.
     pub(crate) fn signal(self, signal: Signal, leader_reaped: bool) -> nix::Result<()> {
-        if !leader_reaped {
-            return linux::signal_group_of_unreaped_child(self.0, Some(signal));
-        }
-        for member in self.own_members() {
-            if let Err(err) = member.dir.signal(signal) {
-                tracing::debug!(pid = member.stat.pid.as_raw(), "failed to signal: {err}");
-            }
-        }
-        Ok(())
+        self.signal_each(&[signal], leader_reaped).map(drop)
     }
 
-    /// Ask politely: SIGTERM, then SIGCONT so stopped members can act on it.
-    pub(crate) fn terminate(self, leader_reaped: bool) -> nix::Result<()> {
-        self.signal(Signal::SIGTERM, leader_reaped)?;
-        self.signal(Signal::SIGCONT, leader_reaped)
+    /// Send `signals` in turn to every member. With the leader reaped, the members are found
+    /// once for all of them; `Ok(false)` then says none was left: with no member, nobody can
+    /// join the group again (only a member's child is born in it, and only an existing group
+    /// can be joined), so it is proven empty.
+    pub(crate) fn signal_each(self, signals: &[Signal], leader_reaped: bool) -> nix::Result<bool> {
+        if !leader_reaped {
+            for &signal in signals {
+                linux::signal_group_of_unreaped_child(self.0, Some(signal))?;
+            }
+            return Ok(true);
+        }
+        let members = self.own_members();
+        for &signal in signals {
+            for member in &members {
+                if let Err(err) = member.dir.signal(signal) {
+                    tracing::debug!(pid = member.stat.pid.as_raw(), "failed to signal: {err}");
+                }
+            }
+        }
+        Ok(!members.is_empty())
+    }
+
+    /// Ask politely: SIGTERM, then SIGCONT so stopped members can act on it. `Ok(false)`: the
+    /// group was found empty (see [`Self::signal_each`]).
+    pub(crate) fn terminate(self, leader_reaped: bool) -> nix::Result<bool> {
+        self.signal_each(&[Signal::SIGTERM, Signal::SIGCONT], leader_reaped)
     }
 
     /// True once no process (not even an unreaped zombie) is left in the group.
@@ -132,7 +146,8 @@ impl ProcessGroup {
     /// directories: with the leader reaped, the only ones provably of this group. As subreaper
     /// every member the command started is our descendant.
     fn own_members(self) -> Vec<linux::Descendant> {
-        linux::descendants()
+        // The fence is in a session of its own, never in the group.
+        linux::descendants_but(crate::supervise::fence::in_proc())
             .unwrap_or_default()
             .into_iter()
             .filter(|d| d.stat.pgid == self.0)
@@ -477,11 +492,11 @@ pub(crate) fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut() ->
         if !has_children() {
             return Vec::new();
         }
-        let found = match linux::living_descendants() {
-            // The run's fence stays until the lock is released (it kills, it is not killed).
+        // The run's fence stays until the lock is released (it kills, it is not killed).
+        let found = match linux::descendants_but(crate::supervise::fence::in_proc()) {
             Ok(found) => found
                 .into_iter()
-                .filter(|d| !crate::supervise::fence::is_fence(d.stat.pid))
+                .filter(|d| !d.stat.zombie && !crate::supervise::fence::is_fence(d.stat.pid))
                 .collect::<Vec<_>>(),
             Err(err) => {
                 tracing::warn!("failed to list descendants in /proc: {err}");

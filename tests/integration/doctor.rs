@@ -528,13 +528,26 @@ fn doctor_asks_each_etcd_member_for_its_cluster_and_leader() {
     assert_eq!(cluster.keys(), "", "doctor leaves nothing in etcd");
     // The named locks kept in etcd, in a metrics file the Prometheus parser reads. The first
     // lock on a new cluster waits one TTL for its lineage to settle; the next one does not.
+    // With the locks in etcd, the lock dir is made for the record of the last wait where it
+    // is missing, as the local locks would have made it: never a warning.
+    std::fs::remove_dir_all(sandbox.locks()).unwrap();
     let metrics = sandbox.path().join("lock.prom");
     let lock_and_read = || {
         let mut cmd = sandbox.ccci();
         cmd.args(["lock", "fleet", "--metrics-file"])
             .arg(&metrics)
             .args(["--", "true"]);
-        run(cmd).assert_code(0);
+        let done = run(cmd);
+        done.assert_code(0);
+        assert!(
+            !done
+                .err
+                .iter()
+                .any(|l| l.contains("failed to record the wait")),
+            "{}",
+            done.transcript()
+        );
+        assert!(sandbox.locks().join("ccci-fleet.lock.last-wait").is_file());
         parse_metrics(&metrics)
     };
     if let Some(samples) = lock_and_read() {

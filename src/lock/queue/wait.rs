@@ -95,7 +95,18 @@ pub(crate) fn record_last_wait(
         }
         _ => {}
     }
-    crate::files::write_atomically(&path, line.as_bytes(), false, crate::files::Mode::Umasked)?;
+    let write = || {
+        crate::files::write_atomically(&path, line.as_bytes(), false, crate::files::Mode::Umasked)
+    };
+    match write() {
+        // A lock kept elsewhere (etcd) leaves the lock dir to be made here, on first use, as
+        // the local locks would have made it.
+        Err(err) if err.kind() == io::ErrorKind::NotFound && !lock_dir.exists() => {
+            crate::lock::file::prepare_dir(lock_dir).map_err(io::Error::other)?;
+            write()?;
+        }
+        done => done?,
+    }
     Ok(())
 }
 
