@@ -7,7 +7,7 @@
 use std::fmt;
 use std::sync::LazyLock;
 
-use regex::Regex;
+use regex_lite::Regex;
 use sha1::{Digest, Sha1};
 
 /// Docker refuses stack names past this length once the service suffix is appended.
@@ -375,7 +375,7 @@ impl RunAppPattern {
     pub(crate) fn new(suffix: &DomainSuffix) -> Self {
         let source = format!(
             r"^[a-z0-9]{{1,4}}-[0-9a-f]{{6}}\.{}$",
-            regex::escape(suffix.as_str())
+            regex_lite::escape(suffix.as_str())
         );
         Self {
             re: Regex::new(&source).expect("an escaped suffix always forms a valid pattern"),
