@@ -93,11 +93,11 @@ impl Here {
                 proc_is_own: depth == Some(1),
                 proc_is_init: init_ns == Some(crate::supervise::procfs::INIT_PID_NAMESPACE),
                 offset_ticks: own_offset_ticks(),
-                // Root sees every process, whatever `hidepid` says.
-                hidden: crate::files::kernel_text("/proc/self/mountinfo")
-                    .ok()
-                    .and_then(|m| crate::supervise::procfs::proc_hidepid(&m))
-                    .filter(|_| !nix::unistd::Uid::effective().is_root()),
+                // Root sees every process, whatever `hidepid` says: nothing to read for it.
+                hidden: (!nix::unistd::Uid::effective().is_root())
+                    .then(|| crate::files::kernel_text("/proc/self/mountinfo").ok())
+                    .flatten()
+                    .and_then(|m| crate::supervise::procfs::proc_hidepid(&m)),
             }
         })
     }
