@@ -62,6 +62,12 @@ pub(crate) fn acquire(
     let taken = waiter.run(inotify.as_mut());
     // Held, timed out, stopped or failed: the ticket goes (a second removal is harmless).
     queue.remove(&waiter.ticket);
+    if matches!(taken, Ok(Taken::Held(_))) {
+        // Closing an inotify instance waits for the kernel's grace period on its marks (often
+        // 10–20 ms): once the lock is ours, that wait would come between the handoff and the
+        // command. The watch is left open instead, and goes with the process.
+        std::mem::forget(inotify);
+    }
     taken
 }
 
