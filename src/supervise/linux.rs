@@ -166,15 +166,9 @@ pub(crate) struct Descendant {
 /// exists, zombie or not), so the chain from us down to it was real when it was read.
 ///
 /// Processes that appear or vanish during the walk are expected: callers loop until this is
-/// empty.
-pub(crate) fn descendants() -> io::Result<Vec<Descendant>> {
-    descendants_but(None)
-}
-
-/// [`descendants`], without the child `skip` and whatever is below it: for a child of ours
-/// that starts nothing and is not the caller's concern (the fence), as `/proc` numbers it. Its
-/// number stays its own while it is our child, so no other process is left out by it.
-pub(crate) fn descendants_but(skip: Option<Pid>) -> io::Result<Vec<Descendant>> {
+/// empty. The child `skip` (as `/proc` numbers it: one that starts nothing, the fence) is left
+/// out with what is below it; its number is its own while it is our child.
+pub(crate) fn descendants(skip: Option<Pid>) -> io::Result<Vec<Descendant>> {
     let root = Pid::from_raw(proc_self_pid());
     let mut children: HashMap<Pid, Vec<Descendant>> = HashMap::new();
     // Where the kernel lists each task's children, only our own tree is read (a handful of
@@ -278,7 +272,7 @@ fn prove_descendants(root: Pid, mut children: HashMap<Pid, Vec<Descendant>>) -> 
 /// Every living (non-zombie) descendant of this process, held and proven as [`descendants`]
 /// says.
 pub(crate) fn living_descendants() -> io::Result<Vec<Descendant>> {
-    Ok(descendants()?
+    Ok(descendants(None)?
         .into_iter()
         .filter(|d| !d.stat.zombie)
         .collect())
@@ -599,6 +593,6 @@ mod tests {
     #[test]
     fn descendant_walk_never_reports_the_root() {
         let me = Pid::from_raw(proc_self_pid());
-        assert!(!descendants().unwrap().iter().any(|d| d.stat.pid == me));
+        assert!(!descendants(None).unwrap().iter().any(|d| d.stat.pid == me));
     }
 }

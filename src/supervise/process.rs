@@ -147,7 +147,7 @@ impl ProcessGroup {
     /// every member the command started is our descendant.
     fn own_members(self) -> Vec<linux::Descendant> {
         // The fence is in a session of its own, never in the group.
-        linux::descendants_but(crate::supervise::fence::in_proc())
+        linux::descendants(crate::supervise::fence::in_proc())
             .unwrap_or_default()
             .into_iter()
             .filter(|d| d.stat.pgid == self.0)
@@ -493,7 +493,7 @@ pub(crate) fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut() ->
             return Vec::new();
         }
         // The run's fence stays until the lock is released (it kills, it is not killed).
-        let found = match linux::descendants_but(crate::supervise::fence::in_proc()) {
+        let found = match linux::descendants(crate::supervise::fence::in_proc()) {
             Ok(found) => found
                 .into_iter()
                 .filter(|d| !d.stat.zombie && !crate::supervise::fence::is_fence(d.stat.pid))
