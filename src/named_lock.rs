@@ -12,6 +12,7 @@
 //!
 //! Floor: commands (docs/architecture.md): imports the floors below, never another command.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::path::Path;
@@ -90,11 +91,11 @@ pub(crate) type Publish<'a> = &'a dyn Fn(&dyn LockBackend);
 fn publish(
     backend: &dyn LockBackend,
     opts: &LockOptions,
-    taken: &Taken,
+    held: bool,
     waited: Duration,
     then: Publish<'_>,
 ) {
-    if matches!(taken, Taken::Held(_)) {
+    if held {
         if let Err(err) =
             crate::lock::queue::wait::record_last_wait(&opts.lock_dir, &opts.name, waited)
         {
@@ -143,6 +144,12 @@ pub(crate) fn run(
     let key = LockKey::Named(&opts.name);
     let mut held = HeldLocks::inherited(crate::config::env::var(HELD_VAR).unwrap_or_default());
     let fence;
+    let unpublished = Unpublished {
+        backend,
+        opts,
+        then,
+        waited: Cell::new(None),
+    };
     let lease = match held.grant(backend, &opts.name)? {
         // The command inherits the ancestor's token with the rest of its environment.
         Some(depth) => {
@@ -175,7 +182,14 @@ pub(crate) fn run(
             };
             let waiting_since = Instant::now();
             let taken = backend.take(key, &wait, &mut |_, _| {})?;
-            publish(backend, opts, &taken, waiting_since.elapsed(), then);
+            let waited = waiting_since.elapsed();
+            // A lock held is published once its command has been started (or has failed to
+            // start), not between the handoff and the command; anything else at once.
+            if matches!(taken, Taken::Held(_)) {
+                unpublished.waited.set(Some(waited));
+            } else {
+                publish(backend, opts, false, waited, then);
+            }
             match taken {
                 Taken::Held(lease) => {
                     if let Some(fd) = loss_watch(&*lease).map_err(NamedLockError::LossWatch)? {
@@ -235,6 +249,7 @@ pub(crate) fn run(
         token,
         cgroups.as_ref(),
         fence.as_ref(),
+        &mut || unpublished.now(),
     );
     // The lock first, then the fence that guarded what ran under it; the empty cgroup last:
     // tidying it is no reason to keep the next holder waiting.
@@ -242,6 +257,30 @@ pub(crate) fn run(
     drop(fence);
     remove_cgroup(&opts.name, cgroups.as_ref());
     Ok(code)
+}
+
+/// A held lock's publication ([`publish`]): due once its command has been started (or has
+/// failed to start), or as this goes, should the way there end in an error.
+struct Unpublished<'a> {
+    backend: &'a dyn LockBackend,
+    opts: &'a LockOptions,
+    then: Publish<'a>,
+    /// How long the lock was waited for, until it is published.
+    waited: Cell<Option<Duration>>,
+}
+
+impl Unpublished<'_> {
+    fn now(&self) {
+        if let Some(waited) = self.waited.take() {
+            publish(self.backend, self.opts, true, waited, self.then);
+        }
+    }
+}
+
+impl Drop for Unpublished<'_> {
+    fn drop(&mut self) {
+        self.now();
+    }
 }
 
 /// Remove the (empty) cgroup made for the command, once it has ended or when it never started.
@@ -272,6 +311,7 @@ fn run_holding(
     fencing_token: Option<i64>,
     cgroups: Option<&cgroup::Cgroups>,
     fence: Option<&Fence>,
+    on_started: &mut dyn FnMut(),
 ) -> u8 {
     let (program, args) = opts.command.split_first().expect("clap requires a command");
     let mut env = vec![(HELD_VAR.to_owned(), held.to_string().into())];
@@ -292,7 +332,7 @@ fn run_holding(
         leaf: cgroups.map(|c| &c.command),
         fence,
     };
-    let stopped = supervisor.start_and_stop(&spec, VecDeque::new(), &mut |_| {});
+    let stopped = supervisor.start_and_stop(&spec, VecDeque::new(), on_started, &mut |_| {});
     let mut problems = stopped.errors;
     problems.extend(
         supervisor

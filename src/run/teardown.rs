@@ -36,7 +36,7 @@ impl Run<'_> {
             self.cgroup.as_ref(),
             self.fence.as_ref(),
         );
-        let stopped = supervisor.start_and_stop(&spec, early, &mut |reason| {
+        let stopped = supervisor.start_and_stop(&spec, early, &mut || {}, &mut |reason| {
             watchdog.set_exit_code(reason.exit_code());
             record.shutdown_reason = Some(reason.name());
             match reason {

@@ -101,11 +101,13 @@ pub(crate) struct Supervisor<'a> {
 
 impl Supervisor<'_> {
     /// Start `spec` (unless `early` already holds a way out) and return once its group is gone.
-    /// `on_teardown` is called once, when teardown begins.
+    /// `on_started` is called once the start was tried (what may wait until the command runs),
+    /// `on_teardown` once, when teardown begins.
     pub(crate) fn start_and_stop(
         &self,
         spec: &CommandSpec,
         mut early: VecDeque<Event>,
+        on_started: &mut dyn FnMut(),
         on_teardown: &mut dyn FnMut(ShutdownReason),
     ) -> Stopped {
         let mut leader = None;
@@ -126,6 +128,7 @@ impl Supervisor<'_> {
                 None => {}
             }
         }
+        on_started();
         self.stop_group(leader, early, on_teardown)
     }
 
