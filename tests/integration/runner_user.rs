@@ -24,22 +24,6 @@ fn give_to_runner(path: &Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// A sandbox the runner's user can enter, with its lock, runs, state and abra dirs the runner's.
-fn runners_sandbox() -> Sandbox {
-    let sandbox = Sandbox::new();
-    std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    for dir in [
-        sandbox.locks(),
-        sandbox.runs(),
-        sandbox.state(),
-        sandbox.abra_home(),
-    ] {
-        std::fs::create_dir_all(&dir).unwrap();
-        give_to_runner(&dir);
-    }
-    sandbox
-}
-
 /// A configuration file naming the runner's user (or not).
 fn config(sandbox: &Sandbox, runner_user: bool) -> std::path::PathBuf {
     let file = sandbox.path().join(format!("config-{runner_user}.toml"));
@@ -66,7 +50,7 @@ fn a_root_janitor_sweeps_retains_and_reaps_a_runner_of_its_own_user() {
     if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return;
     }
-    let sandbox = runners_sandbox();
+    let sandbox = Sandbox::owned_by(RUNNER);
     let servers = sandbox.abra_home().join("servers/ci");
     for dir in [sandbox.abra_home().join("servers"), servers.clone()] {
         std::fs::create_dir_all(&dir).unwrap();
@@ -412,7 +396,7 @@ fn a_root_run_or_lock_that_becomes_the_runner_keeps_no_process_of_root_s() {
     if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return;
     }
-    let sandbox = runners_sandbox();
+    let sandbox = Sandbox::owned_by(RUNNER);
     let with_user = config(&sandbox, true);
     let uids = |pid: i32| -> Vec<u32> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

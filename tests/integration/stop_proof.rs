@@ -3,7 +3,6 @@
 //! the runner's user. Each ends with the victim untouched and a message naming what did not
 //! match. And a stop of a live run stays fast.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -38,23 +37,13 @@ fn bounded(cmd: Command) -> Finished {
 /// A sandbox whose directories the runner's user may use, when `who` needs it; `None` (after
 /// saying so) when the test cannot switch users.
 fn sandbox_for(who: Who) -> Option<Sandbox> {
-    let sandbox = Sandbox::new();
     if who == Who::Root {
-        return Some(sandbox);
+        return Some(Sandbox::new());
     }
     if !crate::util::is_root_or_skip("run the suite as root to switch to another user") {
         return None;
     }
-    std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    for dir in [
-        sandbox.runs(),
-        sandbox.locks(),
-        sandbox.state(),
-        sandbox.abra_home(),
-    ] {
-        std::fs::create_dir_all(&dir).unwrap();
-        std::os::unix::fs::chown(&dir, Some(RUNNER), Some(RUNNER)).unwrap();
-    }
+    let sandbox = Sandbox::owned_by(RUNNER);
     std::fs::write(
         sandbox.path().join("config.toml"),
         "runner_user = \"nobody\"\n",

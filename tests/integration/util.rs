@@ -46,6 +46,24 @@ impl Sandbox {
         sandbox
     }
 
+    /// A sandbox user `uid` can enter, with its runs, lock, state and abra dirs `uid`'s.
+    pub fn owned_by(uid: u32) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let sandbox = Self::new();
+        std::fs::set_permissions(sandbox.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        for dir in [
+            sandbox.runs(),
+            sandbox.locks(),
+            sandbox.state(),
+            sandbox.abra_home(),
+        ] {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        sandbox
+    }
+
     /// A sandbox whose runs and janitors use the Docker engine at `DOCKER_HOST`, with a domain
     /// suffix of its own. `None` (with a message) when no engine answers outside CI; in CI a
     /// missing engine fails the test.
