@@ -73,12 +73,6 @@ pub(crate) const ARGV_TAG: &str = "__ccci-run-fence";
 /// descendants leave it alone.
 static FENCE_PID: AtomicI32 = AtomicI32::new(0);
 
-/// Whether `pid` is this process's fence.
-pub(crate) fn is_fence(pid: Pid) -> bool {
-    let fence = FENCE_PID.load(Ordering::SeqCst);
-    fence != 0 && fence == pid.as_raw()
-}
-
 /// This process's fence as `/proc` numbers it, while it is our child: `None` without one, or
 /// where `/proc` numbers processes otherwise than our pid namespace does (it belongs to an
 /// enclosing one), so that the number could be another process's there.

@@ -496,7 +496,7 @@ pub(crate) fn kill_descendants(rounds: usize, mut wait_a_moment: impl FnMut() ->
         let found = match linux::descendants(crate::supervise::fence::in_proc()) {
             Ok(found) => found
                 .into_iter()
-                .filter(|d| !d.stat.zombie && !crate::supervise::fence::is_fence(d.stat.pid))
+                .filter(|d| !d.stat.zombie)
                 .collect::<Vec<_>>(),
             Err(err) => {
                 tracing::warn!("failed to list descendants in /proc: {err}");
