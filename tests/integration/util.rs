@@ -911,16 +911,33 @@ pub fn kill_supervisor_and_its_dead_man(supervisor: i32) {
     }
 }
 
-/// Whether process `pid` is a fence: forked at its supervisor's start, or started as its own
-/// program with the tag as its first argument; either names itself `ccci-run-fence`.
+/// Whether process `pid` is a fence: started as its own program with the tag as its first
+/// argument (so from its exec on), or forked at its supervisor's start; either names itself
+/// `ccci-run-fence` as it begins.
 pub fn is_fence(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|c| c.trim_end() == "ccci-run-fence")
+    let tagged = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"__ccci-run-fence".as_slice()));
+    tagged
+        || std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim_end() == "ccci-run-fence")
 }
 
 /// The fences (dead-men) below `supervisor` (the supervisor's pid, or a wrapper's that started
-/// it: `unshare`): its descendants that are fences ([`is_fence`]).
+/// it: `unshare`): its descendants that are fences ([`is_fence`]). Every caller's supervisor has
+/// one; a forked fence is known by its name only once it has named itself, for which the kernel
+/// gives no event: looked for again until one is found, for up to [`PATIENCE`].
 pub fn fences_of(supervisor: i32) -> Vec<i32> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let found = fences_below(supervisor);
+        if !found.is_empty() || Instant::now() >= deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn fences_below(supervisor: i32) -> Vec<i32> {
     let ppid_of = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
