@@ -960,6 +960,106 @@ fn named_lock_holders_across_hosts_see_strictly_increasing_fencing_tokens() {
     );
 }
 
+/// A holder's clean release hands the lock to the head waiter in the same transaction: the
+/// owner key is overwritten, bound to the waiter's lease, the waiter's key and the last holder's
+/// tenure go, and the waiter's own tenure record (with the terms its key named) is written. The
+/// next holder's token is the lineage's base plus the handover's revision. A waiter whose key
+/// names no terms (as an older version writes it) is never handed the lock: the release is the
+/// plain one, and it claims it itself.
+#[test]
+fn a_clean_release_hands_the_lock_to_a_head_waiter_that_names_its_terms() {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let (a, b) = (Host::on(&cluster, 5), Host::on(&cluster, 5));
+    let get_json = |key: &str, prefix: bool| -> Value {
+        let mut args = vec!["get", key, "--write-out=json"];
+        if prefix {
+            args.push("--prefix");
+        }
+        let out = cluster.etcdctl(&args);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let values = |prefix: &str| -> Vec<Value> {
+        let out = cluster.etcdctl(&["get", prefix, "--prefix", "--print-value-only"]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    };
+    let owner = "/ccci-run/named/cache/owner";
+    let (queue, tenures) = (
+        "/ccci-run/named/cache/queue/",
+        "/ccci-run/tenure/named/cache/",
+    );
+
+    let mut first = Proc::spawn(a.lock(&[], HOLD));
+    let first_token = token_of(&first.wait_for(Stream::Out, "ready"));
+    let created = get_json(owner, false)["kvs"][0]["create_revision"]
+        .as_i64()
+        .unwrap();
+    let base = first_token - created;
+    let mut second = Proc::spawn(b.lock(&[], HOLD));
+    a.wait_for_waiters("cache", 1);
+    let waiting = values(queue);
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(waiting[0]["terms"]["ttl_ms"], 5000, "{waiting:?}");
+    let stop_budget = waiting[0]["terms"]["stop_budget_ms"].as_u64().unwrap();
+    assert!(stop_budget > 0, "{waiting:?}");
+
+    first.close_stdin();
+    first.finish().assert_code(0);
+    let second_token = token_of(&second.wait_for(Stream::Out, "ready"));
+    let kv = get_json(owner, false)["kvs"][0].clone();
+    let (created, written) = (
+        kv["create_revision"].as_i64().unwrap(),
+        kv["mod_revision"].as_i64().unwrap(),
+    );
+    assert!(created < written, "handed over, not claimed anew: {kv}");
+    assert_eq!(second_token, base + written, "{kv}");
+    assert!(second_token > first_token);
+    assert!(values(queue).is_empty(), "the head's waiter key went");
+    let held = values(tenures);
+    assert_eq!(held.len(), 1, "only the new holder's tenure: {held:?}");
+    assert_eq!(held[0]["ttl_ms"], 5000, "{held:?}");
+    assert_eq!(held[0]["stop_budget_ms"], stop_budget, "{held:?}");
+    let holder = held[0]["holder"].as_str().unwrap();
+    assert!(
+        holder.contains(&format!("\"pid\":{}", second.pid())),
+        "the tenure names the new holder: {holder}"
+    );
+
+    // A waiter as an older version writes it: its own lease, no terms.
+    let mut older = waiting[0].clone();
+    older.as_object_mut().unwrap().remove("terms");
+    let granted = cluster.etcdctl(&["lease", "grant", "60"]);
+    assert!(granted.status.success(), "{granted:?}");
+    let lease = String::from_utf8_lossy(&granted.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    let key = format!("{queue}{lease:0>16}");
+    let put = cluster.etcdctl(&["put", &key, &older.to_string(), &format!("--lease={lease}")]);
+    assert!(put.status.success(), "{put:?}");
+    b.wait_for_waiters("cache", 1);
+    second.close_stdin();
+    second.finish().assert_code(0);
+    assert_eq!(
+        get_json(owner, false)["count"].as_i64().unwrap_or(0),
+        0,
+        "released, not handed to a waiter that names no terms"
+    );
+    assert!(values(tenures).is_empty());
+    assert_eq!(values(queue).len(), 1, "the older waiter still waits");
+    let revoked = cluster.etcdctl(&["lease", "revoke", &lease]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    run(a.lock(&["-n"], "true")).assert_code(0);
+}
+
 /// A run whose command ends while no etcd member answers cannot prove it still holds its app
 /// lock: its teardown hook does not run (nor would the app's removal), the record says why, and
 /// the app is left to whoever holds the lock next, or to the janitor. Before, a lock whose loss

@@ -36,10 +36,15 @@ impl Bound {
     /// configuration gives is junk (it would hold every new lineage for centuries), and the
     /// next claim writes the record afresh.
     pub(super) fn parse(kv: &KeyValue) -> Option<Self> {
-        serde_json::from_slice::<Self>(kv.value()).ok().filter(|b| {
-            b.ttl() <= crate::config::MAX_LEASE_TTL
-                && Duration::from_millis(b.stop_budget_ms) <= crate::config::MAX_STOP_BUDGET
-        })
+        serde_json::from_slice::<Self>(kv.value())
+            .ok()
+            .filter(Self::plausible)
+    }
+
+    /// Whether a configuration can give it.
+    pub(super) fn plausible(&self) -> bool {
+        self.ttl() <= crate::config::MAX_LEASE_TTL
+            && Duration::from_millis(self.stop_budget_ms) <= crate::config::MAX_STOP_BUDGET
     }
 
     pub(super) fn ttl(&self) -> Duration {

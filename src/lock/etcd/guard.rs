@@ -197,7 +197,7 @@ async fn verify(w: &Watched) -> Result<Result<i64, Loss>, etcd_client::Error> {
     let (owner, record) = (gets.next().flatten(), gets.next().flatten());
     let loss = match owner {
         None => Some("its owner key is gone (deleted by hand, or data from before the claim)"),
-        Some(kv) if kv.create_revision() != claimed.revision || kv.lease() != w.lease => {
+        Some(kv) if kv.mod_revision() != claimed.revision || kv.lease() != w.lease => {
             Some("its owner key is another's now (replaced)")
         }
         Some(_) => None,

@@ -17,7 +17,7 @@ use super::client::{
     ATTEMPT_TIMEOUT, Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Session, Shared,
 };
 use super::guard::{self, Watched};
-use super::queue::Claimed;
+use super::queue::{Claimed, hand_over};
 use crate::lock::backend::Lease;
 use crate::lock::file::LockError;
 use crate::lock::holder::Holder;
@@ -171,6 +171,8 @@ pub(super) async fn keep_alive(
 struct EtcdLease {
     shared: Arc<Shared>,
     session: Arc<Session>,
+    /// The lock's key directory.
+    dir: String,
     owner: String,
     tenure: String,
     claimed: Claimed,
@@ -185,7 +187,7 @@ impl Lease for EtcdLease {
     fn holder(&self) -> Option<Holder> {
         let response = self.shared.get("read the lock", &self.owner, None).ok()?;
         let kv = response.kvs().first()?;
-        (kv.create_revision() == self.claimed.revision)
+        (kv.mod_revision() == self.claimed.revision)
             .then(|| Holder::parse(&String::from_utf8_lossy(kv.value())))
             .flatten()
     }
@@ -264,7 +266,7 @@ impl Lease for EtcdLease {
         }
         let owner = self.owner.as_str();
         let txn = Txn::new().when([
-            Compare::create_revision(owner, CompareOp::Equal, self.claimed.revision),
+            Compare::mod_revision(owner, CompareOp::Equal, self.claimed.revision),
             Compare::lease(owner, CompareOp::Equal, self.session.id),
         ]);
         let response = self
@@ -305,7 +307,7 @@ impl Drop for EtcdLease {
         let owner = self.owner.as_str();
         let txn = Txn::new()
             .when([
-                Compare::create_revision(owner, CompareOp::Equal, self.claimed.revision),
+                Compare::mod_revision(owner, CompareOp::Equal, self.claimed.revision),
                 Compare::lease(owner, CompareOp::Equal, self.session.id),
             ])
             .and_then([
@@ -313,8 +315,27 @@ impl Drop for EtcdLease {
                 TxnOp::delete(self.tenure.as_str(), None),
             ])
             .or_else([TxnOp::delete(self.tenure.as_str(), None)]);
-        if let Err(err) = self.shared.txn("release the lock", RELEASE_TIMEOUT, txn) {
-            tracing::warn!("{err}; the lock frees when the lease expires");
+        // Handed to the head waiter if it can take it so; else released as it always is (a
+        // handover whose answer was lost leaves the owner key another's: the release then
+        // ends only our tenure, which the handover ended too).
+        let pool = &self.shared.pool;
+        let (dir, lease, claimed) = (self.dir.as_str(), self.session.id, &self.claimed);
+        let released = self
+            .shared
+            .block_on("release the lock", RELEASE_TIMEOUT, async {
+                if let Ok(true) = hand_over(pool, dir, lease, claimed).await {
+                    return Ok(true);
+                }
+                pool.call(|mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await
+                .map(|_| false)
+            });
+        match released {
+            Ok(handed) => tracing::debug!(handed, "lock released"),
+            Err(err) => tracing::warn!("{err}; the lock frees when the lease expires"),
         }
     }
 }
@@ -343,6 +364,7 @@ pub(super) fn lease(
     Ok(Box::new(EtcdLease {
         shared: shared.clone(),
         tenure: keys::tenure_key(dir, session.id),
+        dir: dir.to_owned(),
         session,
         owner,
         claimed,

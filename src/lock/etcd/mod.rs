@@ -251,6 +251,7 @@ impl LockBackend for Etcd {
         let value = WaiterValue {
             holder: wait.holder.clone(),
             class: wait.class,
+            terms: Some(fleet::Bound::of(self.shared.ttl, self.shared.stop_budget())),
         };
         let (waiter, claimed, snap) = queue::enqueue(&self.shared, &session, &dir, &value)?;
         let ticket = snap
@@ -367,7 +368,7 @@ impl LockBackend for Etcd {
             return false;
         };
         owner.lease() == lease
-            && owner.create_revision() == revision
+            && owner.mod_revision() == revision
             && i64::from(holder.pid) == i64::from(pid)
             && holder.host == self.shared.host
     }

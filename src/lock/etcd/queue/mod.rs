@@ -12,10 +12,12 @@
 //! not ended yet, whose command may still act) and for a settling lineage.
 
 mod claim;
+mod handover;
 mod look;
 mod snapshot;
 mod turn;
 
 pub(super) use claim::*;
+pub(super) use handover::*;
 pub(super) use snapshot::*;
 pub(super) use turn::*;

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Class;
 use crate::lock::backend::Wait;
 use crate::lock::etcd::client::{Pool, REQUEST_TIMEOUT, Shared};
+use crate::lock::etcd::fleet;
 use crate::lock::etcd::lineage::{self};
 use crate::lock::file::LockError;
 use crate::lock::holder::Holder;
@@ -80,6 +81,11 @@ pub(super) fn tenure_lease(kv: &KeyValue) -> Option<i64> {
 pub(in crate::lock::etcd) struct WaiterValue {
     pub(in crate::lock::etcd) holder: Holder,
     pub(in crate::lock::etcd) class: Class,
+    /// The lease TTL and stop budget the waiter will hold with: what its tenure record says.
+    /// A waiter that names them may be handed the lock by the holder's release
+    /// ([`super::hand_over`]); one written by an older version, which does not, claims it itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(in crate::lock::etcd) terms: Option<fleet::Bound>,
 }
 
 /// One lock's key directory, as read at one revision, with the lineage beside it.

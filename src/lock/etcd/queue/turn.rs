@@ -67,8 +67,10 @@ pub(in crate::lock::etcd) async fn wait_turn(
         if let Some(owner) = snap.owner.as_ref().filter(|o| o.lease() == turn.lease) {
             // Our claim went through though its answer was lost (a member died meanwhile).
             return match snap.lineage.valid() {
-                Some(lineage) if lineage.mod_revision < owner.create_revision() => Ok(Claimed {
-                    revision: owner.create_revision(),
+                // Or the last holder handed it to us ([`super::hand_over`]): the revision
+                // that last wrote the owner key is ours either way.
+                Some(lineage) if lineage.mod_revision < owner.mod_revision() => Ok(Claimed {
+                    revision: owner.mod_revision(),
                     cluster: snap.cluster,
                     lineage,
                 }),
