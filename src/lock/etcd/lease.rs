@@ -17,7 +17,7 @@ use super::client::{
     ATTEMPT_TIMEOUT, Pool, RELEASE_TIMEOUT, REQUEST_TIMEOUT, RETRY_PAUSE, Session, Shared,
 };
 use super::guard::{self, Watched};
-use super::queue::{Claimed, hand_over};
+use super::queue::{Claimed, Line, follow_line, hand_over};
 use crate::lock::backend::Lease;
 use crate::lock::file::LockError;
 use crate::lock::holder::Holder;
@@ -179,6 +179,9 @@ struct EtcdLease {
     /// Readable once the guard saw the lock lost.
     lost: UnixStream,
     guard: tokio::task::JoinHandle<()>,
+    /// The lock's directory as last read, for the release to hand the lock over by.
+    line: Line,
+    follower: tokio::task::JoinHandle<()>,
     /// The tasks that pass the lease's renewals on ([`Lease::feed_expiry`]).
     feeders: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -318,12 +321,18 @@ impl Drop for EtcdLease {
         // Handed to the head waiter if it can take it so; else released as it always is (a
         // handover whose answer was lost leaves the owner key another's: the release then
         // ends only our tenure, which the handover ended too).
+        self.follower.abort();
+        let seen = self
+            .line
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         let pool = &self.shared.pool;
         let (dir, lease, claimed) = (self.dir.as_str(), self.session.id, &self.claimed);
         let released = self
             .shared
             .block_on("release the lock", RELEASE_TIMEOUT, async {
-                if let Ok(true) = hand_over(pool, dir, lease, claimed).await {
+                if let Ok(true) = hand_over(pool, dir, lease, claimed, seen).await {
                     return Ok(true);
                 }
                 pool.call(|mut c| {
@@ -361,7 +370,15 @@ pub(super) fn lease(
         session.lost.clone(),
         notify,
     ));
+    let line = Line::default();
+    let follower = shared.handle.spawn(follow_line(
+        shared.pool.clone(),
+        dir.to_owned(),
+        line.clone(),
+    ));
     Ok(Box::new(EtcdLease {
+        line,
+        follower,
         shared: shared.clone(),
         tenure: keys::tenure_key(dir, session.id),
         dir: dir.to_owned(),

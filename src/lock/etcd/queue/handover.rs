@@ -16,25 +16,72 @@
 //! creation for a claim, the handover for a handed lock. That revision is the fencing token's
 //! base, above every earlier holder's as a creation revision is.
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::lock::etcd::client::Pool;
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, WatchOptions};
+
+use crate::lock::etcd::client::{ATTEMPT_TIMEOUT, Pool, RETRY_PAUSE};
 use crate::lock::etcd::fleet;
 use crate::lock::etcd::queue::claim::Claimed;
-use crate::lock::etcd::queue::snapshot::{Snapshot, TenureValue, snapshot, tenure_lease};
+use crate::lock::etcd::queue::snapshot::{Snapshot, TenureValue, snapshot_as, tenure_lease};
 use crate::lock::holder::Holder;
 use crate::names::etcd as keys;
 
+/// The lock's directory as a holder last read it ([`follow_line`]).
+pub(in crate::lock::etcd) type Line = Arc<Mutex<Option<Snapshot>>>;
+
+/// While we hold lock `dir`, keep `line` read: once at first, then again at every change under
+/// `dir` (a waiter that joins, leaves or is promoted), so that the release finds the head
+/// already read. Each read is the member's own, stale or not ([`hand_over`] requires what it
+/// read unchanged); a watch that fails is set up again after a read.
+pub(in crate::lock::etcd) async fn follow_line(pool: Arc<Pool>, dir: String, line: Line) {
+    loop {
+        let Ok(snap) = snapshot_as(&pool, &dir, true).await else {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            continue;
+        };
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(snap.revision.saturating_add(1));
+        *line.lock().unwrap_or_else(PoisonError::into_inner) = Some(snap);
+        let (at, mut client) = pool.current();
+        let Ok(Ok(mut watch)) =
+            tokio::time::timeout(ATTEMPT_TIMEOUT, client.watch(dir.as_str(), Some(options))).await
+        else {
+            pool.fail_over(at);
+            tokio::time::sleep(RETRY_PAUSE).await;
+            continue;
+        };
+        loop {
+            match watch.message().await {
+                Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
+                Ok(Some(_)) => break,
+                Ok(None) | Err(_) => {
+                    pool.fail_over(at);
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
 /// Hand lock `dir`, held under `lease` as `claimed`, to its head waiter, if one can take it
-/// so. `Ok(true)`: handed over (our hold and our tenure ended with it); `Ok(false)`: nothing
-/// was written, release as usual.
+/// so, as `seen` found it (read now without it). `Ok(true)`: handed over (our hold and our
+/// tenure ended with it); `Ok(false)`: nothing was written, release as usual.
 pub(in crate::lock::etcd) async fn hand_over(
     pool: &Pool,
     dir: &str,
     lease: i64,
     claimed: &Claimed,
+    seen: Option<Snapshot>,
 ) -> Result<bool, etcd_client::Error> {
-    let snap = snapshot(pool, dir).await?;
+    // A read of the member we ask, stale or not: the transaction requires what it read
+    // unchanged, so a stale one only fails it.
+    let snap = match seen {
+        Some(snap) => snap,
+        None => snapshot_as(pool, dir, true).await?,
+    };
     let Some(txn) = handover_txn(&snap, dir, lease, claimed) else {
         return Ok(false);
     };

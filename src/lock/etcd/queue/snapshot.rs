@@ -309,22 +309,38 @@ pub(in crate::lock::etcd) async fn snapshot(
     pool: &Pool,
     dir: &str,
 ) -> Result<Snapshot, etcd_client::Error> {
+    snapshot_as(pool, dir, false).await
+}
+
+/// [`snapshot`], `serializable`: as the member asked has applied it, without asking the
+/// leader whether that is the latest (it may be behind). Only for a read whose every use is a
+/// transaction that requires what it read unchanged.
+pub(in crate::lock::etcd) async fn snapshot_as(
+    pool: &Pool,
+    dir: &str,
+    serializable: bool,
+) -> Result<Snapshot, etcd_client::Error> {
+    let options = || {
+        let options = GetOptions::new();
+        if serializable {
+            options.with_serializable()
+        } else {
+            options
+        }
+    };
     let txn = Txn::new().and_then([
         TxnOp::get(
             dir,
             Some(
-                GetOptions::new()
+                options()
                     .with_prefix()
                     .with_sort(SortTarget::Create, SortOrder::Ascend),
             ),
         ),
-        TxnOp::get(keys::LINEAGE, None),
-        TxnOp::get(keys::SETTLING, None),
-        TxnOp::get(
-            keys::tenure_prefix(dir),
-            Some(GetOptions::new().with_prefix()),
-        ),
-        TxnOp::get(keys::FLEET, None),
+        TxnOp::get(keys::LINEAGE, Some(options())),
+        TxnOp::get(keys::SETTLING, Some(options())),
+        TxnOp::get(keys::tenure_prefix(dir), Some(options().with_prefix())),
+        TxnOp::get(keys::FLEET, Some(options())),
     ]);
     let response = pool
         .call(|mut c| {

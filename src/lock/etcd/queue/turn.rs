@@ -234,6 +234,9 @@ pub(in crate::lock::etcd) async fn wait_turn(
                 answer = watch.message() => match answer {
                     Ok(Some(resp)) if resp.events().is_empty() && !resp.canceled() => {}
                     Ok(Some(resp)) => {
+                        if let Some(claimed) = handed(&resp, &turn, &snap, &waiter) {
+                            return Ok(claimed);
+                        }
                         // The head saw the owner key go, and nothing else stood in its way:
                         // claim at once. The claim requires all it would have read unchanged
                         // (and nobody queued since); if anything did change, read again.
@@ -291,6 +294,37 @@ pub(in crate::lock::etcd) async fn wait_turn(
             }
         }
     }
+}
+
+/// Whether `resp`, the first answer of the head's watch on the owner key since `snap` (which
+/// found the owner key all that stood in the way), is the last holder handing the lock to us
+/// ([`super::hand_over`]): its one event writes the owner key bound to our lease. The lineage
+/// is then the one `snap` read: the handover required the record unchanged since the last
+/// holder's claim, which was before `snap` (the owner key did not change between them).
+fn handed(
+    resp: &etcd_client::WatchResponse,
+    turn: &Turn,
+    snap: &Snapshot,
+    waiter: &str,
+) -> Option<Claimed> {
+    let [event] = resp.events() else {
+        return None;
+    };
+    let kv = event.kv()?;
+    let owner = keys::owner_key(&turn.dir);
+    let cluster = resp.header().map_or(0, |h| h.cluster_id());
+    let lineage = snap.lineage.valid()?;
+    (event.event_type() == etcd_client::EventType::Put
+        && kv.key() == owner.as_bytes()
+        && kv.lease() == turn.lease
+        && cluster == snap.cluster
+        && lineage.mod_revision < kv.mod_revision()
+        && snap.only_owner_in_the_way(waiter))
+    .then(|| Claimed {
+        revision: kv.mod_revision(),
+        cluster,
+        lineage,
+    })
 }
 
 /// A wait in line under way on the runtime, for the signal funnel to wait on.
