@@ -1060,6 +1060,59 @@ fn a_clean_release_hands_the_lock_to_a_head_waiter_that_names_its_terms() {
     run(a.lock(&["-n"], "true")).assert_code(0);
 }
 
+/// A head waiter handed the lock while it is frozen, then killed, never runs its command; the
+/// lock stays held by its lease alone, and the waiter behind it takes the lock once that lease
+/// has run out (its look at the lease proves the frozen holder's command gone by then), not a
+/// lapse later, with a larger token.
+#[test]
+fn a_head_waiter_killed_as_it_is_handed_the_lock_holds_it_no_longer_than_its_lease() {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let ttl = 5;
+    let (a, b, c) = (
+        Host::on(&cluster, ttl),
+        Host::on(&cluster, ttl),
+        Host::on(&cluster, ttl),
+    );
+    let mut first = Proc::spawn(a.lock(&[], HOLD));
+    let first_token = token_of(&first.wait_for(Stream::Out, "ready"));
+    let handed = Proc::spawn(b.lock(&[], HOLD));
+    a.wait_for_waiters("cache", 1);
+    let mut behind = Proc::spawn(c.lock(&[], HOLD));
+    a.wait_for_waiters("cache", 2);
+
+    signal(handed.pid(), Signal::SIGSTOP);
+    first.close_stdin();
+    first.finish().assert_code(0);
+    let released = Instant::now();
+    let out = cluster.etcdctl(&["get", "/ccci-run/named/cache/owner", "--print-value-only"]);
+    let owner = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        owner.contains(&format!("\"pid\":{}", handed.pid())),
+        "handed to the frozen head: {owner}"
+    );
+    signal(handed.pid(), Signal::SIGKILL);
+    let line = behind.wait_for(Stream::Out, "ready");
+    let waited = released.elapsed();
+    eprintln!("the waiter behind took the lock {waited:?} after the handover");
+    assert!(token_of(&line) > first_token, "{line}");
+    // Its lease (at most the TTL from its last renewal), the look's slack, and the claim.
+    let bound = Duration::from_secs(u64::from(ttl) + 3);
+    assert!(
+        waited < bound,
+        "the lock was held {waited:?} after the handover to a dead waiter (bound {bound:?})"
+    );
+    let killed = handed.finish();
+    assert!(
+        !killed.out.iter().any(|l| l.contains("ready")),
+        "the killed waiter's command never ran: {}",
+        killed.transcript()
+    );
+    behind.close_stdin();
+    behind.finish().assert_code(0);
+}
+
 /// A run whose command ends while no etcd member answers cannot prove it still holds its app
 /// lock: its teardown hook does not run (nor would the app's removal), the record says why, and
 /// the app is left to whoever holds the lock next, or to the janitor. Before, a lock whose loss

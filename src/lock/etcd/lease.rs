@@ -167,7 +167,8 @@ pub(super) async fn keep_alive(
     lost.send_replace(Some(why));
 }
 
-/// An etcd lock we hold: the owner key created at `claimed.revision`.
+/// An etcd lock we hold: the owner key last written at `claimed.revision` (our claim, or the
+/// handover to us).
 struct EtcdLease {
     shared: Arc<Shared>,
     session: Arc<Session>,

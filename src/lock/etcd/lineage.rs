@@ -1,7 +1,7 @@
 //! The lock lineage: what keeps fencing tokens rising when etcd's own revisions start again.
 //!
-//! Within one cluster's data, revisions only grow, so the revision that created a lock's owner
-//! key orders its holders. But a cluster wiped and started with an empty data dir (even with
+//! Within one cluster's data, revisions only grow, so the revision that last wrote a lock's
+//! owner key (its claim, or the handover to it) orders its holders. But a cluster wiped and started with an empty data dir (even with
 //! the same configuration, hence the same cluster id), or restored from an older snapshot,
 //! counts again from a smaller revision, and a new holder would get a token that an old one
 //! already had. Nothing inside such a cluster can remember what came before, so the token is

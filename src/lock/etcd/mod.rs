@@ -9,9 +9,10 @@
 //!   created their key (FIFO across the fleet); a normal waiter that waited past
 //!   `--promote-after` rewrites its key as fast and keeps its place.
 //! - `owner`: the holder's line. Only the head waiter may create it, in one transaction that
-//!   also requires it absent and removes the waiter's key. The revision that created it, above
-//!   the lineage's base ([`lineage`]), is the lock's **fencing token**: larger for every later
-//!   holder, cluster-wide, and across a wipe or a restore of the cluster.
+//!   also requires it absent and removes the waiter's key; or a holder's release writes it for
+//!   the head waiter, bound to the head's lease ([`queue::hand_over`]). The revision that last
+//!   wrote it, above the lineage's base ([`lineage`]), is the lock's **fencing token**: larger
+//!   for every later holder, cluster-wide, and across a wipe or a restore of the cluster.
 //! - `tenure/<lease>`: written with the owner key, removed by the holder's own release only,
 //!   once its command has ended. A holder whose owner key went behind its back (deleted by
 //!   hand) keeps it until it has torn down; no claim is made while one lives, so the next

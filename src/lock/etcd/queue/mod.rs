@@ -2,8 +2,8 @@
 //! what stands between a waiter and the lock ([`Obstacle`]), joining the line, the claim, and
 //! the wait on the runtime for our turn ([`wait_turn`], watched by the signal funnel through
 //! [`PendingTake`]). This file is the door: the snapshot and what it says are `snapshot`, the
-//! claim and a holder's lapse `claim`, the head's looks at its holder's lease `look`, the wait
-//! for our turn `turn`.
+//! claim and a holder's lapse `claim`, the release that hands the lock to the head waiter
+//! `handover`, the head's looks at its holder's lease `look`, the wait for our turn `turn`.
 //!
 //! Only keys bound to a lease count: a key that ccci-run always binds to one, found without
 //! (written by hand with `etcdctl put`), is junk. Waiters and claims look past it, `locks`
