@@ -1113,6 +1113,50 @@ fn a_head_waiter_killed_as_it_is_handed_the_lock_holds_it_no_longer_than_its_lea
     behind.finish().assert_code(0);
 }
 
+/// A head waiter stopped while it is handed the lock, and resumed only once its lease has run
+/// out and the waiter behind it holds the lock, never runs its command: the handover's event
+/// waited for it all that time, and its lease is no longer safe by its own clock, so it reads
+/// again and finds the lock another's. It ends as a waiter whose lease is gone.
+#[test]
+fn a_head_waiter_stopped_as_it_is_handed_the_lock_never_runs_once_its_lease_ran_out() {
+    let Some(cluster) = crate::util::etcd_cluster() else {
+        return;
+    };
+    let ttl = 5;
+    let (a, b, c) = (
+        Host::on(&cluster, ttl),
+        Host::on(&cluster, ttl),
+        Host::on(&cluster, ttl),
+    );
+    let mut first = Proc::spawn(a.lock(&[], HOLD));
+    first.wait_for(Stream::Out, "ready");
+    let stopped = Proc::spawn(b.lock(&[], HOLD));
+    a.wait_for_waiters("cache", 1);
+    let mut behind = Proc::spawn(c.lock(&[], HOLD));
+    a.wait_for_waiters("cache", 2);
+
+    signal(stopped.pid(), Signal::SIGSTOP);
+    first.close_stdin();
+    first.finish().assert_code(0);
+    let out = cluster.etcdctl(&["get", "/ccci-run/named/cache/owner", "--print-value-only"]);
+    let owner = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        owner.contains(&format!("\"pid\":{}", stopped.pid())),
+        "handed to the stopped head: {owner}"
+    );
+    behind.wait_for(Stream::Out, "ready");
+    signal(stopped.pid(), Signal::SIGCONT);
+    let resumed = stopped.finish();
+    assert!(
+        !resumed.out.iter().any(|l| l.contains("ready")),
+        "the resumed waiter ran its command beside the holder: {}",
+        resumed.transcript()
+    );
+    assert_ne!(resumed.status.code(), Some(0), "{}", resumed.transcript());
+    behind.close_stdin();
+    behind.finish().assert_code(0);
+}
+
 /// A run whose command ends while no etcd member answers cannot prove it still holds its app
 /// lock: its teardown hook does not run (nor would the app's removal), the record says why, and
 /// the app is left to whoever holds the lock next, or to the janitor. Before, a lock whose loss

@@ -23,6 +23,9 @@ use crate::lock::file::LockError;
 use crate::lock::holder::Holder;
 use crate::names::etcd as keys;
 
+/// How long a release may try to hand the lock over before it releases it plainly.
+const HANDOVER_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// This process's lease, granted (and kept alive) on first use.
 pub(super) fn session(shared: &Shared) -> Result<Arc<Session>, LockError> {
     let mut slot = shared.session.lock().unwrap_or_else(|e| e.into_inner());
@@ -330,21 +333,17 @@ impl Drop for EtcdLease {
             .take();
         let pool = &self.shared.pool;
         let (dir, lease, claimed) = (self.dir.as_str(), self.session.id, &self.claimed);
-        let released = self
-            .shared
-            .block_on("release the lock", RELEASE_TIMEOUT, async {
-                if let Ok(true) = hand_over(pool, dir, lease, claimed, seen).await {
-                    return Ok(true);
-                }
-                pool.call(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await
-                .map(|_| false)
-            });
-        match released {
-            Ok(handed) => tracing::debug!(handed, "lock released"),
+        // The handover is given a short time of its own, so that a member that does not
+        // answer leaves the plain release the whole of its own.
+        let handed = self.shared.handle.block_on(async {
+            tokio::time::timeout(HANDOVER_TIMEOUT, hand_over(pool, dir, lease, claimed, seen)).await
+        });
+        if let Ok(Ok(true)) = handed {
+            tracing::debug!("lock handed over");
+            return;
+        }
+        match self.shared.txn("release the lock", RELEASE_TIMEOUT, txn) {
+            Ok(_) => tracing::debug!("lock released"),
             Err(err) => tracing::warn!("{err}; the lock frees when the lease expires"),
         }
     }

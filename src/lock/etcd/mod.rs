@@ -306,6 +306,7 @@ impl LockBackend for Etcd {
                     label: self.describe(key),
                     stop_budget: self.shared.stop_budget(),
                     who: self.shared.who(),
+                    expiry: session.expiry.clone(),
                 },
             );
             let mut notify = notify;

@@ -44,6 +44,8 @@ pub(in crate::lock::etcd) struct Turn {
     pub(in crate::lock::etcd) stop_budget: Duration,
     /// Who we are, for the record of a lapsed tenure we find.
     pub(in crate::lock::etcd) who: String,
+    /// Our lease's earliest expiry, by our clock ([`Session::expiry`]).
+    pub(in crate::lock::etcd) expiry: tokio::sync::watch::Receiver<tokio::time::Instant>,
 }
 
 /// Wait in line for the lock, as waiter key `turn.waiter` (already written), until we own it.
@@ -279,16 +281,33 @@ pub(in crate::lock::etcd) async fn wait_turn(
                 } => {
                     let (_, fast_line) = turn.promote.take().expect("only armed while set");
                     turn.waiter_line = fast_line.clone();
-                    // Keeps its creation revision: a promoted waiter keeps its place.
+                    // Keeps its creation revision: a promoted waiter keeps its place. Only our
+                    // key as read is rewritten: one that went meanwhile (a handover to us
+                    // removes it) is not written again.
                     let lease = turn.lease;
-                    let _ = pool
-                        .call(|mut c| {
-                            let line = fast_line.clone();
-                            let waiter = waiter.clone();
-                            let options = PutOptions::new().with_lease(lease);
-                            async move { c.put(waiter, line, Some(options)).await }
-                        })
-                        .await;
+                    let ticket = snap
+                        .queue
+                        .iter()
+                        .find(|(kv, _)| kv.key() == waiter.as_bytes())
+                        .map_or(0, |(kv, _)| kv.create_revision());
+                    let promote = Txn::new()
+                        .when([
+                            Compare::create_revision(waiter.as_str(), CompareOp::Equal, ticket),
+                            Compare::lease(waiter.as_str(), CompareOp::Equal, lease),
+                        ])
+                        .and_then([TxnOp::put(
+                            waiter.as_str(),
+                            fast_line,
+                            Some(PutOptions::new().with_lease(lease)),
+                        )]);
+                    if ticket != 0 {
+                        let _ = pool
+                            .call(|mut c| {
+                                let promote = promote.clone();
+                                async move { c.txn(promote).await }
+                            })
+                            .await;
+                    }
                     break;
                 }
             }
@@ -301,6 +320,12 @@ pub(in crate::lock::etcd) async fn wait_turn(
 /// ([`super::hand_over`]): its one event writes the owner key bound to our lease. The lineage
 /// is then the one `snap` read: the handover required the record unchanged since the last
 /// holder's claim, which was before `snap` (the owner key did not change between them).
+///
+/// Only while our lease is safe by our own clock (more than our stop budget left before its
+/// earliest expiry): an event is as old as the time it waited for us (a waiter stopped, or
+/// starved, while the lock was handed to it), and by then etcd may have expired our lease and
+/// given the lock to the next. A handover seen later is read again, which finds the owner key
+/// still ours or not.
 fn handed(
     resp: &etcd_client::WatchResponse,
     turn: &Turn,
@@ -314,7 +339,11 @@ fn handed(
     let owner = keys::owner_key(&turn.dir);
     let cluster = resp.header().map_or(0, |h| h.cluster_id());
     let lineage = snap.lineage.valid()?;
-    (event.event_type() == etcd_client::EventType::Put
+    let safe = tokio::time::Instant::now()
+        .checked_add(turn.stop_budget)
+        .is_some_and(|at| at < *turn.expiry.borrow());
+    (safe
+        && event.event_type() == etcd_client::EventType::Put
         && kv.key() == owner.as_bytes()
         && kv.lease() == turn.lease
         && cluster == snap.cluster
@@ -353,18 +382,23 @@ impl Awaitable for PendingTake {
         self.task.abort();
         // Leave the line, and let go of the lock if it was got meanwhile (no command of ours
         // ever ran under it, so our tenure ends too).
+        // One transaction: a handover to us between two would leave the owner key ours.
         let owner = keys::owner_key(&self.dir);
+        let leave = || {
+            [
+                TxnOp::delete(self.waiter.as_str(), None),
+                TxnOp::delete(keys::tenure_key(&self.dir, self.lease), None),
+            ]
+        };
         let txn = Txn::new()
             .when([Compare::lease(owner.as_str(), CompareOp::Equal, self.lease)])
-            .and_then([TxnOp::delete(owner.as_str(), None)]);
-        let leave = Txn::new().and_then([
-            TxnOp::delete(self.waiter.as_str(), None),
-            TxnOp::delete(keys::tenure_key(&self.dir, self.lease), None),
-        ]);
-        let result = self
-            .shared
-            .txn("let go of the lock", RELEASE_TIMEOUT, txn)
-            .and_then(|_| self.shared.txn("leave the queue", RELEASE_TIMEOUT, leave));
+            .and_then([vec![TxnOp::delete(owner.as_str(), None)], leave().to_vec()].concat())
+            .or_else(leave());
+        let result = self.shared.txn(
+            "let go of the lock and leave the queue",
+            RELEASE_TIMEOUT,
+            txn,
+        );
         if let Err(err) = result {
             tracing::debug!("{err}; the lease takes our keys with it");
         }
