@@ -208,6 +208,15 @@ impl Pool {
                 .compare_exchange(at, at.wrapping_add(1), Ordering::SeqCst, Ordering::SeqCst);
     }
 
+    /// Transaction `txn`, asked of each member in turn until one answers ([`Pool::call`]).
+    pub(super) async fn txn(&self, txn: &Txn) -> Result<TxnResponse, etcd_client::Error> {
+        self.call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
     /// `request`, asked of each member in turn until one answers (within about
     /// [`REQUEST_TIMEOUT`]).
     pub(super) async fn call<T, F, Fut>(&self, request: F) -> Result<T, etcd_client::Error>
@@ -361,14 +370,7 @@ impl Shared {
         limit: Duration,
         txn: Txn,
     ) -> Result<TxnResponse, LockError> {
-        self.block_on(
-            what,
-            limit,
-            self.pool.call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            }),
-        )
+        self.block_on(what, limit, self.pool.txn(&txn))
     }
 
     /// The keys at `key` (or under it, with the prefix option).

@@ -86,12 +86,7 @@ pub(super) async fn raise(pool: &Pool, ours: Bound) -> Result<(), etcd_client::E
                 kv.map_or(0, KeyValue::mod_revision),
             )])
             .and_then([TxnOp::put(keys::FLEET, value, None)]);
-        let response = pool
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let response = pool.txn(&txn).await?;
         if response.succeeded() {
             tracing::info!(
                 ttl_ms = new.ttl_ms,

@@ -162,13 +162,7 @@ async fn verify(w: &Watched) -> Result<Result<i64, Loss>, etcd_client::Error> {
         TxnOp::get(w.owner.as_str(), None),
         TxnOp::get(keys::LINEAGE, None),
     ]);
-    let response = w
-        .pool
-        .call(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+    let response = w.pool.txn(&txn).await?;
     let (revision, cluster) = response
         .header()
         .map_or((0, 0), |h| (h.revision(), h.cluster_id()));

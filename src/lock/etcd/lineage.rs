@@ -162,12 +162,7 @@ pub(super) async fn begin(
                 Some(PutOptions::new().with_lease(settle)),
             ),
         ]);
-    let response = pool
-        .call(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+    let response = pool.txn(&txn).await?;
     if !response.succeeded() {
         // Someone else began one first: ours is not needed, nor its settling lease.
         let _ = pool

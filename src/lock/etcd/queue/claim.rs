@@ -115,12 +115,7 @@ pub(in crate::lock::etcd) async fn claim(
         then.push(TxnOp::delete(waiter, None));
     }
     let txn = Txn::new().when(when).and_then(then);
-    let response = pool
-        .call(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+    let response = pool.txn(&txn).await?;
     Ok(response.succeeded().then(|| Claimed {
         revision: response.header().map_or(0, |h| h.revision()),
         cluster: response.header().map_or(0, |h| h.cluster_id()),
@@ -234,12 +229,7 @@ pub(in crate::lock::etcd) async fn lapse(
             line,
             Some(PutOptions::new().with_lease(grant.id())),
         )]);
-    let response = pool
-        .call(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+    let response = pool.txn(&txn).await?;
     Ok(if response.succeeded() {
         Tenure::Lapsed(lapsed)
     } else {

@@ -85,12 +85,7 @@ pub(in crate::lock::etcd) async fn hand_over(
     let Some(txn) = handover_txn(&snap, dir, lease, claimed) else {
         return Ok(false);
     };
-    let response = pool
-        .call(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+    let response = pool.txn(&txn).await?;
     Ok(response.succeeded())
 }
 

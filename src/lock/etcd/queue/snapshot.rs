@@ -342,12 +342,7 @@ pub(in crate::lock::etcd) async fn snapshot_as(
         TxnOp::get(keys::tenure_prefix(dir), Some(options().with_prefix())),
         TxnOp::get(keys::FLEET, Some(options())),
     ]);
-    let response = pool
-        .call(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+    let response = pool.txn(&txn).await?;
     let header = response
         .header()
         .map_or((0, 0), |h| (h.revision(), h.cluster_id()));
@@ -401,12 +396,7 @@ pub(in crate::lock::etcd) async fn delete_seen(
     let txn = Txn::new()
         .when(when)
         .and_then([TxnOp::delete(kv.key(), None)]);
-    let response = pool
-        .call(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+    let response = pool.txn(&txn).await?;
     Ok(response.succeeded())
 }
 

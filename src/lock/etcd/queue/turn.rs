@@ -302,10 +302,7 @@ pub(in crate::lock::etcd) async fn wait_turn(
                         )]);
                     if ticket != 0 {
                         let _ = pool
-                            .call(|mut c| {
-                                let promote = promote.clone();
-                                async move { c.txn(promote).await }
-                            })
+                            .txn(&promote)
                             .await;
                     }
                     break;
