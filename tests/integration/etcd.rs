@@ -1060,6 +1060,50 @@ fn a_clean_release_hands_the_lock_to_a_head_waiter_that_names_its_terms() {
     run(a.lock(&["-n"], "true")).assert_code(0);
 }
 
+/// Named lock `cache` handed, by its holder's clean release, to a head waiter stopped
+/// (SIGSTOP) just before, with another waiter behind it.
+struct StoppedHead {
+    head: Proc,
+    behind: Proc,
+    first_token: i64,
+    /// When the first holder had ended (and handed the lock over).
+    released: Instant,
+    /// The three hosts: their directories live as long as the test.
+    _hosts: [Host; 3],
+}
+
+fn hand_to_a_stopped_head(cluster: &Cluster, ttl: u32) -> StoppedHead {
+    let hosts = [
+        Host::on(cluster, ttl),
+        Host::on(cluster, ttl),
+        Host::on(cluster, ttl),
+    ];
+    let mut first = Proc::spawn(hosts[0].lock(&[], HOLD));
+    let first_token = token_of(&first.wait_for(Stream::Out, "ready"));
+    let head = Proc::spawn(hosts[1].lock(&[], HOLD));
+    hosts[0].wait_for_waiters("cache", 1);
+    let behind = Proc::spawn(hosts[2].lock(&[], HOLD));
+    hosts[0].wait_for_waiters("cache", 2);
+
+    signal(head.pid(), Signal::SIGSTOP);
+    first.close_stdin();
+    first.finish().assert_code(0);
+    let released = Instant::now();
+    let out = cluster.etcdctl(&["get", "/ccci-run/named/cache/owner", "--print-value-only"]);
+    let owner = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        owner.contains(&format!("\"pid\":{}", head.pid())),
+        "handed to the stopped head: {owner}"
+    );
+    StoppedHead {
+        head,
+        behind,
+        first_token,
+        released,
+        _hosts: hosts,
+    }
+}
+
 /// A head waiter handed the lock while it is frozen, then killed, never runs its command; the
 /// lock stays held by its lease alone, and the waiter behind it takes the lock once that lease
 /// has run out (its look at the lease proves the frozen holder's command gone by then), not a
@@ -1070,47 +1114,26 @@ fn a_head_waiter_killed_as_it_is_handed_the_lock_holds_it_no_longer_than_its_lea
         return;
     };
     let ttl = 5;
-    let (a, b, c) = (
-        Host::on(&cluster, ttl),
-        Host::on(&cluster, ttl),
-        Host::on(&cluster, ttl),
-    );
-    let mut first = Proc::spawn(a.lock(&[], HOLD));
-    let first_token = token_of(&first.wait_for(Stream::Out, "ready"));
-    let handed = Proc::spawn(b.lock(&[], HOLD));
-    a.wait_for_waiters("cache", 1);
-    let mut behind = Proc::spawn(c.lock(&[], HOLD));
-    a.wait_for_waiters("cache", 2);
-
-    signal(handed.pid(), Signal::SIGSTOP);
-    first.close_stdin();
-    first.finish().assert_code(0);
-    let released = Instant::now();
-    let out = cluster.etcdctl(&["get", "/ccci-run/named/cache/owner", "--print-value-only"]);
-    let owner = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        owner.contains(&format!("\"pid\":{}", handed.pid())),
-        "handed to the frozen head: {owner}"
-    );
-    signal(handed.pid(), Signal::SIGKILL);
-    let line = behind.wait_for(Stream::Out, "ready");
-    let waited = released.elapsed();
+    let mut handed = hand_to_a_stopped_head(&cluster, ttl);
+    signal(handed.head.pid(), Signal::SIGKILL);
+    let line = handed.behind.wait_for(Stream::Out, "ready");
+    let waited = handed.released.elapsed();
     eprintln!("the waiter behind took the lock {waited:?} after the handover");
-    assert!(token_of(&line) > first_token, "{line}");
+    assert!(token_of(&line) > handed.first_token, "{line}");
     // Its lease (at most the TTL from its last renewal), the look's slack, and the claim.
     let bound = Duration::from_secs(u64::from(ttl) + 3);
     assert!(
         waited < bound,
         "the lock was held {waited:?} after the handover to a dead waiter (bound {bound:?})"
     );
-    let killed = handed.finish();
+    let killed = handed.head.finish();
     assert!(
         !killed.out.iter().any(|l| l.contains("ready")),
         "the killed waiter's command never ran: {}",
         killed.transcript()
     );
-    behind.close_stdin();
-    behind.finish().assert_code(0);
+    handed.behind.close_stdin();
+    handed.behind.finish().assert_code(0);
 }
 
 /// A head waiter stopped while it is handed the lock, and resumed only once its lease has run
@@ -1122,39 +1145,18 @@ fn a_head_waiter_stopped_as_it_is_handed_the_lock_never_runs_once_its_lease_ran_
     let Some(cluster) = crate::util::etcd_cluster() else {
         return;
     };
-    let ttl = 5;
-    let (a, b, c) = (
-        Host::on(&cluster, ttl),
-        Host::on(&cluster, ttl),
-        Host::on(&cluster, ttl),
-    );
-    let mut first = Proc::spawn(a.lock(&[], HOLD));
-    first.wait_for(Stream::Out, "ready");
-    let stopped = Proc::spawn(b.lock(&[], HOLD));
-    a.wait_for_waiters("cache", 1);
-    let mut behind = Proc::spawn(c.lock(&[], HOLD));
-    a.wait_for_waiters("cache", 2);
-
-    signal(stopped.pid(), Signal::SIGSTOP);
-    first.close_stdin();
-    first.finish().assert_code(0);
-    let out = cluster.etcdctl(&["get", "/ccci-run/named/cache/owner", "--print-value-only"]);
-    let owner = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        owner.contains(&format!("\"pid\":{}", stopped.pid())),
-        "handed to the stopped head: {owner}"
-    );
-    behind.wait_for(Stream::Out, "ready");
-    signal(stopped.pid(), Signal::SIGCONT);
-    let resumed = stopped.finish();
+    let mut handed = hand_to_a_stopped_head(&cluster, 5);
+    handed.behind.wait_for(Stream::Out, "ready");
+    signal(handed.head.pid(), Signal::SIGCONT);
+    let resumed = handed.head.finish();
     assert!(
         !resumed.out.iter().any(|l| l.contains("ready")),
         "the resumed waiter ran its command beside the holder: {}",
         resumed.transcript()
     );
     assert_ne!(resumed.status.code(), Some(0), "{}", resumed.transcript());
-    behind.close_stdin();
-    behind.finish().assert_code(0);
+    handed.behind.close_stdin();
+    handed.behind.finish().assert_code(0);
 }
 
 /// A run whose command ends while no etcd member answers cannot prove it still holds its app

@@ -23,7 +23,7 @@ use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, WatchOpt
 use crate::lock::etcd::client::{ATTEMPT_TIMEOUT, Pool, RETRY_PAUSE};
 use crate::lock::etcd::fleet;
 use crate::lock::etcd::queue::claim::Claimed;
-use crate::lock::etcd::queue::snapshot::{Snapshot, TenureValue, snapshot_as, tenure_lease};
+use crate::lock::etcd::queue::snapshot::{Snapshot, TenureValue, snapshot_as};
 use crate::lock::holder::Holder;
 use crate::names::etcd as keys;
 
@@ -100,10 +100,7 @@ fn handover_txn(snap: &Snapshot, dir: &str, lease: i64, claimed: &Claimed) -> Op
     let terms = value.terms?;
     let lineage = snap.lineage.valid()?;
     let ours = keys::tenure_key(dir, lease);
-    let tenures_ours = snap
-        .tenures
-        .iter()
-        .all(|kv| kv.key() == ours.as_bytes() && tenure_lease(kv) == Some(lease));
+    let tenures_ours = snap.tenures.iter().all(|kv| kv.key() == ours.as_bytes());
     let fleet_seen = snap
         .fleet
         .as_ref()
