@@ -1286,3 +1286,233 @@ fn a_chaos_soak_of_random_partitions_and_stalls_never_has_two_holders_at_once() 
     eprintln!("{}", summary("chaos soak", &outcomes));
     check("chaos soak", &outcomes, &format!(" (seed {seed})"));
 }
+
+/// The head waiter cut off from every member at the moment its holder lets go: the holder's
+/// release hands it the lock all the same (its lease still lives in etcd), but it never hears
+/// of it. Its lease runs out, the next waiter takes the lock then, and the cut-off head, healed
+/// while that next holder runs, never runs: its place in the line went with its lease, and it
+/// ends failed (a step to run again) without starting its command.
+fn handed_to_a_cut_off_head(mode: Mode) {
+    let Some(fleet) = fleet() else {
+        return;
+    };
+    let bench = Bench::new(fleet);
+    let Handed {
+        spec,
+        log,
+        stop,
+        head,
+        first_token,
+        released,
+    } = bench.hand_to_a_cut_off_head(mode);
+    let stop = |tag: &str| stop.join(format!("stop-{tag}"));
+    // The next run on A takes the lock once the head's lease has run out.
+    let mut next = bench.command(Host::A, &spec, 1, &log, &stop("A2"));
+    next.env("TAG", "A2");
+    let mut next = Proc::spawn(next);
+    let line = next.wait_for(Stream::Out, "ready");
+    let waited = released.elapsed();
+    eprintln!(
+        "partition: handed to a cut-off head ({mode:?}): the next run held {waited:?} after the release"
+    );
+    assert!(token_in(&line) > first_token, "{line}");
+    let bound = Duration::from_secs(u64::from(TTL) + 3);
+    assert!(
+        waited < bound,
+        "the lock stayed with the cut-off head {waited:?} after the release (bound {bound:?})"
+    );
+    std::thread::sleep(WHILE_NEXT_RUNS);
+    bench.fleet.heal();
+    // Healed, the head hears of a lock it was handed once: it must not run on that.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        writes_of(&log, "B"),
+        0,
+        "the cut-off head ran while the next holder held the lock:\n{}\n--- head:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        head.transcript()
+    );
+    std::fs::write(stop("A2"), "").unwrap();
+    let next = next.finish();
+    next.assert_code(0);
+    // The head's place in the line went with its lease: it ends, failed, and never ran.
+    let head = head.finish();
+    eprintln!(
+        "partition: handed to a cut-off head ({mode:?}): the head ended with {:?}",
+        head.status.code()
+    );
+    assert!(
+        !head.out.iter().any(|l| l.contains("ready"))
+            && head
+                .err
+                .iter()
+                .any(|l| l.contains("our place in the queue is gone with our lease"))
+            && !head.status.success(),
+        "the cut-off head ends without running: {}",
+        head.transcript()
+    );
+    let tenures = tenures(&log);
+    let order: Vec<&str> = tenures.iter().map(|t| t.tag.as_str()).collect();
+    assert_eq!(order, [Host::A.tag(), "A2"], "{tenures:?}");
+    assert!(
+        tenures[0].last < tenures[1].first && tenures[0].token < tenures[1].token,
+        "two holders at once, or a token that did not rise: {tenures:?}"
+    );
+    let keys = bench.keys_left();
+    assert!(keys.is_empty(), "keys left in etcd: {keys:?}");
+}
+
+fn token_in(ready: &str) -> i64 {
+    ready
+        .split_whitespace()
+        .nth(2)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("ready <pid> <token>: {ready:?}"))
+}
+
+impl Bench {
+    /// Wait until `locks` on host A shows a waiter: `waiter`'s key is in etcd.
+    fn wait_for_a_waiter(&self, waiter: &Proc) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut cmd = self.a.ccci();
+            cmd.args(["locks", "--json"]);
+            let out = self.fleet.on_host(Host::A, &cmd).output().expect("locks");
+            let text = String::from_utf8_lossy(&out.stdout);
+            if text.contains("\"waiters\": 1") || text.contains("\"waiters\":1") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never saw the waiter's key: {text}\n{}",
+                waiter.transcript()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn a_run_handed_the_lock_while_cut_off_never_runs_beside_the_holder_after_it() {
+    handed_to_a_cut_off_head(Mode::Run);
+}
+
+#[test]
+fn a_lock_handed_while_cut_off_never_runs_beside_the_holder_after_it() {
+    handed_to_a_cut_off_head(Mode::Lock);
+}
+
+/// A lock handed by host A's clean release to host B's head waiter, cut off from every member
+/// as A let go.
+struct Handed {
+    spec: Spec,
+    log: PathBuf,
+    /// Where each holder's stop file goes.
+    stop: PathBuf,
+    head: Proc,
+    first_token: i64,
+    released: Instant,
+}
+
+impl Bench {
+    fn hand_to_a_cut_off_head(&self, mode: Mode) -> Handed {
+        let spec = Spec {
+            holder: Host::A,
+            mode,
+            kind: Kind::Prompt,
+            upset: Upset::Cut {
+                members: Members::All,
+                way: Way::Both,
+                length: Length::UntilHandedOver,
+            },
+            expect: Expect::Keep,
+        };
+        let dir = self.fleet.dir().join("handed");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("log");
+        let stop = |tag: &str| dir.join(format!("stop-{tag}"));
+        let mut first = Proc::spawn(self.command(Host::A, &spec, 0, &log, &stop("A")));
+        let first_token = token_in(&first.wait_for(Stream::Out, "ready"));
+        let mut head = Proc::spawn(self.command(Host::B, &spec, 0, &log, &stop("B")));
+        head.wait_for(Stream::Err, mode.waiting_line());
+        self.wait_for_a_waiter(&head);
+
+        self.fleet.cut_off(Host::B);
+        std::fs::write(stop("A"), "").unwrap();
+        first.finish().assert_code(0);
+        let released = Instant::now();
+        let (owner, _) = self.owner();
+        let out = self.fleet.etcdctl(&["get", &owner, "--print-value-only"]);
+        let value = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            value.contains(&format!("\"pid\":{}", head.pid())),
+            "the release handed the lock to the cut-off head: {value}"
+        );
+        Handed {
+            spec,
+            log,
+            stop: dir,
+            head,
+            first_token,
+            released,
+        }
+    }
+}
+
+/// The same, but healed well inside the head's lease: the lock handed to it is its own, and it
+/// runs, alone: the next run on A waits for it.
+fn handed_to_a_briefly_cut_off_head(mode: Mode) {
+    let Some(fleet) = fleet() else {
+        return;
+    };
+    let bench = Bench::new(fleet);
+    let Handed {
+        spec,
+        log,
+        stop,
+        mut head,
+        first_token,
+        released,
+    } = bench.hand_to_a_cut_off_head(mode);
+    let stop = |tag: &str| stop.join(format!("stop-{tag}"));
+    std::thread::sleep(Duration::from_secs(1));
+    bench.fleet.heal();
+    let line = head.wait_for(Stream::Out, "ready");
+    eprintln!(
+        "partition: handed to a briefly cut-off head ({mode:?}): it ran {:?} after the release",
+        released.elapsed()
+    );
+    assert!(token_in(&line) > first_token, "{line}");
+    let mut next = bench.command(Host::A, &spec, 1, &log, &stop("A2"));
+    next.env("TAG", "A2");
+    let mut next = Proc::spawn(next);
+    next.wait_for(Stream::Err, mode.waiting_line());
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(writes_of(&log, "A2"), 0, "the next run ran beside the head");
+    std::fs::write(stop("B"), "").unwrap();
+    head.finish().assert_code(0);
+    next.wait_for(Stream::Out, "ready");
+    std::fs::write(stop("A2"), "").unwrap();
+    next.finish().assert_code(0);
+    let tenures = tenures(&log);
+    let order: Vec<&str> = tenures.iter().map(|t| t.tag.as_str()).collect();
+    assert_eq!(order, [Host::A.tag(), Host::B.tag(), "A2"], "{tenures:?}");
+    for pair in tenures.windows(2) {
+        assert!(
+            pair[0].last < pair[1].first && pair[0].token < pair[1].token,
+            "two holders at once, or a token that did not rise: {tenures:?}"
+        );
+    }
+    let keys = bench.keys_left();
+    assert!(keys.is_empty(), "keys left in etcd: {keys:?}");
+}
+
+#[test]
+fn a_run_handed_the_lock_while_briefly_cut_off_runs_alone() {
+    handed_to_a_briefly_cut_off_head(Mode::Run);
+}
+
+#[test]
+fn a_lock_handed_while_briefly_cut_off_runs_alone() {
+    handed_to_a_briefly_cut_off_head(Mode::Lock);
+}

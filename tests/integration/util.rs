@@ -653,7 +653,7 @@ impl Proc {
         self.child.id() as i32
     }
 
-    fn transcript(&self) -> String {
+    pub fn transcript(&self) -> String {
         format!(
             "{}\n--- stdout\n{}\n--- stderr\n{}",
             self.cmdline,
