@@ -82,12 +82,10 @@ pub(crate) fn prepare_child(supervisor: Pid) -> io::Result<()> {
     // SIGKILL rather than SIGTERM: when the supervisor is gone nobody is left to escalate.
     prctl::set_pdeathsig(Signal::SIGKILL)?;
     // The supervisor may have died between fork and prctl; then no signal will ever come.
+    // (A bare errno: this may run on the supervisor's memory, where nothing may allocate.)
     if nix::unistd::getppid() != supervisor {
-        return Err(io::Error::other(
-            "supervisor exited before the command started",
-        ));
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
     }
-    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
     for signal in Signal::iterator() {
         if matches!(signal, Signal::SIGKILL | Signal::SIGSTOP) {
             continue;
@@ -97,6 +95,8 @@ pub(crate) fn prepare_child(supervisor: Pid) -> io::Result<()> {
         // and SIGQUIT for its jobs) would otherwise stay ignored in the command.
         unsafe { nix::sys::signal::signal(signal, SigHandler::SigDfl) }?;
     }
+    // Only now: a child on the supervisor's memory must not run its handlers.
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
     mark_inherited_fds_cloexec()
 }
 

@@ -31,6 +31,7 @@ pub(crate) mod procfs;
 pub(crate) mod shutdown;
 pub(crate) mod signals;
 pub(crate) mod threads;
+pub(crate) mod vfork;
 pub(crate) mod watchdog;
 pub(crate) mod worker;
 

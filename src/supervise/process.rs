@@ -327,36 +327,49 @@ fn clone_into(spec: &CommandSpec, cgroup_fd: std::os::fd::RawFd) -> Result<Pid, 
     args.flags = CLONE_INTO_CGROUP;
     args.exit_signal = nix::libc::SIGCHLD as u64;
     args.cgroup = cgroup_fd as u64;
-    // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of our memory and runs
-    // only async-signal-safe code (`exec_child`) before execve or _exit.
-    let rc = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_clone3,
-            &args as *const nix::libc::clone_args,
-            std::mem::size_of::<nix::libc::clone_args>(),
-        )
+    let child = Child {
+        prepared: &prepared,
+        argv: &argv,
+        envp: &envp,
+        status: status_write.as_raw_fd(),
+        supervisor,
     };
-    if rc == 0 {
-        // SAFETY: in the child; see exec_child.
+    let rc = if cfg!(target_arch = "x86_64") {
+        // SAFETY: `start_child` runs only async-signal-safe code on what `child` points to,
+        // which lives until the clone has returned, and ends in execve or _exit.
         unsafe {
-            exec_child(
-                &prepared,
-                &argv,
-                &envp,
-                status_write.as_raw_fd(),
-                supervisor,
+            crate::supervise::vfork::clone3(
+                &mut args,
+                start_child,
+                std::ptr::from_ref(&child).cast_mut().cast(),
             )
         }
-    }
-    if rc < 0 {
-        let errno = Errno::last();
-        return Err(match errno {
-            Errno::ENOSYS | Errno::EINVAL | Errno::EPERM | Errno::E2BIG | Errno::EOPNOTSUPP => {
-                CloneError::Unsupported(errno)
-            }
-            other => CloneError::Spawn(spawn_error(spec, other as i32)),
-        });
-    }
+    } else {
+        // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of our memory and
+        // runs only async-signal-safe code (`exec_child`) before execve or _exit.
+        let rc = unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_clone3,
+                &args as *const nix::libc::clone_args,
+                std::mem::size_of::<nix::libc::clone_args>(),
+            )
+        };
+        if rc == 0 {
+            start_child(std::ptr::from_ref(&child).cast_mut().cast());
+        }
+        Errno::result(rc).map(|pid| pid as i32)
+    };
+    let rc = match rc {
+        Ok(pid) => pid,
+        Err(errno) => {
+            return Err(match errno {
+                Errno::ENOSYS | Errno::EINVAL | Errno::EPERM | Errno::E2BIG | Errno::EOPNOTSUPP => {
+                    CloneError::Unsupported(errno)
+                }
+                other => CloneError::Spawn(spawn_error(spec, other as i32)),
+            });
+        }
+    };
     drop(status_write);
     let pid = Pid::from_raw(rc as i32);
     // The pipe closes on a successful exec; otherwise the child sends its errno first.
@@ -388,12 +401,41 @@ fn spawn_error(spec: &CommandSpec, errno: i32) -> SpawnError {
     }
 }
 
+/// What the child of [`clone_into`] execs, built before the clone.
+struct Child<'a> {
+    prepared: &'a Prepared,
+    argv: &'a [*const nix::libc::c_char],
+    envp: &'a [*const nix::libc::c_char],
+    status: std::os::fd::RawFd,
+    supervisor: Pid,
+}
+
+/// The child's entry: `arg` is a [`Child`].
+extern "C" fn start_child(arg: *mut std::ffi::c_void) -> ! {
+    // SAFETY: `clone_into` passes a `Child` that outlives the clone.
+    let child = unsafe { &*arg.cast::<Child<'_>>() };
+    // SAFETY: in the child, with pointers built before the clone.
+    unsafe {
+        exec_child(
+            child.prepared,
+            child.argv,
+            child.envp,
+            child.status,
+            child.supervisor,
+        )
+    }
+}
+
 /// The child's side of [`clone_into`]: own process group, the guards of
 /// `linux::prepare_child`, the working directory, then `execve` of each candidate in turn (as
 /// `execvp` would). Any failure is reported through `status` and ends the child.
 ///
+/// Nothing here allocates, locks or unwinds: the child may share our memory with our other
+/// threads (`crate::supervise::vfork`).
+///
 /// # Safety
-/// Only to be called in the child of a fork, with pointers into memory it inherited.
+/// Only to be called in the child of a fork or a shared-memory clone, with pointers built
+/// before it.
 unsafe fn exec_child(
     prepared: &Prepared,
     argv: &[*const nix::libc::c_char],
