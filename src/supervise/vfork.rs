@@ -21,6 +21,56 @@ use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
 /// The child's stack: what `exec_child` and the system calls it makes need, with room to spare.
 const STACK: usize = 64 * 1024;
 
+/// The child's stack, mapped for it with a guard page below: a child that overran it would
+/// fault there, not write over our memory.
+struct Stack {
+    /// The mapping's start: the guard page.
+    map: *mut c_void,
+    /// The first usable byte, above the guard page.
+    base: usize,
+}
+
+impl Stack {
+    fn new() -> Result<Self, Errno> {
+        let page = 4096;
+        // SAFETY: a fresh anonymous mapping, ours alone.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                STACK + page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(Errno::last());
+        }
+        let stack = Self {
+            map,
+            base: map as usize + page,
+        };
+        // SAFETY: the first page of the mapping just made.
+        if unsafe { libc::mprotect(map, page, libc::PROT_NONE) } != 0 {
+            return Err(Errno::last());
+        }
+        Ok(stack)
+    }
+
+    /// The top, 16-byte aligned as the ABI wants it before a call.
+    fn top(&self) -> usize {
+        (self.base + STACK) & !15
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used: the child has exec'd or ended.
+        unsafe { libc::munmap(self.map, STACK + 4096) };
+    }
+}
+
 /// Clone with `args` (its stack set here, `CLONE_VM | CLONE_VFORK` added) and run
 /// `child(arg)` in the child, which must end in `execve` or `_exit`. Returns the child's pid
 /// once it has done either.
@@ -33,11 +83,8 @@ pub(crate) unsafe fn clone3(
     child: extern "C" fn(*mut c_void) -> !,
     arg: *mut c_void,
 ) -> Result<libc::pid_t, Errno> {
-    // Never read from here: memory for the child to push on, untouched until it does.
-    let mut stack: Vec<u8> = Vec::with_capacity(STACK);
-    let base = stack.as_mut_ptr() as usize;
-    // The top, 16-byte aligned as the ABI wants it before a call.
-    let top = (base + STACK) & !15;
+    let stack = Stack::new()?;
+    let (base, top) = (stack.base, stack.top());
     args.flags |= (libc::CLONE_VM | libc::CLONE_VFORK) as u64;
     args.stack = base as u64;
     args.stack_size = (top - base) as u64;
@@ -104,4 +151,53 @@ unsafe fn raw(
 ) -> libc::c_long {
     Errno::set_raw(libc::ENOSYS);
     -1
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use nix::sys::wait::{WaitStatus, waitpid};
+    use nix::unistd::Pid;
+
+    extern "C" fn exit_with(arg: *mut c_void) -> ! {
+        // SAFETY: _exit only.
+        unsafe { libc::_exit(arg as usize as i32) }
+    }
+
+    extern "C" fn exec_true(_: *mut c_void) -> ! {
+        let argv = [c"true".as_ptr(), std::ptr::null()];
+        let envp = [std::ptr::null()];
+        // SAFETY: NUL-terminated strings in static memory.
+        unsafe {
+            libc::execve(c"/bin/true".as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::_exit(127)
+        }
+    }
+
+    fn args() -> libc::clone_args {
+        // SAFETY: plain data.
+        let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+        args.exit_signal = libc::SIGCHLD as u64;
+        args
+    }
+
+    #[test]
+    fn the_child_runs_on_its_own_stack_and_this_thread_goes_on_once_it_has_ended_or_exec_d() {
+        let mut before = SigSet::empty();
+        pthread_sigmask(SigmaskHow::SIG_SETMASK, None, Some(&mut before)).unwrap();
+        // SAFETY: the children only _exit or execve.
+        let ended = unsafe { clone3(&mut args(), exit_with, 7 as *mut c_void) }.unwrap();
+        let ran = unsafe { clone3(&mut args(), exec_true, std::ptr::null_mut()) }.unwrap();
+        assert_eq!(
+            waitpid(Pid::from_raw(ended), None).unwrap(),
+            WaitStatus::Exited(Pid::from_raw(ended), 7)
+        );
+        assert_eq!(
+            waitpid(Pid::from_raw(ran), None).unwrap(),
+            WaitStatus::Exited(Pid::from_raw(ran), 0)
+        );
+        let mut after = SigSet::empty();
+        pthread_sigmask(SigmaskHow::SIG_SETMASK, None, Some(&mut after)).unwrap();
+        assert_eq!(before, after, "this thread's signal mask is as it was");
+    }
 }
