@@ -1293,29 +1293,17 @@ fn a_chaos_soak_of_random_partitions_and_stalls_never_has_two_holders_at_once() 
 /// while that next holder runs, never runs: its place in the line went with its lease, and it
 /// ends failed (a step to run again) without starting its command.
 fn handed_to_a_cut_off_head(mode: Mode) {
-    let Some(fleet) = fleet() else {
+    let Some((bench, handed)) = handed(mode) else {
         return;
     };
-    let bench = Bench::new(fleet);
-    let Handed {
-        spec,
-        log,
-        stop,
-        head,
-        first_token,
-        released,
-    } = bench.hand_to_a_cut_off_head(mode);
-    let stop = |tag: &str| stop.join(format!("stop-{tag}"));
     // The next run on A takes the lock once the head's lease has run out.
-    let mut next = bench.command(Host::A, &spec, 1, &log, &stop("A2"));
-    next.env("TAG", "A2");
-    let mut next = Proc::spawn(next);
+    let mut next = bench.next_run(&handed);
     let line = next.wait_for(Stream::Out, "ready");
-    let waited = released.elapsed();
+    let waited = handed.released.elapsed();
     eprintln!(
         "partition: handed to a cut-off head ({mode:?}): the next run held {waited:?} after the release"
     );
-    assert!(token_in(&line) > first_token, "{line}");
+    assert!(token_in(&line) > handed.first_token, "{line}");
     let bound = Duration::from_secs(u64::from(TTL) + 3);
     assert!(
         waited < bound,
@@ -1326,17 +1314,17 @@ fn handed_to_a_cut_off_head(mode: Mode) {
     // Healed, the head hears of a lock it was handed once: it must not run on that.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
-        writes_of(&log, "B"),
+        writes_of(&handed.log, "B"),
         0,
         "the cut-off head ran while the next holder held the lock:\n{}\n--- head:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default(),
-        head.transcript()
+        std::fs::read_to_string(&handed.log).unwrap_or_default(),
+        handed.head.transcript()
     );
-    std::fs::write(stop("A2"), "").unwrap();
+    std::fs::write(handed.stop("A2"), "").unwrap();
     let next = next.finish();
     next.assert_code(0);
     // The head's place in the line went with its lease: it ends, failed, and never ran.
-    let head = head.finish();
+    let head = handed.head.finish();
     eprintln!(
         "partition: handed to a cut-off head ({mode:?}): the head ended with {:?}",
         head.status.code()
@@ -1351,15 +1339,7 @@ fn handed_to_a_cut_off_head(mode: Mode) {
         "the cut-off head ends without running: {}",
         head.transcript()
     );
-    let tenures = tenures(&log);
-    let order: Vec<&str> = tenures.iter().map(|t| t.tag.as_str()).collect();
-    assert_eq!(order, [Host::A.tag(), "A2"], "{tenures:?}");
-    assert!(
-        tenures[0].last < tenures[1].first && tenures[0].token < tenures[1].token,
-        "two holders at once, or a token that did not rise: {tenures:?}"
-    );
-    let keys = bench.keys_left();
-    assert!(keys.is_empty(), "keys left in etcd: {keys:?}");
+    bench.held_in_turn(&handed.log, &[Host::A.tag(), "A2"]);
 }
 
 fn token_in(ready: &str) -> i64 {
@@ -1408,7 +1388,7 @@ struct Handed {
     spec: Spec,
     log: PathBuf,
     /// Where each holder's stop file goes.
-    stop: PathBuf,
+    dir: PathBuf,
     head: Proc,
     first_token: i64,
     released: Instant,
@@ -1451,7 +1431,7 @@ impl Bench {
         Handed {
             spec,
             log,
-            stop: dir,
+            dir,
             head,
             first_token,
             released,
@@ -1459,52 +1439,74 @@ impl Bench {
     }
 }
 
+/// A fleet of the test's own and a lock handed to a cut-off head on it, or None (skipped).
+fn handed(mode: Mode) -> Option<(Bench, Handed)> {
+    let bench = Bench::new(fleet()?);
+    let handed = bench.hand_to_a_cut_off_head(mode);
+    Some((bench, handed))
+}
+
+impl Handed {
+    /// The stop file of the holder tagged `tag`.
+    fn stop(&self, tag: &str) -> PathBuf {
+        self.dir.join(format!("stop-{tag}"))
+    }
+}
+
+impl Bench {
+    /// A second run on host A, tagged `A2` in the log, queued behind the handed lock.
+    fn next_run(&self, handed: &Handed) -> Proc {
+        let mut next = self.command(Host::A, &handed.spec, 1, &handed.log, &handed.stop("A2"));
+        next.env("TAG", "A2");
+        Proc::spawn(next)
+    }
+
+    /// The log shows the holders `order`, one after another (each one's last write before the
+    /// next one's first) with rising tokens, and no key of a lock is left in etcd.
+    fn held_in_turn(&self, log: &Path, order: &[&str]) {
+        let tenures = tenures(log);
+        let seen: Vec<&str> = tenures.iter().map(|t| t.tag.as_str()).collect();
+        assert_eq!(seen, order, "{tenures:?}");
+        for pair in tenures.windows(2) {
+            assert!(
+                pair[0].last < pair[1].first && pair[0].token < pair[1].token,
+                "two holders at once, or a token that did not rise: {tenures:?}"
+            );
+        }
+        let keys = self.keys_left();
+        assert!(keys.is_empty(), "keys left in etcd: {keys:?}");
+    }
+}
+
 /// The same, but healed well inside the head's lease: the lock handed to it is its own, and it
 /// runs, alone: the next run on A waits for it.
 fn handed_to_a_briefly_cut_off_head(mode: Mode) {
-    let Some(fleet) = fleet() else {
+    let Some((bench, mut handed)) = handed(mode) else {
         return;
     };
-    let bench = Bench::new(fleet);
-    let Handed {
-        spec,
-        log,
-        stop,
-        mut head,
-        first_token,
-        released,
-    } = bench.hand_to_a_cut_off_head(mode);
-    let stop = |tag: &str| stop.join(format!("stop-{tag}"));
     std::thread::sleep(Duration::from_secs(1));
     bench.fleet.heal();
-    let line = head.wait_for(Stream::Out, "ready");
+    let line = handed.head.wait_for(Stream::Out, "ready");
     eprintln!(
         "partition: handed to a briefly cut-off head ({mode:?}): it ran {:?} after the release",
-        released.elapsed()
+        handed.released.elapsed()
     );
-    assert!(token_in(&line) > first_token, "{line}");
-    let mut next = bench.command(Host::A, &spec, 1, &log, &stop("A2"));
-    next.env("TAG", "A2");
-    let mut next = Proc::spawn(next);
+    assert!(token_in(&line) > handed.first_token, "{line}");
+    let mut next = bench.next_run(&handed);
     next.wait_for(Stream::Err, mode.waiting_line());
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(writes_of(&log, "A2"), 0, "the next run ran beside the head");
-    std::fs::write(stop("B"), "").unwrap();
-    head.finish().assert_code(0);
+    assert_eq!(
+        writes_of(&handed.log, "A2"),
+        0,
+        "the next run ran beside the head"
+    );
+    std::fs::write(handed.stop("B"), "").unwrap();
+    let stop_next = handed.stop("A2");
+    handed.head.finish().assert_code(0);
     next.wait_for(Stream::Out, "ready");
-    std::fs::write(stop("A2"), "").unwrap();
+    std::fs::write(stop_next, "").unwrap();
     next.finish().assert_code(0);
-    let tenures = tenures(&log);
-    let order: Vec<&str> = tenures.iter().map(|t| t.tag.as_str()).collect();
-    assert_eq!(order, [Host::A.tag(), Host::B.tag(), "A2"], "{tenures:?}");
-    for pair in tenures.windows(2) {
-        assert!(
-            pair[0].last < pair[1].first && pair[0].token < pair[1].token,
-            "two holders at once, or a token that did not rise: {tenures:?}"
-        );
-    }
-    let keys = bench.keys_left();
-    assert!(keys.is_empty(), "keys left in etcd: {keys:?}");
+    bench.held_in_turn(&handed.log, &[Host::A.tag(), Host::B.tag(), "A2"]);
 }
 
 #[test]
