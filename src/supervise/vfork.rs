@@ -21,6 +21,9 @@ use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
 /// The child's stack: what `exec_child` and the system calls it makes need, with room to spare.
 const STACK: usize = 64 * 1024;
 
+/// The guard page below it.
+const GUARD: usize = 4096;
+
 /// The child's stack, mapped for it with a guard page below: a child that overran it would
 /// fault there, not write over our memory.
 struct Stack {
@@ -32,12 +35,11 @@ struct Stack {
 
 impl Stack {
     fn new() -> Result<Self, Errno> {
-        let page = 4096;
         // SAFETY: a fresh anonymous mapping, ours alone.
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                STACK + page,
+                STACK + GUARD,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
                 -1,
@@ -49,10 +51,10 @@ impl Stack {
         }
         let stack = Self {
             map,
-            base: map as usize + page,
+            base: map as usize + GUARD,
         };
         // SAFETY: the first page of the mapping just made.
-        if unsafe { libc::mprotect(map, page, libc::PROT_NONE) } != 0 {
+        if unsafe { libc::mprotect(map, GUARD, libc::PROT_NONE) } != 0 {
             return Err(Errno::last());
         }
         Ok(stack)
@@ -67,7 +69,7 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, no longer used: the child has exec'd or ended.
-        unsafe { libc::munmap(self.map, STACK + 4096) };
+        unsafe { libc::munmap(self.map, STACK + GUARD) };
     }
 }
 
@@ -96,11 +98,10 @@ pub(crate) unsafe fn clone3(
     )?;
     // SAFETY: the caller's contract; the stack lives until after the child has exec'd or ended.
     let rc = unsafe { raw(args, child, arg) };
-    let errno = Errno::last();
     pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)?;
     drop(stack);
     if rc < 0 {
-        Err(errno)
+        Err(Errno::from_raw(-rc as i32))
     } else {
         Ok(rc as libc::pid_t)
     }
@@ -113,6 +114,7 @@ unsafe fn raw(
     arg: *mut c_void,
 ) -> libc::c_long {
     let ret: libc::c_long;
+    // The pid, or the errno negated as the kernel returns it.
     // SAFETY: clone3 returns twice. Here (rax = pid or -errno) we go on as after any system
     // call. In the child (rax = 0) rsp is the new stack's top, every other register as it was:
     // it calls `child(arg)`, which never returns.
@@ -136,10 +138,6 @@ unsafe fn raw(
             options(nostack),
         );
     }
-    if ret < 0 {
-        Errno::set_raw(-ret as i32);
-        return -1;
-    }
     ret
 }
 
@@ -149,8 +147,7 @@ unsafe fn raw(
     _child: extern "C" fn(*mut c_void) -> !,
     _arg: *mut c_void,
 ) -> libc::c_long {
-    Errno::set_raw(libc::ENOSYS);
-    -1
+    -libc::c_long::from(libc::ENOSYS)
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
